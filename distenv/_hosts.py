@@ -1,0 +1,140 @@
+"""Host lists and tasks-per-node lists, read safely.
+
+Nodelists (``node[001-003,005]``, ``rack[1-2]-node[3-4]``) are expanded by python-hostlist, imported
+only here and only when a list is read. Before anything is expanded the string is checked against the
+hostlist alphabet and its host count is computed from the brackets, so a 30-byte value that names a
+billion hosts is refused instead of eating the node's memory.
+"""
+
+from __future__ import annotations
+
+import re
+
+from distenv.errors import InvalidVariableError
+
+__all__ = ["MAX_HOSTS", "check_hostname", "count_hosts", "expand_nodelist", "expand_tasks_per_node"]
+
+# Larger than any machine built so far; a list past it is corrupt or hostile.
+MAX_HOSTS = 100_000
+
+_HOST_CHARS = re.compile(r"[A-Za-z0-9._-]+")
+_LIST_CHARS = re.compile(r"[A-Za-z0-9._\-\[\],]+")
+_RANGE = re.compile(r"(\d+)(?:-(\d+))?")
+_TASKS_ITEM = re.compile(r"(\d{1,7})(?:\(x(\d{1,7})\))?")
+
+
+def check_hostname(launcher: str, variable: str, value: str, *, hint: str | None = None) -> str:
+    """Return `value` if it is a plain host name or address, else raise `InvalidVariableError`.
+
+    Accepts names, IPv4 and IPv6 addresses (``[`` ``]`` stripped); refuses spaces, shell
+    metacharacters and anything else that has no business in a host name.
+    """
+    bare = value[1:-1] if value.startswith("[") and value.endswith("]") else value
+    if _HOST_CHARS.fullmatch(bare) or (":" in bare and re.fullmatch(r"[0-9A-Fa-f:.%]+", bare)):
+        return bare
+    raise InvalidVariableError(launcher, variable, value, "a host name or address", hint=hint)
+
+
+def _split_top_level(text: str) -> list[str] | None:
+    """Split at commas outside brackets; None when brackets do not balance or nest."""
+    items, depth, start = [], 0, 0
+    for i, char in enumerate(text):
+        if char == "[":
+            depth += 1
+            if depth > 1:
+                return None
+        elif char == "]":
+            depth -= 1
+            if depth < 0:
+                return None
+        elif char == "," and depth == 0:
+            items.append(text[start:i])
+            start = i + 1
+    if depth != 0:
+        return None
+    items.append(text[start:])
+    return items
+
+
+def count_hosts(value: str) -> int | None:
+    """Return how many hosts a nodelist names, without expanding it; None if it is malformed."""
+    items = _split_top_level(value)
+    if items is None:
+        return None
+    total = 0
+    for item in items:
+        if not item:
+            return None
+        count = 1
+        for group in re.findall(r"\[([^\]]*)\]", item):
+            width = 0
+            for part in group.split(","):
+                match = _RANGE.fullmatch(part)
+                if match is None:
+                    return None
+                low = int(match.group(1))
+                high = int(match.group(2)) if match.group(2) is not None else low
+                if high < low:
+                    return None
+                width += high - low + 1
+            count *= width
+            if count > MAX_HOSTS:
+                return count
+        total += count
+        if total > MAX_HOSTS:
+            return total
+    return total
+
+
+def expand_nodelist(launcher: str, variable: str, value: str) -> list[str]:
+    """Expand a Slurm-style nodelist into host names, in order.
+
+    Raises:
+        InvalidVariableError: If the list is malformed, carries characters outside the hostlist
+            alphabet, or names more than `MAX_HOSTS` hosts.
+    """
+    expected = "a nodelist such as 'node[001-004,007]'"
+    if not _LIST_CHARS.fullmatch(value):
+        raise InvalidVariableError(
+            launcher, variable, value, expected + " (letters, digits, '.', '_', '-', '[', ']', ',')"
+        )
+    count = count_hosts(value)
+    if count is None or count == 0:
+        raise InvalidVariableError(launcher, variable, value, expected)
+    if count > MAX_HOSTS:
+        raise InvalidVariableError(
+            launcher, variable, value, f"at most {MAX_HOSTS} hosts (it names {count})"
+        )
+    import hostlist  # python-hostlist; imported only when a nodelist is read
+
+    try:
+        hosts: list[str] = hostlist.expand_hostlist(value)
+    except hostlist.BadHostlist as exc:
+        raise InvalidVariableError(launcher, variable, value, f"{expected} ({exc})") from None
+    return hosts
+
+
+def expand_tasks_per_node(launcher: str, variable: str, value: str) -> list[int]:
+    """Expand Slurm's compressed tasks-per-node list: ``'2(x3),1'`` becomes ``[2, 2, 2, 1]``.
+
+    Raises:
+        InvalidVariableError: If an item is malformed or the list would exceed `MAX_HOSTS` nodes.
+    """
+    counts: list[int] = []
+    for item in value.split(","):
+        match = _TASKS_ITEM.fullmatch(item.strip())
+        if match is None:
+            raise InvalidVariableError(
+                launcher, variable, value, "a tasks-per-node list such as '4(x2),3'"
+            )
+        tasks = int(match.group(1))
+        repeat = int(match.group(2)) if match.group(2) is not None else 1
+        if tasks < 1 or repeat < 1 or len(counts) + repeat > MAX_HOSTS:
+            raise InvalidVariableError(
+                launcher,
+                variable,
+                value,
+                f"positive task counts on at most {MAX_HOSTS} nodes",
+            )
+        counts.extend([tasks] * repeat)
+    return counts

@@ -1,0 +1,118 @@
+"""The one exception hierarchy of distenv.
+
+Every message follows one template so that a user reading a job log at 3 a.m. sees who complained,
+about which variable, what it held, and what to do::
+
+    slurm: $SLURM_PROCID is 'x', expected an integer. Hint: start one task per GPU with srun
+
+The attributes (`launcher`, `variable`, `value`, `hint`) carry the same facts for programs.
+"""
+
+from __future__ import annotations
+
+__all__ = [
+    "ConfigurationError",
+    "DistEnvError",
+    "InconsistentEnvironmentError",
+    "InitError",
+    "InvalidVariableError",
+    "LauncherMismatchError",
+    "LauncherNotFoundError",
+    "MasterResolutionError",
+    "MissingVariableError",
+    "NotLaunchedError",
+    "RendezvousError",
+    "RendezvousTimeoutError",
+]
+
+
+class DistEnvError(Exception):
+    """Base of every error distenv raises on purpose.
+
+    Attributes:
+        launcher: The launcher backend (or component) that found the problem.
+        variable: The environment variable at fault, if one is.
+        value: The offending value, verbatim, if there is one.
+        hint: The fix, in one sentence.
+    """
+
+    def __init__(
+        self,
+        launcher: str,
+        problem: str,
+        *,
+        hint: str | None = None,
+        variable: str | None = None,
+        value: str | None = None,
+    ) -> None:
+        self.launcher = launcher
+        self.problem = problem
+        self.hint = hint
+        self.variable = variable
+        self.value = value
+        message = f"{launcher}: {problem}"
+        if hint:
+            message += f". Hint: {hint}"
+        super().__init__(message)
+
+
+class MissingVariableError(DistEnvError):
+    """A variable the launcher needs is unset (or empty, which counts as unset)."""
+
+    def __init__(self, launcher: str, variable: str, *, hint: str | None = None) -> None:
+        super().__init__(launcher, f"${variable} is not set", hint=hint, variable=variable)
+
+
+class InvalidVariableError(DistEnvError):
+    """A variable is set but its value cannot be right (not an integer, malformed list, ...)."""
+
+    def __init__(
+        self, launcher: str, variable: str, value: str, expected: str, *, hint: str | None = None
+    ) -> None:
+        super().__init__(
+            launcher,
+            f"${variable} is {value!r}, expected {expected}",
+            hint=hint,
+            variable=variable,
+            value=value,
+        )
+
+
+class InconsistentEnvironmentError(DistEnvError):
+    """Variables are well-formed one by one but contradict each other (rank >= world size, ...)."""
+
+
+class NotLaunchedError(DistEnvError):
+    """The process belongs to a multi-task job but was not started as one of its tasks.
+
+    The classic case is a Slurm batch script (or salloc shell) of a 4-task job running the training
+    script itself: it would be "rank 0 of 4" and wait forever for three ranks nobody started.
+    """
+
+
+class LauncherNotFoundError(DistEnvError):
+    """An explicitly named launcher is unknown or its variables are absent."""
+
+
+class LauncherMismatchError(DistEnvError):
+    """The named launcher's variables describe an outer layer, not the process that runs."""
+
+
+class ConfigurationError(DistEnvError):
+    """An argument or a distenv setting (DISTENV_*) is invalid."""
+
+
+class MasterResolutionError(DistEnvError):
+    """The master address or port could not be found (MPI without MASTER_ADDR, ...)."""
+
+
+class InitError(DistEnvError):
+    """torch.distributed could not be initialised as asked."""
+
+
+class RendezvousError(DistEnvError):
+    """The ranks met, but what they reported does not add up (duplicate ranks, shared GPU, ...)."""
+
+
+class RendezvousTimeoutError(RendezvousError):
+    """Not every rank arrived (or the master could not be reached) within the timeout."""

@@ -1,0 +1,177 @@
+"""`RankInfo`: where this process stands in the job, in torchrun's vocabulary."""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from distenv.errors import InconsistentEnvironmentError, MasterResolutionError
+
+__all__ = ["RankInfo", "check_fields"]
+
+# Fields and types of the JSON object `distenv info --json` prints; external tools rely on them.
+JSON_FIELDS = (
+    "launcher",
+    "rank",
+    "world_size",
+    "local_rank",
+    "local_world_size",
+    "node_rank",
+    "num_nodes",
+    "master_addr",
+    "master_port",
+    "job_id",
+)
+
+
+def check_fields(
+    launcher: str, fields: Mapping[str, Any], sources: Mapping[str, str] | None = None
+) -> None:
+    """Check RankInfo fields for consistency, naming each by its source variable where known.
+
+    Args:
+        launcher: Who is asking, for the error message.
+        fields: RankInfo field values by name.
+        sources: Field name -> the environment variable it was read from.
+
+    Raises:
+        InconsistentEnvironmentError: On the first field that does not fit.
+    """
+    sources = sources or {}
+
+    def label(name: str) -> str:
+        source = sources.get(name)
+        return f"{name}={fields[name]!r} (${source})" if source else f"{name}={fields[name]!r}"
+
+    def fail(problem: str) -> None:
+        raise InconsistentEnvironmentError(launcher, problem)
+
+    for name in JSON_FIELDS[1:7]:
+        if type(fields[name]) is not int:
+            fail(f"{label(name)} is not an int")
+    pairs = (("node_rank", "num_nodes"), ("rank", "world_size"), ("local_rank", "local_world_size"))
+    for low, high in pairs:
+        if fields[high] < 1:
+            fail(f"{label(high)} must be at least 1")
+        if not 0 <= fields[low] < fields[high]:
+            fail(f"{label(low)} is outside [0, {label(high)})")
+    for part in ("local_world_size", "num_nodes"):
+        if fields[part] > fields["world_size"]:
+            fail(f"{label(part)} exceeds {label('world_size')}")
+    port = fields["master_port"]
+    if port is not None and (type(port) is not int or not 1 <= port <= 65535):
+        fail(f"{label('master_port')} is not a port in [1, 65535]")
+    addr = fields["master_addr"]
+    if addr is not None and (not isinstance(addr, str) or not addr):
+        fail(f"{label('master_addr')} is not a host name")
+
+
+@dataclass(frozen=True, kw_only=True)
+class RankInfo:
+    """Where this process stands in a distributed job.
+
+    A launcher backend builds one from its scheduler's variables; `init_dist` turns it into a process
+    group. It validates itself on construction and never touches the process.
+
+    Attributes:
+        launcher: The launcher backend that produced it (`pytorch`, `mpi`, `slurm`, `lsf`, `none`, or
+            a plug-in's name).
+        rank: Global rank, ``0 <= rank < world_size``.
+        world_size: Number of processes in the job.
+        local_rank: Rank among the processes on this node.
+        local_world_size: Number of processes on this node.
+        node_rank: Index of this node, ``0 <= node_rank < num_nodes``.
+        num_nodes: Number of nodes the job's processes run on.
+        master_addr: Host of rank 0's store, verbatim (never DNS-resolved); ``None`` only until an
+            MPI master (or a single process's free port) is resolved by `distenv.resolve`.
+        master_port: Port of rank 0's store; ``None`` under the same condition.
+        job_id: The scheduler's job id, when there is one.
+    """
+
+    launcher: str
+    rank: int
+    world_size: int
+    local_rank: int
+    local_world_size: int
+    node_rank: int
+    num_nodes: int
+    master_addr: str | None
+    master_port: int | None
+    job_id: str | None = None
+
+    def __post_init__(self) -> None:
+        check_fields(self.launcher, dataclasses.asdict(self))
+
+    @classmethod
+    def checked(cls, launcher: str, sources: Mapping[str, str], **fields: Any) -> RankInfo:
+        """Build a RankInfo whose validation errors name the variables in `sources`."""
+        check_fields(launcher, {"job_id": None, **fields}, sources)
+        return cls(launcher=launcher, **fields)
+
+    @classmethod
+    def single(
+        cls,
+        launcher: str,
+        *,
+        master_addr: str | None = "127.0.0.1",
+        master_port: int | None = None,
+        job_id: str | None = None,
+    ) -> RankInfo:
+        """Return rank 0 of a 1-process world."""
+        return cls(
+            launcher=launcher,
+            rank=0,
+            world_size=1,
+            local_rank=0,
+            local_world_size=1,
+            node_rank=0,
+            num_nodes=1,
+            master_addr=master_addr,
+            master_port=master_port,
+            job_id=job_id,
+        )
+
+    @property
+    def is_resolved(self) -> bool:
+        """Whether the master address and port are known."""
+        return self.master_addr is not None and self.master_port is not None
+
+    @property
+    def is_main(self) -> bool:
+        """Whether this is global rank 0."""
+        return self.rank == 0
+
+    def replace(self, **changes: Any) -> RankInfo:
+        """Return a copy with `changes` applied (and validated)."""
+        return dataclasses.replace(self, **changes)
+
+    def to_dict(self) -> dict[str, Any]:
+        """Return the JSON-ready mapping of `distenv info --json` (ints stay ints)."""
+        return {name: getattr(self, name) for name in JSON_FIELDS}
+
+    def to_env(self) -> dict[str, str]:
+        """Return torchrun's environment contract for this rank (the ``env://`` variables).
+
+        Raises:
+            MasterResolutionError: If the master is not resolved yet.
+        """
+        if not self.is_resolved:
+            raise MasterResolutionError(
+                self.launcher,
+                "the master address/port is not resolved yet",
+                hint="call distenv.resolve(info) first (init_dist and setup do)",
+            )
+        return {
+            "RANK": str(self.rank),
+            "WORLD_SIZE": str(self.world_size),
+            "LOCAL_RANK": str(self.local_rank),
+            "LOCAL_WORLD_SIZE": str(self.local_world_size),
+            "GROUP_RANK": str(self.node_rank),
+            "GROUP_WORLD_SIZE": str(self.num_nodes),
+            "ROLE_RANK": str(self.rank),
+            "ROLE_WORLD_SIZE": str(self.world_size),
+            "MASTER_ADDR": str(self.master_addr),
+            "MASTER_PORT": str(self.master_port),
+        }
