@@ -1,0 +1,100 @@
+"""Launcher backends and the registry that finds them by name."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+from distenv.errors import ConfigurationError, LauncherNotFoundError
+from distenv.launchers.base import Launcher, World
+from distenv.launchers.lsf import LsfLauncher
+from distenv.launchers.mpi import MpiLauncher
+from distenv.launchers.none import NoneLauncher
+from distenv.launchers.slurm import SlurmLauncher
+from distenv.launchers.torchrun import TorchrunLauncher
+
+__all__ = [
+    "BUILTIN",
+    "DETECTION_ORDER",
+    "PLUGINS_VAR",
+    "PLUGIN_GROUP",
+    "Launcher",
+    "World",
+    "auto_candidates",
+    "canonical_name",
+    "get_launcher",
+]
+
+BUILTIN: dict[str, Launcher] = {
+    launcher.name: launcher
+    for launcher in (
+        TorchrunLauncher(),
+        MpiLauncher(),
+        SlurmLauncher(),
+        LsfLauncher(),
+        NoneLauncher(),
+    )
+}
+ALIASES = {alias: launcher.name for launcher in BUILTIN.values() for alias in launcher.aliases}
+
+# The innermost launcher wins: the one that spawned this process beats the scheduler that granted
+# its nodes (torchrun or mpirun inside an srun step or an LSF job is the common case, never the
+# reverse). `none` is not in the order: it is what remains when nothing is detected.
+DETECTION_ORDER = ("pytorch", "mpi", "slurm", "lsf")
+
+# Third-party backends register under this entry-point group. Scanning entry points costs tens of
+# milliseconds, so it happens only for a name that is not built in, or for the plug-ins named in
+# DISTENV_PLUGINS (comma-separated); those are tried *before* the built-ins during auto detection,
+# because a site-specific launcher is always the innermost layer.
+PLUGIN_GROUP = "distenv.launchers"
+PLUGINS_VAR = "DISTENV_PLUGINS"
+
+CHOICES = ("auto", *BUILTIN, *ALIASES)
+
+
+def canonical_name(name: str) -> str:
+    """Return the canonical spelling of a launcher name (``torchrun`` -> ``pytorch``)."""
+    name = name.strip().lower()
+    return ALIASES.get(name, name)
+
+
+def _load_plugin(name: str) -> Launcher | None:
+    from importlib.metadata import entry_points
+
+    for entry in entry_points(group=PLUGIN_GROUP, name=name):
+        loaded = entry.load()
+        launcher = loaded() if isinstance(loaded, type) else loaded
+        if not isinstance(launcher, Launcher):
+            raise ConfigurationError(
+                "distenv",
+                f"entry point {entry.value!r} of {PLUGIN_GROUP!r} is not a distenv Launcher",
+                hint="subclass distenv.launchers.Launcher",
+            )
+        return launcher
+    return None
+
+
+def get_launcher(name: str) -> Launcher:
+    """Return the launcher backend called `name` (built-in, alias, or plug-in).
+
+    Raises:
+        LauncherNotFoundError: If no backend has that name.
+    """
+    canonical = canonical_name(name)
+    builtin = BUILTIN.get(canonical)
+    if builtin is not None:
+        return builtin
+    plugin = _load_plugin(canonical)
+    if plugin is None:
+        raise LauncherNotFoundError(
+            "distenv",
+            f"unknown launcher {name!r}",
+            hint=f"choose one of {', '.join(CHOICES)} or install the plug-in that provides it",
+            value=name,
+        )
+    return plugin
+
+
+def auto_candidates(env: Mapping[str, str]) -> list[Launcher]:
+    """Return the launchers auto detection tries, innermost first (plug-ins opted in first)."""
+    opted = [n for n in (env.get(PLUGINS_VAR) or "").split(",") if n.strip()]
+    return [get_launcher(n) for n in opted] + [BUILTIN[n] for n in DETECTION_ORDER]

@@ -1,0 +1,196 @@
+"""The `lsf` launcher backend: IBM Spectrum LSF jobs, ranks started by ``jsrun``.
+
+LSF cannot be installed on the project's test machines; the tests use environments recorded from
+IBM's documentation (LSF 10.1 "Environment variables", jsrun(1)), and the docs say so.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping
+
+from distenv._env import Reader, Var
+from distenv._hosts import check_hostname
+from distenv._master import (
+    MASTER_VARS,
+    map_master_host,
+    master_from_env,
+    scheduler_port,
+    scope_tag,
+)
+from distenv.errors import InconsistentEnvironmentError, InvalidVariableError, NotLaunchedError
+from distenv.launchers.base import Launcher, World
+from distenv.rankinfo import RankInfo
+
+__all__ = ["LsfLauncher"]
+
+logger = logging.getLogger("distenv")
+
+JSRUN_HINT = "start the ranks with jsrun (e.g. `jsrun -r 4 -g 1 python train.py`)"
+# LSB_DJOB_RANKFILE lists one host per slot; a file larger than this is not a host list.
+MAX_RANKFILE_BYTES = 16 * 1024 * 1024
+
+
+class LsfLauncher(Launcher):
+    """Ranks started by ``jsrun`` in an LSF job.
+
+    | variable | fills | required |
+    |---|---|---|
+    | LSB_JOBID | job_id, detection | yes |
+    | LSB_JOBINDEX | master_port (array element) | no |
+    | JSM_NAMESPACE_RANK | rank | under jsrun |
+    | JSM_NAMESPACE_SIZE | world_size | under jsrun |
+    | JSM_NAMESPACE_LOCAL_RANK | local_rank | under jsrun |
+    | JSM_NAMESPACE_LOCAL_SIZE | local_world_size | under jsrun |
+    | LSB_DJOB_RANKFILE | master_addr: file, one host per slot | first of these three |
+    | LSB_MCPU_HOSTS | master_addr: 'host slots host slots ...' | |
+    | LSB_HOSTS | master_addr: one host per slot (LSF drops it past 4096 bytes) | |
+    | MASTER_ADDR, MASTER_PORT, DISTENV_SCOPE, DISTENV_MASTER_ADDR_FORMAT | master | no |
+
+    node_rank is ``rank // local_world_size`` (jsrun places resource sets node by node). Under jsrun
+    a first host holding a single slot is the launch node of CORAL-style systems
+    (``batch2 1 h22n07 42 h22n08 42``) and owns no rank: it is dropped. Without jsrun the first host
+    runs ranks, and the batch script of a multi-slot job is refused like Slurm's.
+    """
+
+    name = "lsf"
+    variables = (
+        Var("LSB_JOBID", "job_id", "yes", "the LSF job id; its presence means an LSF job"),
+        Var("LSB_JOBINDEX", "master_port", "no", "array element index (0 outside arrays)"),
+        Var("JSM_NAMESPACE_RANK", "rank", "under jsrun", "global rank"),
+        Var("JSM_NAMESPACE_SIZE", "world_size", "under jsrun", "number of ranks"),
+        Var("JSM_NAMESPACE_LOCAL_RANK", "local_rank", "under jsrun", "rank on this node"),
+        Var("JSM_NAMESPACE_LOCAL_SIZE", "local_world_size", "under jsrun", "ranks on this node"),
+        Var("LSB_DJOB_RANKFILE", "master_addr", "one host list", "file, one host per slot"),
+        Var("LSB_MCPU_HOSTS", "master_addr", "one host list", "'hostA 4 hostB 4'"),
+        Var("LSB_HOSTS", "master_addr", "one host list", "'hostA hostA hostB hostB'"),
+        *MASTER_VARS,
+    )
+
+    def detect(self, env: Mapping[str, str]) -> bool:
+        return self.reader(env).has("LSB_JOBID")
+
+    def world(self, env: Mapping[str, str]) -> World | None:
+        reader = self.reader(env)
+        rank = reader.optional_int("JSM_NAMESPACE_RANK")
+        if rank is None:
+            return None
+        return rank, reader.optional_int("JSM_NAMESPACE_SIZE", minimum=1)
+
+    def scope(self, env: Mapping[str, str]) -> str:
+        reader = self.reader(env)
+        return scope_tag(self.name, reader.get("LSB_JOBID"), reader.get("LSB_JOBINDEX"))
+
+    def _port(self, reader: Reader) -> int:
+        # Elements of a job array share LSB_JOBID; LSB_JOBINDEX tells them apart.
+        return scheduler_port(reader.get("LSB_JOBID") or "0", reader.get("LSB_JOBINDEX") or "0")
+
+    def _slots(self, reader: Reader) -> list[tuple[str, int]]:
+        """Return the job's hosts with their slot counts, in LSF's order."""
+        found = reader.first("LSB_DJOB_RANKFILE", "LSB_MCPU_HOSTS", "LSB_HOSTS")
+        if found is None:
+            raise InvalidVariableError(
+                self.name,
+                "LSB_MCPU_HOSTS",
+                "",
+                "the job's host list ('hostA 4 hostB 4')",
+                hint="run inside an LSF job started by bsub, or set MASTER_ADDR",
+            )
+        var, value = found
+        if var == "LSB_MCPU_HOSTS":
+            words = value.split()
+            if len(words) % 2 or not words:
+                raise InvalidVariableError(self.name, var, value, "pairs of 'host slots'")
+            return [
+                (check_hostname(self.name, var, host), reader.parse_int(var, count, minimum=1))
+                for host, count in zip(words[::2], words[1::2], strict=True)
+            ]
+        if var == "LSB_DJOB_RANKFILE":
+            try:
+                with open(value, "rb") as file:
+                    data = file.read(MAX_RANKFILE_BYTES + 1)
+            except OSError as exc:
+                raise InvalidVariableError(
+                    self.name, var, value, f"a readable rank file ({exc.strerror})"
+                ) from None
+            if len(data) > MAX_RANKFILE_BYTES:
+                raise InvalidVariableError(self.name, var, value, "a rank file under 16 MiB")
+            words = data.decode("utf-8", "replace").split()
+        else:
+            words = value.split()
+        pairs: list[tuple[str, int]] = []
+        for host in words:
+            check_hostname(self.name, var, host)
+            if pairs and pairs[-1][0] == host:
+                pairs[-1] = (host, pairs[-1][1] + 1)
+            else:
+                pairs.append((host, 1))
+        if not pairs:
+            raise InvalidVariableError(self.name, var, value, "at least one host")
+        return pairs
+
+    def allocation_master(self, env: Mapping[str, str]) -> tuple[str, int] | None:
+        reader = self.reader(env)
+        if not reader.has("LSB_JOBID"):
+            return None
+        return map_master_host(reader, self._slots(reader)[0][0]), self._port(reader)
+
+    def rank_info(self, env: Mapping[str, str]) -> RankInfo:
+        reader = self.reader(env)
+        job_id = reader.require("LSB_JOBID", hint="run inside an LSF job (bsub)")[1]
+        slots = self._slots(reader)
+        if not reader.has("JSM_NAMESPACE_RANK"):
+            return self._outside_jsrun(reader, job_id, slots)
+        rank = reader.integer("JSM_NAMESPACE_RANK", hint=JSRUN_HINT)
+        world_size = reader.integer("JSM_NAMESPACE_SIZE", hint=JSRUN_HINT, minimum=1)
+        local_rank = reader.integer("JSM_NAMESPACE_LOCAL_RANK", hint=JSRUN_HINT)
+        local_size = reader.integer("JSM_NAMESPACE_LOCAL_SIZE", hint=JSRUN_HINT, minimum=1)
+        if len(slots) > 1 and slots[0][1] == 1:
+            slots = slots[1:]  # the launch node of CORAL systems (Summit, Sierra) runs no rank
+        if world_size % local_size:
+            raise InconsistentEnvironmentError(
+                self.name,
+                f"$JSM_NAMESPACE_SIZE={world_size} is not a multiple of "
+                f"$JSM_NAMESPACE_LOCAL_SIZE={local_size}, so the node layout is unknown",
+                hint="give every node the same number of resource sets (jsrun -r N)",
+            )
+        addr, port = master_from_env(
+            reader, scope=self.scope(env), default_host=slots[0][0], default_port=self._port(reader)
+        )
+        return RankInfo.checked(
+            self.name,
+            {
+                "rank": "JSM_NAMESPACE_RANK",
+                "world_size": "JSM_NAMESPACE_SIZE",
+                "local_rank": "JSM_NAMESPACE_LOCAL_RANK",
+                "local_world_size": "JSM_NAMESPACE_LOCAL_SIZE",
+            },
+            rank=rank,
+            world_size=world_size,
+            local_rank=local_rank,
+            local_world_size=local_size,
+            node_rank=rank // local_size,
+            num_nodes=world_size // local_size,
+            master_addr=addr,
+            master_port=port,
+            job_id=job_id,
+        )
+
+    def _outside_jsrun(self, reader: Reader, job_id: str, slots: list[tuple[str, int]]) -> RankInfo:
+        total = sum(count for _, count in slots)
+        if total > 1:
+            raise NotLaunchedError(
+                self.name,
+                f"this process is job {job_id}'s batch script (no $JSM_NAMESPACE_RANK) but the job "
+                f"holds {total} slots: it would run as rank 0 of {total} and wait forever",
+                hint=JSRUN_HINT,
+                variable="JSM_NAMESPACE_RANK",
+            )
+        logger.warning("lsf: job %s has one slot; running as rank 0 of 1", job_id)
+        addr, port = master_from_env(
+            reader,
+            scope=self.scope(reader.env),
+            default_host="127.0.0.1",
+            default_port=self._port(reader),
+        )
+        return RankInfo.single(self.name, master_addr=addr, master_port=port, job_id=job_id)

@@ -1,0 +1,190 @@
+"""The `mpi` launcher backend: ranks started by mpirun / mpiexec of the common MPI libraries."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+from distenv._env import Reader, Var
+from distenv._master import MASTER_VARS, master_from_env, scope_tag
+from distenv.errors import InconsistentEnvironmentError, MissingVariableError
+from distenv.launchers.base import Launcher, World
+from distenv.rankinfo import RankInfo
+
+__all__ = ["FLAVORS", "Flavor", "MpiLauncher"]
+
+
+@dataclass(frozen=True)
+class Flavor:
+    """The variables one MPI library's launcher sets; each tuple lists alternatives in order."""
+
+    name: str
+    rank: str
+    size: tuple[str, ...]
+    local_rank: tuple[str, ...]
+    local_size: tuple[str, ...]
+    node: tuple[str, ...] = ()
+
+
+# First match wins. Open MPI and MVAPICH2 set their own names; Cray PALS sets PALS_* beside the PMI_*
+# names Hydra uses, so it is tested before Hydra. A bare PMIX_RANK (srun --mpi=pmix, prterun) names
+# no world size: it is detected, but only an enclosing scheduler step can complete it.
+FLAVORS = (
+    Flavor(
+        "Open MPI",
+        "OMPI_COMM_WORLD_RANK",
+        ("OMPI_COMM_WORLD_SIZE",),
+        ("OMPI_COMM_WORLD_LOCAL_RANK",),
+        ("OMPI_COMM_WORLD_LOCAL_SIZE",),
+    ),
+    Flavor(
+        "MVAPICH2",
+        "MV2_COMM_WORLD_RANK",
+        ("MV2_COMM_WORLD_SIZE",),
+        ("MV2_COMM_WORLD_LOCAL_RANK",),
+        ("MV2_COMM_WORLD_LOCAL_SIZE",),
+    ),
+    Flavor(
+        "Cray PALS",
+        "PALS_RANKID",
+        ("PMI_SIZE",),
+        ("PALS_LOCAL_RANKID", "PMI_LOCAL_RANK"),
+        ("PALS_LOCAL_SIZE", "PMI_LOCAL_SIZE"),
+        ("PALS_NODEID",),
+    ),
+    Flavor(
+        "MPICH/Intel MPI (Hydra) or PMI",
+        "PMI_RANK",
+        ("PMI_SIZE",),
+        ("MPI_LOCALRANKID", "PMI_LOCAL_RANK"),
+        ("MPI_LOCALNRANKS", "PMI_LOCAL_SIZE"),
+    ),
+    Flavor("PMIx", "PMIX_RANK", (), (), ()),
+)
+
+_MEANINGS = {
+    "rank": "rank",
+    "size": "world_size",
+    "local_rank": "local_rank",
+    "local_size": "local_world_size",
+    "node": "node_rank",
+}
+
+
+def _declare() -> tuple[Var, ...]:
+    seen: dict[str, Var] = {}
+    for flavor in FLAVORS:
+        for attr, field in _MEANINGS.items():
+            value = getattr(flavor, attr)
+            for name in (value,) if isinstance(value, str) else value:
+                required = "yes" if attr != "node" else "no"
+                seen.setdefault(name, Var(name, field, required, f"{flavor.name}: {field}"))
+    return tuple(seen.values())
+
+
+class MpiLauncher(Launcher):
+    """Ranks started by an MPI launcher: Open MPI, MPICH / Intel MPI (Hydra), MVAPICH2, Cray PALS.
+
+    | library | rank | world_size | local_rank | local_world_size |
+    |---|---|---|---|---|
+    | Open MPI (mpirun) | OMPI_COMM_WORLD_RANK | OMPI_COMM_WORLD_SIZE | OMPI_COMM_WORLD_LOCAL_RANK | OMPI_COMM_WORLD_LOCAL_SIZE |
+    | MVAPICH2 | MV2_COMM_WORLD_RANK | MV2_COMM_WORLD_SIZE | MV2_COMM_WORLD_LOCAL_RANK | MV2_COMM_WORLD_LOCAL_SIZE |
+    | Cray PALS | PALS_RANKID | PMI_SIZE | PALS_LOCAL_RANKID | PALS_LOCAL_SIZE |
+    | MPICH / Intel MPI (Hydra) | PMI_RANK | PMI_SIZE | MPI_LOCALRANKID | MPI_LOCALNRANKS |
+    | PMIx (srun --mpi=pmix) | PMIX_RANK | (none: needs the enclosing step) | | |
+
+    All are required for the library detected. node_rank is PALS_NODEID on PALS, otherwise
+    ``rank // local_world_size`` and num_nodes ``world_size // local_world_size``: this assumes
+    by-node placement (the default of mpirun and mpiexec), and it is refused when the world size is
+    not a multiple of the local size. ``OMPI_COMM_WORLD_NODE_RANK`` is *not* a node index (it is the
+    rank among the processes on the node). The master comes from MASTER_ADDR / MASTER_PORT, else an
+    enclosing scheduler's allocation, else `distenv.resolve` finds it over MPI (mpi4py).
+    """
+
+    name = "mpi"
+    variables = (*_declare(), *MASTER_VARS)
+
+    def _flavor(self, reader: Reader) -> Flavor | None:
+        for flavor in FLAVORS:
+            if reader.has(flavor.rank):
+                return flavor
+        return None
+
+    def detect(self, env: Mapping[str, str]) -> bool:
+        return self._flavor(self.reader(env)) is not None
+
+    def world(self, env: Mapping[str, str]) -> World | None:
+        reader = self.reader(env)
+        flavor = self._flavor(reader)
+        if flavor is None:
+            return None
+        size = reader.optional_int(*flavor.size, minimum=1) if flavor.size else None
+        return reader.integer(flavor.rank), size
+
+    def rank_info(self, env: Mapping[str, str]) -> RankInfo:
+        reader = self.reader(env)
+        flavor = self._flavor(reader)
+        if flavor is None:
+            raise MissingVariableError(
+                self.name, FLAVORS[0].rank, hint="start the ranks with mpirun or mpiexec"
+            )
+        hint = f"{flavor.name} sets these when it starts the ranks; start them with its launcher"
+        if not flavor.size:
+            raise MissingVariableError(
+                self.name,
+                "PMI_SIZE",
+                hint=f"${flavor.rank} alone carries no world size; under srun --mpi=pmix use "
+                "--launcher slurm or auto, elsewhere start the ranks with mpirun/mpiexec",
+            )
+        rank = reader.integer(flavor.rank, hint=hint)
+        size_var, size_text = reader.require(*flavor.size, hint=hint)
+        world_size = reader.parse_int(size_var, size_text, minimum=1)
+        local_var, local_text = reader.require(
+            *flavor.local_rank,
+            hint="inside a Slurm step use --launcher auto or slurm (srun --mpi=pmi2 sets no local "
+            "rank); elsewhere start the ranks with mpirun/mpiexec",
+        )
+        local_rank = reader.parse_int(local_var, local_text)
+        lsize_var, lsize_text = reader.require(*flavor.local_size, hint=hint)
+        local_size = reader.parse_int(lsize_var, lsize_text, minimum=1)
+        sources = {
+            "rank": flavor.rank,
+            "world_size": size_var,
+            "local_rank": local_var,
+            "local_world_size": lsize_var,
+        }
+        node = reader.first(*flavor.node)
+        if world_size % local_size:
+            raise InconsistentEnvironmentError(
+                self.name,
+                f"${size_var}={world_size} is not a multiple of ${lsize_var}={local_size}, so "
+                "nodes hold different numbers of ranks and the node layout is unknown",
+                hint="place the same number of ranks on every node (mpirun --map-by ppr:N:node)",
+            )
+        num_nodes = world_size // local_size
+        if node is not None:
+            node_rank = reader.parse_int(*node)
+            sources["node_rank"] = node[0]
+        else:
+            node_rank = rank // local_size
+        addr, port = master_from_env(
+            reader, scope=self.scope(env), default_host=None, default_port=None
+        )
+        return RankInfo.checked(
+            self.name,
+            sources,
+            rank=rank,
+            world_size=world_size,
+            local_rank=local_rank,
+            local_world_size=local_size,
+            node_rank=node_rank,
+            num_nodes=num_nodes,
+            master_addr=addr,
+            master_port=port,
+            job_id=None,
+        )
+
+    def scope(self, env: Mapping[str, str]) -> str:
+        # MPI launchers export no job id every rank shares; the scope is the world's size.
+        world = self.world(env)
+        return scope_tag(self.name, None, None if world is None else str(world[1]))

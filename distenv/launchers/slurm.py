@@ -1,0 +1,233 @@
+"""The `slurm` launcher backend: tasks started by ``srun``."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping
+
+from distenv._env import Reader, Var
+from distenv._hosts import expand_nodelist, expand_tasks_per_node
+from distenv._master import (
+    MASTER_VARS,
+    map_master_host,
+    master_from_env,
+    scheduler_port,
+    scope_tag,
+)
+from distenv.errors import InconsistentEnvironmentError, MissingVariableError, NotLaunchedError
+from distenv.launchers.base import Launcher, World
+from distenv.rankinfo import RankInfo
+
+__all__ = ["SlurmLauncher"]
+
+logger = logging.getLogger("distenv")
+
+SRUN_HINT = (
+    "start one task per GPU with `srun python train.py ...`, not from the batch script itself"
+)
+
+# Step ids above this are Slurm's special steps, not srun launches (slurm.h, Slurm >= 20.11:
+# SLURM_MAX_NORMAL_STEP_ID = 0xfffffff0). Of those, only salloc's interactive step
+# (LaunchParameters=use_interactive_step) runs the user's command as a real 1-task step.
+MAX_NORMAL_STEP_ID = 0xFFFFFFF0
+INTERACTIVE_STEP_ID = 0xFFFFFFFA
+
+# Step-level variables first: a step may use a subset of the allocation (srun -N2 -r2). The
+# job-level twins are fallbacks for old Slurm releases (sbatch(1), srun(1) "OUTPUT ENVIRONMENT").
+NUM_TASKS = ("SLURM_STEP_NUM_TASKS", "SLURM_NTASKS", "SLURM_NPROCS")
+TASKS_PER_NODE = ("SLURM_STEP_TASKS_PER_NODE", "SLURM_TASKS_PER_NODE")
+NUM_NODES = ("SLURM_STEP_NUM_NODES", "SLURM_NNODES", "SLURM_JOB_NUM_NODES")
+NODELIST = ("SLURM_STEP_NODELIST", "SLURM_NODELIST", "SLURM_JOB_NODELIST")
+JOB_ID = ("SLURM_JOB_ID", "SLURM_JOBID")
+
+
+class SlurmLauncher(Launcher):
+    """Tasks started by ``srun`` in a Slurm job (srun(1), "OUTPUT ENVIRONMENT VARIABLES").
+
+    | variable | fills | required |
+    |---|---|---|
+    | SLURM_JOB_ID (SLURM_JOBID) | job_id, detection | yes |
+    | SLURM_STEP_ID | detection of an srun step | yes, else batch script / salloc shell |
+    | SLURM_PROCID | rank | in a step |
+    | SLURM_STEP_NUM_TASKS (SLURM_NTASKS, SLURM_NPROCS) | world_size | in a step |
+    | SLURM_LOCALID | local_rank | in a step |
+    | SLURM_NODEID | node_rank | in a step |
+    | SLURM_STEP_TASKS_PER_NODE (SLURM_TASKS_PER_NODE) | local_world_size | in a step |
+    | SLURM_STEP_NUM_NODES (SLURM_NNODES, SLURM_JOB_NUM_NODES) | num_nodes | in a step |
+    | SLURM_STEP_NODELIST (SLURM_NODELIST, SLURM_JOB_NODELIST) | master_addr (first host) | in a step |
+    | SLURM_DISTRIBUTION | arbitrary/plane need MASTER_ADDR | no |
+    | MASTER_ADDR, MASTER_PORT, DISTENV_SCOPE, DISTENV_MASTER_ADDR_FORMAT | master | no |
+
+    A batch script or salloc shell (no srun step) of a job with more than one task is refused: it
+    would be rank 0 of N and wait forever. With one task, or none stated, it is rank 0 of 1.
+    """
+
+    name = "slurm"
+    variables = (
+        Var("SLURM_JOB_ID", "job_id", "yes", "the job id; its presence means a Slurm job"),
+        Var("SLURM_JOBID", "job_id", "no", "older spelling of SLURM_JOB_ID"),
+        Var("SLURM_STEP_ID", "(detection)", "yes", "set by srun in each task of a job step"),
+        Var("SLURM_PROCID", "rank", "in a step", "task rank within the step"),
+        Var("SLURM_STEP_NUM_TASKS", "world_size", "in a step", "tasks in the step"),
+        Var("SLURM_NTASKS", "world_size", "no", "job-level twin; in a batch script: tasks asked"),
+        Var("SLURM_NPROCS", "world_size", "no", "older spelling of SLURM_NTASKS"),
+        Var("SLURM_LOCALID", "local_rank", "in a step", "task rank on this node"),
+        Var("SLURM_NODEID", "node_rank", "in a step", "index of this node in the step"),
+        Var(
+            "SLURM_STEP_TASKS_PER_NODE",
+            "local_world_size",
+            "in a step",
+            "tasks per node, compressed: '2(x3),1'",
+        ),
+        Var("SLURM_TASKS_PER_NODE", "local_world_size", "no", "job-level twin"),
+        Var("SLURM_STEP_NUM_NODES", "num_nodes", "in a step", "nodes in the step"),
+        Var("SLURM_NNODES", "num_nodes", "no", "job-level twin"),
+        Var("SLURM_JOB_NUM_NODES", "num_nodes", "no", "job-level twin"),
+        Var("SLURM_STEP_NODELIST", "master_addr", "in a step", "the step's hosts; rank 0 on 1st"),
+        Var("SLURM_NODELIST", "master_addr", "no", "job-level twin"),
+        Var("SLURM_JOB_NODELIST", "master_addr", "no", "job-level twin"),
+        Var(
+            "SLURM_DISTRIBUTION",
+            "master_addr",
+            "no",
+            "task distribution; with 'arbitrary' or 'plane' MASTER_ADDR is required",
+        ),
+        *MASTER_VARS,
+    )
+
+    def detect(self, env: Mapping[str, str]) -> bool:
+        return self.reader(env).first(*JOB_ID) is not None
+
+    def _step_id(self, reader: Reader) -> int | None:
+        """Return the srun step id, or None in a batch script, salloc shell or special step."""
+        step = reader.optional_int("SLURM_STEP_ID")
+        if step is None or (step > MAX_NORMAL_STEP_ID and step != INTERACTIVE_STEP_ID):
+            return None
+        return step
+
+    def world(self, env: Mapping[str, str]) -> World | None:
+        reader = self.reader(env)
+        if self._step_id(reader) is None:
+            return None
+        rank = reader.optional_int("SLURM_PROCID")
+        return None if rank is None else (rank, reader.optional_int(*NUM_TASKS, minimum=1))
+
+    def scope(self, env: Mapping[str, str]) -> str:
+        reader = self.reader(env)
+        job = reader.first(*JOB_ID)
+        return scope_tag(self.name, job and job[1], reader.get("SLURM_STEP_ID"))
+
+    def allocation_master(self, env: Mapping[str, str]) -> tuple[str, int] | None:
+        reader = self.reader(env)
+        job = reader.first(*JOB_ID)
+        nodelist = reader.first("SLURM_JOB_NODELIST", "SLURM_NODELIST")
+        if job is None or nodelist is None:
+            return None
+        # Ranks of one MPI job see different step ids (mpirun's own node has none), so the port
+        # depends on the job alone.
+        host = map_master_host(reader, expand_nodelist(self.name, *nodelist)[0])
+        return host, scheduler_port(job[1], "mpi")
+
+    def rank_info(self, env: Mapping[str, str]) -> RankInfo:
+        reader = self.reader(env)
+        _, job_id = reader.require(*JOB_ID, hint="run inside a Slurm job (srun/sbatch)")
+        step = self._step_id(reader)
+        if step is None:
+            return self._outside_step(reader, job_id)
+
+        rank = reader.integer("SLURM_PROCID", hint=SRUN_HINT)
+        world_var, world_size = reader.require(*NUM_TASKS, hint=SRUN_HINT)
+        world = reader.parse_int(world_var, world_size, minimum=1)
+        local_rank = reader.integer("SLURM_LOCALID", hint=SRUN_HINT)
+        node_rank = reader.integer("SLURM_NODEID", hint=SRUN_HINT)
+        nodes_var, nodes_text = reader.require(*NUM_NODES, hint=SRUN_HINT)
+        num_nodes = reader.parse_int(nodes_var, nodes_text, minimum=1)
+        tpn_var, tpn_text = reader.require(*TASKS_PER_NODE, hint=SRUN_HINT)
+        tasks_per_node = expand_tasks_per_node(self.name, tpn_var, tpn_text)
+        list_var, nodelist = reader.require(*NODELIST, hint=SRUN_HINT)
+        hosts = expand_nodelist(self.name, list_var, nodelist)
+
+        if len(tasks_per_node) != num_nodes or sum(tasks_per_node) != world:
+            raise InconsistentEnvironmentError(
+                self.name,
+                f"${tpn_var}={tpn_text!r} lists {sum(tasks_per_node)} tasks on "
+                f"{len(tasks_per_node)} nodes, but ${world_var}={world_size!r} and "
+                f"${nodes_var}={nodes_text!r}",
+                hint="do not override SLURM_* variables by hand; let srun set them",
+            )
+        if len(hosts) != num_nodes:
+            raise InconsistentEnvironmentError(
+                self.name,
+                f"${list_var}={nodelist!r} names {len(hosts)} hosts, but "
+                f"${nodes_var}={nodes_text!r}",
+                hint="do not override SLURM_* variables by hand; let srun set them",
+            )
+        local_world_size = tasks_per_node[node_rank] if node_rank < num_nodes else 0
+
+        scope = scope_tag(self.name, job_id, str(step))
+        distribution = (reader.get("SLURM_DISTRIBUTION") or "").split(",")[0]
+        first_host: str | None = hosts[0]
+        if distribution.startswith(("arbitrary", "plane")):
+            # Rank 0 is not known to sit on the first host of the step.
+            first_host = None
+        addr, port = master_from_env(
+            reader,
+            scope=scope,
+            default_host=first_host,
+            default_port=scheduler_port(job_id, str(step)),
+        )
+        if addr is None:
+            raise MissingVariableError(
+                self.name,
+                "MASTER_ADDR",
+                hint=f"with --distribution={distribution} rank 0's host is not the step's first "
+                "host; export MASTER_ADDR (rank 0's host name) before srun",
+            )
+        return RankInfo.checked(
+            self.name,
+            {
+                "rank": "SLURM_PROCID",
+                "world_size": world_var,
+                "local_rank": "SLURM_LOCALID",
+                "local_world_size": tpn_var,
+                "node_rank": "SLURM_NODEID",
+                "num_nodes": nodes_var,
+            },
+            rank=rank,
+            world_size=world,
+            local_rank=local_rank,
+            local_world_size=local_world_size,
+            node_rank=node_rank,
+            num_nodes=num_nodes,
+            master_addr=addr,
+            master_port=port,
+            job_id=job_id,
+        )
+
+    def _outside_step(self, reader: Reader, job_id: str) -> RankInfo:
+        """Batch script or salloc shell: rank 0 of 1 when the job has one task, else refuse."""
+        var, value = reader.first("SLURM_NTASKS", "SLURM_NPROCS") or ("SLURM_NTASKS", "")
+        ntasks = reader.parse_int(var, value, minimum=1) if value else None
+        if ntasks is not None and ntasks > 1:
+            raise NotLaunchedError(
+                self.name,
+                f"this process is job {job_id}'s batch script or salloc shell ($SLURM_STEP_ID is "
+                f"not set) but ${var} is {value!r}: it would run as rank 0 of {ntasks} and wait "
+                "forever for the others",
+                hint=SRUN_HINT,
+                variable=var,
+                value=value,
+            )
+        logger.warning(
+            "slurm: job %s has %s task(s) and this is its batch script or salloc shell; "
+            "running as rank 0 of 1",
+            job_id,
+            ntasks or "no stated",
+        )
+        addr, port = master_from_env(
+            reader,
+            scope=scope_tag(self.name, job_id, None),
+            default_host="127.0.0.1",
+            default_port=scheduler_port(job_id, "batch"),
+        )
+        return RankInfo.single(self.name, master_addr=addr, master_port=port, job_id=job_id)

@@ -1,0 +1,139 @@
+"""The `pytorch` launcher backend (alias `torchrun`): torchrun's environment contract."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+from distenv._env import Reader, Var
+from distenv._master import SCOPE_VAR, explicit_master, scope_tag
+from distenv.errors import InconsistentEnvironmentError, MissingVariableError
+from distenv.launchers.base import Launcher, World
+from distenv.rankinfo import RankInfo
+
+__all__ = ["TorchrunLauncher"]
+
+HINT = "start with torchrun (or distenv run), which sets RANK, WORLD_SIZE, LOCAL_RANK, ..."
+FULL_SET = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")
+KUBEFLOW_SET = ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
+# Variables of scheduler steps and MPI launchers. Kubeflow-style variables (RANK, WORLD_SIZE and
+# MASTER_* without LOCAL_RANK) count only when none of these is present: inside a scheduler step they
+# are far more likely a leftover `export RANK=0` than a launcher's doing.
+SCHEDULER_STEP = (
+    "SLURM_STEP_ID",
+    "OMPI_COMM_WORLD_SIZE",
+    "PMI_SIZE",
+    "PMIX_RANK",
+    "JSM_NAMESPACE_SIZE",
+    "LSB_JOBID",
+)
+
+
+class TorchrunLauncher(Launcher):
+    """Processes started by torchrun (torch.distributed.run), ``distenv run`` or Kubeflow.
+
+    | variable | fills | required |
+    |---|---|---|
+    | TORCHELASTIC_RUN_ID | job_id, detection | or the full set below |
+    | RANK | rank | yes |
+    | WORLD_SIZE | world_size | yes |
+    | LOCAL_RANK | local_rank | yes, except Kubeflow-style (one process per node) |
+    | LOCAL_WORLD_SIZE | local_world_size | yes with LOCAL_RANK |
+    | GROUP_RANK | node_rank | no: rank // local_world_size |
+    | GROUP_WORLD_SIZE | num_nodes | no: world_size // local_world_size |
+    | MASTER_ADDR, MASTER_PORT | master | yes |
+    | DISTENV_SCOPE | detection: distenv's own exports are not a launch | no |
+    | SLURM_STEP_ID, OMPI_COMM_WORLD_SIZE, PMI_SIZE, PMIX_RANK, JSM_NAMESPACE_SIZE, LSB_JOBID | veto Kubeflow-style detection | no |
+
+    Detection needs ``TORCHELASTIC_RUN_ID`` (torchrun always sets it) or the full set RANK,
+    WORLD_SIZE, LOCAL_RANK, MASTER_ADDR, MASTER_PORT not tagged as distenv's own export of another
+    launcher's answer.
+    """
+
+    name = "pytorch"
+    aliases = ("torchrun",)
+    variables = (
+        Var("TORCHELASTIC_RUN_ID", "job_id", "or the full set", "torchrun's --rdzv-id"),
+        Var("RANK", "rank", "yes", "global rank"),
+        Var("WORLD_SIZE", "world_size", "yes", "number of processes"),
+        Var("LOCAL_RANK", "local_rank", "yes*", "rank on this node (*absent: Kubeflow style)"),
+        Var("LOCAL_WORLD_SIZE", "local_world_size", "with LOCAL_RANK", "processes on this node"),
+        Var("GROUP_RANK", "node_rank", "no", "node index (default rank // local_world_size)"),
+        Var("GROUP_WORLD_SIZE", "num_nodes", "no", "nodes (default world_size // local)"),
+        Var("MASTER_ADDR", "master_addr", "yes", "rank 0's host"),
+        Var("MASTER_PORT", "master_port", "yes", "rank 0's store port"),
+        Var(SCOPE_VAR, "(detection)", "no", "distenv's export tag: such RANK/... are no launch"),
+        *(
+            Var(name, "(detection)", "no", "a scheduler step: vetoes Kubeflow style")
+            for name in SCHEDULER_STEP
+        ),
+    )
+
+    def _is_own_export(self, reader: Reader) -> bool:
+        tag = reader.get(SCOPE_VAR)
+        return tag is not None and not tag.startswith(f"{self.name}/")
+
+    def detect(self, env: Mapping[str, str]) -> bool:
+        reader = self.reader(env)
+        if reader.has("TORCHELASTIC_RUN_ID"):
+            return True
+        if self._is_own_export(reader):
+            return False
+        if all(reader.has(name) for name in FULL_SET):
+            return True
+        return all(reader.has(name) for name in KUBEFLOW_SET) and not any(
+            reader.has(name) for name in SCHEDULER_STEP
+        )
+
+    def world(self, env: Mapping[str, str]) -> World | None:
+        reader = self.reader(env)
+        rank = reader.optional_int("RANK")
+        return None if rank is None else (rank, reader.optional_int("WORLD_SIZE", minimum=1))
+
+    def scope(self, env: Mapping[str, str]) -> str:
+        return scope_tag(self.name, self.reader(env).get("TORCHELASTIC_RUN_ID"), None)
+
+    def rank_info(self, env: Mapping[str, str]) -> RankInfo:
+        reader = self.reader(env)
+        rank = reader.integer("RANK", hint=HINT)
+        world_size = reader.integer("WORLD_SIZE", hint=HINT, minimum=1)
+        sources = {"rank": "RANK", "world_size": "WORLD_SIZE"}
+        if reader.has("LOCAL_RANK") or reader.has("TORCHELASTIC_RUN_ID"):
+            local_rank = reader.integer("LOCAL_RANK", hint=HINT)
+            local_world_size = reader.integer("LOCAL_WORLD_SIZE", hint=HINT, minimum=1)
+            sources.update(local_rank="LOCAL_RANK", local_world_size="LOCAL_WORLD_SIZE")
+        else:  # Kubeflow's PyTorchJob: one process per pod.
+            local_rank, local_world_size = 0, 1
+        node_rank = reader.optional_int("GROUP_RANK")
+        num_nodes = reader.optional_int("GROUP_WORLD_SIZE", minimum=1)
+        if node_rank is None or num_nodes is None:
+            if world_size % local_world_size:
+                raise InconsistentEnvironmentError(
+                    self.name,
+                    f"$WORLD_SIZE={world_size} is not a multiple of "
+                    f"$LOCAL_WORLD_SIZE={local_world_size}, so the node index is unknown",
+                    hint="set GROUP_RANK and GROUP_WORLD_SIZE (torchrun does)",
+                )
+            node_rank = rank // local_world_size if node_rank is None else node_rank
+            num_nodes = world_size // local_world_size if num_nodes is None else num_nodes
+        else:
+            sources.update(node_rank="GROUP_RANK", num_nodes="GROUP_WORLD_SIZE")
+        # torchrun's own MASTER_* are part of its contract: no export tag can make them stale.
+        addr, port = explicit_master(reader)
+        if addr is None or port is None:
+            raise MissingVariableError(
+                self.name, "MASTER_PORT" if addr else "MASTER_ADDR", hint=HINT
+            )
+        run_id = reader.get("TORCHELASTIC_RUN_ID")
+        return RankInfo.checked(
+            self.name,
+            sources,
+            rank=rank,
+            world_size=world_size,
+            local_rank=local_rank,
+            local_world_size=local_world_size,
+            node_rank=node_rank,
+            num_nodes=num_nodes,
+            master_addr=addr,
+            master_port=port,
+            job_id=None if run_id in (None, "none") else run_id,
+        )
