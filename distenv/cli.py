@@ -1,0 +1,86 @@
+"""The ``distenv`` command: info, export (and the subcommands other modules add)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shlex
+import sys
+from collections.abc import Sequence
+
+from distenv._master import SCOPE_VAR
+from distenv.detect import explain
+from distenv.errors import DistEnvError
+from distenv.launchers import CHOICES
+from distenv.resolve import resolve
+
+__all__ = ["main"]
+
+
+def _add_launcher(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--launcher",
+        default="auto",
+        choices=CHOICES,
+        metavar="NAME",
+        help=f"launcher backend to read: {', '.join(CHOICES)} (default: auto)",
+    )
+
+
+def _cmd_info(args: argparse.Namespace) -> int:
+    detection = explain(args.launcher)
+    info = detection.info if args.no_resolve else resolve(detection.info)
+    if args.json:
+        print(json.dumps(info.to_dict()))
+        return 0
+    rows = [(name, "-" if value is None else str(value)) for name, value in info.to_dict().items()]
+    width = max(len(name) for name, _ in rows)
+    for name, value in rows:
+        print(f"{name:<{width}}  {value}")
+    print("\nhow it was chosen:")
+    for name, verdict in detection.considered:
+        print(f"  {name:<8} {verdict}")
+    return 0
+
+
+def _cmd_export(args: argparse.Namespace) -> int:
+    detection = explain(args.launcher)
+    info = resolve(detection.info)
+    for name, value in {**info.to_env(), SCOPE_VAR: detection.scope}.items():
+        print(f"export {name}={shlex.quote(value)}")
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """Return the argument parser of the ``distenv`` command."""
+    parser = argparse.ArgumentParser(
+        prog="distenv",
+        description="Start PyTorch distributed jobs correctly under any launcher.",
+    )
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    info = sub.add_parser("info", help="show what this process is in the job, and why")
+    _add_launcher(info)
+    info.add_argument("--json", action="store_true", help="print one JSON object")
+    info.add_argument(
+        "--no-resolve",
+        action="store_true",
+        help="do not ask MPI for a missing master (print null instead)",
+    )
+    info.set_defaults(func=_cmd_info)
+
+    export = sub.add_parser("export", help="print `export VAR=value` lines for eval")
+    _add_launcher(export)
+    export.set_defaults(func=_cmd_export)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run the ``distenv`` command; return its exit status (1 for a DistEnvError, 2 for usage)."""
+    args = build_parser().parse_args(argv)
+    try:
+        status: int = args.func(args)
+    except DistEnvError as exc:
+        print(f"distenv: {exc}", file=sys.stderr)
+        return 1
+    return status
