@@ -1,0 +1,58 @@
+"""Shared fixtures: a hermetic environment for every test."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+# Variables of every launcher and scheduler distenv reads, and of the torchrun contract. The
+# developer's shell (or a CI runner inside a Slurm job) must not leak into a test.
+SCRUB_PREFIXES = (
+    "SLURM_",
+    "SRUN_",
+    "SALLOC_",
+    "SBATCH_",
+    "OMPI_",
+    "PMI_",
+    "PMIX_",
+    "MPI_LOCAL",
+    "MV2_",
+    "PALS_",
+    "HYDRA_",
+    "I_MPI_",
+    "LSB_",
+    "JSM_",
+    "TORCHELASTIC_",
+    "DISTENV_",
+)
+SCRUB_NAMES = (
+    "RANK",
+    "WORLD_SIZE",
+    "LOCAL_RANK",
+    "LOCAL_WORLD_SIZE",
+    "GROUP_RANK",
+    "GROUP_WORLD_SIZE",
+    "ROLE_RANK",
+    "ROLE_WORLD_SIZE",
+    "MASTER_ADDR",
+    "MASTER_PORT",
+    "CUDA_VISIBLE_DEVICES",
+)
+
+
+def scrubbed_environ(environ: dict[str, str] | os._Environ[str] = os.environ) -> dict[str, str]:
+    """Return a copy of `environ` without launcher variables (for child processes of tests)."""
+    return {
+        key: value
+        for key, value in environ.items()
+        if not key.startswith(SCRUB_PREFIXES) and key not in SCRUB_NAMES
+    }
+
+
+@pytest.fixture(autouse=True)
+def _hermetic_env(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Remove every launcher variable from os.environ for the duration of a test."""
+    for key in list(os.environ):
+        if key.startswith(SCRUB_PREFIXES) or key in SCRUB_NAMES:
+            monkeypatch.delenv(key)
