@@ -11,7 +11,10 @@ from dataclasses import dataclass
 
 from distenv.errors import LauncherMismatchError, LauncherNotFoundError
 from distenv.launchers import (
-    BUILTIN,
+    LSF,
+    MPI,
+    NONE,
+    SLURM,
     Launcher,
     World,
     auto_candidates,
@@ -22,8 +25,7 @@ from distenv.rankinfo import RankInfo
 
 __all__ = ["Detection", "detect", "explain"]
 
-MPI, SCHEDULERS = BUILTIN["mpi"], (BUILTIN["slurm"], BUILTIN["lsf"])
-NONE = BUILTIN["none"]
+SCHEDULERS = (SLURM, LSF)
 
 
 @dataclass(frozen=True)
@@ -76,7 +78,8 @@ def _mpi_answer(env: Mapping[str, str], notes: list[tuple[str, str]]) -> tuple[L
         notes.append(
             (scheduler.name, f"outer layer: {_describe(world)} vs mpi's {_describe(mpi_world)}")
         )
-    info = MPI.rank_info(env)
+    nodes = next((n for s in outer if (n := s.daemon_nodes(env)) is not None), None)
+    info = MPI.rank_info(env, nodes)
     if info.master_addr is None:
         for scheduler in outer:
             found = scheduler.allocation_master(env)
@@ -108,6 +111,7 @@ def explain(launcher: str = "auto", env: Mapping[str, str] | None = None) -> Det
         for c in candidates
     ]
 
+    chosen: Launcher
     if name == "auto":
         if not detected:
             chosen, info = NONE, NONE.rank_info(env)

@@ -15,8 +15,13 @@ from distenv.launchers.torchrun import TorchrunLauncher
 __all__ = [
     "BUILTIN",
     "DETECTION_ORDER",
+    "LSF",
+    "MPI",
+    "NONE",
     "PLUGINS_VAR",
     "PLUGIN_GROUP",
+    "SLURM",
+    "TORCHRUN",
     "Launcher",
     "World",
     "auto_candidates",
@@ -24,15 +29,15 @@ __all__ = [
     "get_launcher",
 ]
 
+TORCHRUN, MPI, SLURM, LSF, NONE = (
+    TorchrunLauncher(),
+    MpiLauncher(),
+    SlurmLauncher(),
+    LsfLauncher(),
+    NoneLauncher(),
+)
 BUILTIN: dict[str, Launcher] = {
-    launcher.name: launcher
-    for launcher in (
-        TorchrunLauncher(),
-        MpiLauncher(),
-        SlurmLauncher(),
-        LsfLauncher(),
-        NoneLauncher(),
-    )
+    launcher.name: launcher for launcher in (TORCHRUN, MPI, SLURM, LSF, NONE)
 }
 ALIASES = {alias: launcher.name for launcher in BUILTIN.values() for alias in launcher.aliases}
 

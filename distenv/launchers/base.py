@@ -52,6 +52,15 @@ class Launcher(abc.ABC):
         """Return the job/step identity that tags distenv's exports (see `distenv._master`)."""
         return f"{self.name}/-/-"
 
+    def daemon_nodes(self, env: Mapping[str, str]) -> tuple[int, int] | None:
+        """Return ``(node_rank, num_nodes)`` when an MPI launcher's daemons run as this layer's tasks.
+
+        mpiexec.hydra (and Open MPI's mpirun inside salloc) start one daemon per node as the tasks
+        of one step spanning the allocation, so that step's node index is the MPI rank's node,
+        even when nodes hold different numbers of ranks. Others return None.
+        """
+        return None
+
     def allocation_master(self, env: Mapping[str, str]) -> tuple[str, int] | None:
         """Return the master a launcher started *inside* this scheduler's allocation should use.
 

@@ -121,7 +121,8 @@ class MpiLauncher(Launcher):
         size = reader.optional_int(*flavor.size, minimum=1) if flavor.size else None
         return reader.integer(flavor.rank), size
 
-    def rank_info(self, env: Mapping[str, str]) -> RankInfo:
+    def rank_info(self, env: Mapping[str, str], nodes: tuple[int, int] | None = None) -> RankInfo:
+        """Return the RankInfo; `nodes` is ``(node_rank, num_nodes)`` from an enclosing step."""
         reader = self.reader(env)
         flavor = self._flavor(reader)
         if flavor is None:
@@ -154,19 +155,21 @@ class MpiLauncher(Launcher):
             "local_world_size": lsize_var,
         }
         node = reader.first(*flavor.node)
-        if world_size % local_size:
+        if nodes is not None:
+            node_rank, num_nodes = nodes
+            sources.update(node_rank="SLURM_NODEID", num_nodes="SLURM_STEP_NUM_NODES")
+        elif world_size % local_size:
             raise InconsistentEnvironmentError(
                 self.name,
                 f"${size_var}={world_size} is not a multiple of ${lsize_var}={local_size}, so "
                 "nodes hold different numbers of ranks and the node layout is unknown",
                 hint="place the same number of ranks on every node (mpirun --map-by ppr:N:node)",
             )
-        num_nodes = world_size // local_size
-        if node is not None:
-            node_rank = reader.parse_int(*node)
-            sources["node_rank"] = node[0]
         else:
-            node_rank = rank // local_size
+            num_nodes = world_size // local_size
+            node_rank = reader.parse_int(*node) if node is not None else rank // local_size
+            if node is not None:
+                sources["node_rank"] = node[0]
         addr, port = master_from_env(
             reader, scope=self.scope(env), default_host=None, default_port=None
         )

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 from collections.abc import Mapping
+from typing import ClassVar
 
+from distenv._env import Var
 from distenv.launchers.base import Launcher
 from distenv.rankinfo import RankInfo
 
@@ -18,7 +20,7 @@ class NoneLauncher(Launcher):
     """
 
     name = "none"
-    variables = ()
+    variables: ClassVar[tuple[Var, ...]] = ()
 
     def detect(self, env: Mapping[str, str]) -> bool:
         return True

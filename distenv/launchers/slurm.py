@@ -117,6 +117,20 @@ class SlurmLauncher(Launcher):
         job = reader.first(*JOB_ID)
         return scope_tag(self.name, job and job[1], reader.get("SLURM_STEP_ID"))
 
+    def daemon_nodes(self, env: Mapping[str, str]) -> tuple[int, int] | None:
+        reader = self.reader(env)
+        if self._step_id(reader) is None:
+            return None
+        node = reader.optional_int("SLURM_NODEID")
+        step_nodes = reader.optional_int("SLURM_STEP_NUM_NODES", minimum=1)
+        job_nodes = reader.optional_int("SLURM_JOB_NUM_NODES", minimum=1)
+        # Measured (tests/envs/captures): Open MPI's mpirun in a batch script starts its daemons
+        # in a step on the *other* nodes only, where SLURM_NODEID restarts at 0. Only a step that
+        # spans the whole allocation numbers the nodes as the MPI job sees them.
+        if node is None or step_nodes is None or step_nodes != job_nodes or node >= step_nodes:
+            return None
+        return node, step_nodes
+
     def allocation_master(self, env: Mapping[str, str]) -> tuple[str, int] | None:
         reader = self.reader(env)
         job = reader.first(*JOB_ID)
