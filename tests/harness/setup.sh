@@ -1,0 +1,405 @@
+#!/usr/bin/env bash
+# Bring up distenv's real-engine test environment on a Debian bookworm machine, as root.
+#
+#   packages  munge, Slurm 22.05, Open MPI 4.1, MPICH 4.0, shellcheck (apt)
+#   venv      $REPO/.venv: torch==2.13.0 (CPU wheel from /opt/wheels), python-hostlist, mpi4py,
+#             pytest, hypothesis, ruff, mypy, then distenv itself (editable) when it exists
+#   mpich     $STATE/mpich-lib: libmpi.so.12 -> libmpich.so.12, so mpi4py's wheel runs on MPICH
+#   munge     munged, started without systemd
+#   slurm     cluster "one":   one node named $(hostname), 8 CPUs, 4 fake GPUs
+#             cluster "multi": nodes n[1-4] (own UTS/mount namespace, own /tmp), 4 CPUs, 2 fake GPUs each
+#   env.sh    $STATE/env.sh, sourced by the tests (see the end of this file)
+#
+# Idempotent: what is installed is skipped, daemons that run are left alone (unless their config
+# changed, then that cluster is restarted). Facts behind the choices: /work/shared/CLUSTER.md.
+# Stop everything with tests/harness/teardown.sh.
+set -euo pipefail
+
+T0=$SECONDS
+HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
+REPO=$(cd "$HERE/../.." && pwd)
+# Not under /tmp: the simulated nodes bind their own /tmp over it.
+STATE=${DISTENV_TEST_STATE:-/var/tmp/distenv-test}
+VENV=$REPO/.venv
+PYTHON=${PYTHON:-python3}
+HOST=$(hostname)
+WAIT_S=${DISTENV_SETUP_WAIT_S:-60}
+
+APT_PACKAGES=(munge slurm-wlm openmpi-bin libopenmpi-dev mpich libmpich-dev shellcheck)
+MPICH_SO=/usr/lib/x86_64-linux-gnu/libmpich.so.12
+
+log() { printf '[setup %3ds] %s\n' "$((SECONDS - T0))" "$*"; }
+die() { printf '[setup] ERROR: %s\n' "$*" >&2; exit 1; }
+
+# Print the last lines of each given log file to stderr (for failures).
+tail_logs() {
+    local f
+    for f in "$@"; do
+        if [[ -f "$f" ]]; then
+            printf -- '--- tail of %s ---\n' "$f" >&2
+            tail -n 25 "$f" >&2
+        else
+            printf -- '--- %s does not exist ---\n' "$f" >&2
+        fi
+    done
+}
+
+[[ $EUID -eq 0 ]] || die "run as root (Slurm and munge daemons, mknod, unshare)"
+
+# --------------------------------------------------------------------------------------------
+# 1. Debian packages
+# --------------------------------------------------------------------------------------------
+missing=()
+for p in "${APT_PACKAGES[@]}"; do
+    if [[ "$(dpkg-query -W -f='${Status}' "$p" 2>/dev/null || true)" != "install ok installed" ]]; then
+        missing+=("$p")
+    fi
+done
+if ((${#missing[@]})); then
+    log "apt: installing ${missing[*]}"
+    export DEBIAN_FRONTEND=noninteractive
+    apt-get update -qq
+    apt-get install -y -qq "${APT_PACKAGES[@]}" >/dev/null
+    log "apt: done"
+else
+    log "apt: all packages installed"
+fi
+
+# --------------------------------------------------------------------------------------------
+# 2. Python virtual environment
+# --------------------------------------------------------------------------------------------
+# The stamp records what was installed: the pinned list below plus the package metadata files, so a
+# changed setup.cfg (new dependency) or a newly written distenv/__init__.py re-runs pip.
+PIP_BASE=(python-hostlist mpi4py pytest hypothesis ruff mypy)
+have_pkg=no
+[[ -f "$REPO/distenv/__init__.py" ]] && have_pkg=yes
+stamp_key=$(
+    {
+        echo "torch==2.13.0 ${PIP_BASE[*]} pkg=$have_pkg"
+        cat "$REPO/setup.cfg" "$REPO/pyproject.toml" 2>/dev/null || true
+    } | sha256sum | cut -d' ' -f1
+)
+stamp=$VENV/.distenv-setup-stamp
+if [[ -x "$VENV/bin/python" && -f "$stamp" && "$(cat "$stamp")" == "$stamp_key" ]]; then
+    log "venv: up to date ($VENV)"
+else
+    if [[ ! -x "$VENV/bin/python" ]]; then
+        log "venv: creating $VENV with $("$PYTHON" --version 2>&1)"
+        "$PYTHON" -m venv "$VENV"
+    fi
+    pip=("$VENV/bin/python" -m pip install -q --disable-pip-version-check)
+    # Exactly this spec: the CPU wheel in /opt/wheels (pip.conf find-links). Anything else pulls CUDA.
+    log "venv: pip install torch==2.13.0"
+    "${pip[@]}" torch==2.13.0
+    log "venv: pip install ${PIP_BASE[*]}"
+    "${pip[@]}" "${PIP_BASE[@]}"
+    if [[ $have_pkg == yes ]]; then
+        # Last, so that it adds nothing but distenv itself.
+        log "venv: pip install -e ${REPO}[mpi,test,lint]"
+        "${pip[@]}" -e "${REPO}[mpi,test,lint]"
+    else
+        log "venv: $REPO/distenv/__init__.py missing; distenv itself not installed (re-run later)"
+    fi
+    printf '%s\n' "$stamp_key" >"$stamp"
+    log "venv: done"
+fi
+
+# --------------------------------------------------------------------------------------------
+# 3. MPICH shim for mpi4py
+# --------------------------------------------------------------------------------------------
+# mpi4py's wheel loads libmpi.so.12 and picks Open MPI's; under MPICH that silently makes every
+# process a singleton. Debian names MPICH's library libmpich.so.12, so point libmpi.so.12 at it.
+MPICH_LIB=$STATE/mpich-lib
+mkdir -p "$MPICH_LIB"
+[[ -e "$MPICH_SO" ]] || die "$MPICH_SO missing (is libmpich-dev installed?)"
+ln -sfn "$MPICH_SO" "$MPICH_LIB/libmpi.so.12"
+ln -sfn "$MPICH_SO" "$MPICH_LIB/libmpi.so"
+
+# --------------------------------------------------------------------------------------------
+# 4. munge
+# --------------------------------------------------------------------------------------------
+if pgrep -x munged >/dev/null; then
+    log "munge: running"
+else
+    log "munge: starting munged"
+    [[ -f /etc/munge/munge.key ]] || die "/etc/munge/munge.key missing (the munge package creates it)"
+    install -d -o munge -g munge -m 0755 /run/munge
+    # As root munged refuses ("PRNG seed dir is insecure").
+    runuser -u munge -- munged
+fi
+deadline=$((SECONDS + 10))
+until munge -n </dev/null | unmunge >/dev/null 2>&1; do
+    ((SECONDS < deadline)) || { tail_logs /var/log/munge/munged.log; die "munge does not answer after 10 s"; }
+    sleep 0.2
+done
+
+# --------------------------------------------------------------------------------------------
+# 5. Slurm clusters
+# --------------------------------------------------------------------------------------------
+# Settings shared by both clusters. Why each one: CLUSTER.md; the timers keep tests fast.
+common_conf() {
+    local name=$1 dir=$2 ctld_port=$3
+    cat <<EOF
+# Generated by tests/harness/setup.sh; edits are overwritten.
+ClusterName=$name
+SlurmctldHost=$HOST(127.0.0.1)
+SlurmctldPort=$ctld_port
+SlurmUser=root
+SlurmdUser=root
+AuthType=auth/munge
+CredType=cred/munge
+ProctrackType=proctrack/linuxproc
+TaskPlugin=task/none
+JobAcctGatherType=jobacct_gather/none
+AccountingStorageType=accounting_storage/none
+JobCompType=jobcomp/none
+SelectType=select/cons_tres
+SelectTypeParameters=CR_Core
+# A node declared with more CPUs than the machine has is otherwise invalid ("Low CPUs").
+SlurmdParameters=config_overrides
+# Otherwise batch jobs start on 3 s scheduler ticks.
+SchedulerParameters=batch_sched_delay=0
+MpiDefault=none
+ReturnToService=2
+GresTypes=gpu
+StateSaveLocation=$dir/state
+SlurmdSpoolDir=$dir/spool/%n
+SlurmctldPidFile=$dir/run/slurmctld.pid
+SlurmdPidFile=$dir/run/slurmd-%n.pid
+SlurmctldLogFile=$dir/log/slurmctld.log
+SlurmdLogFile=$dir/log/slurmd-%n.log
+SlurmctldDebug=info
+SlurmdDebug=info
+# Speed: no waiting between SIGTERM and SIGKILL beyond 2 s, no idle-srun kill, quick timeouts.
+KillWait=2
+InactiveLimit=0
+MinJobAge=30
+MessageTimeout=10
+SlurmctldTimeout=30
+SlurmdTimeout=60
+TCPTimeout=5
+UnkillableStepTimeout=30
+EOF
+}
+
+conf_changed() { # new_file old_file
+    [[ ! -f "$2" ]] || ! cmp -s "$1" "$2"
+}
+
+# Install a generated file; prints "changed" when it differs from what was there.
+install_file() { # src dst
+    if conf_changed "$1" "$2"; then
+        mv -f "$1" "$2"
+        echo changed
+    else
+        rm -f "$1"
+    fi
+}
+
+# PIDs of daemons of this harness, matched on their exact command line (which holds the config path).
+ctld_pids() { pgrep -f -x "slurmctld -D -i -f $1" || true; }
+slurmd_pids() { pgrep -f -x "slurmd -D -N $2 -f $1" || true; }
+all_pids_of() { pgrep -f -- "-f $1\$" || true; }
+
+stop_cluster() { # conf
+    local pids
+    pids=$(all_pids_of "$1")
+    if [[ -n $pids ]]; then
+        log "slurm: stopping daemons of $1 (config changed)"
+        # shellcheck disable=SC2086  # word splitting of the pid list is wanted
+        kill $pids 2>/dev/null || true
+        local deadline=$((SECONDS + 15))
+        while [[ -n "$(all_pids_of "$1")" ]]; do
+            ((SECONDS < deadline)) || die "daemons of $1 do not stop: $(all_pids_of "$1")"
+            sleep 0.2
+        done
+    fi
+}
+
+start_ctld() { # conf dir
+    if [[ -n "$(ctld_pids "$1")" ]]; then
+        log "slurm: slurmctld for $1 running"
+        return
+    fi
+    log "slurm: starting slurmctld ($1)"
+    # setsid: a session of its own, so it survives this script and the calling shell.
+    setsid -f slurmctld -D -i -f "$1" </dev/null >>"$2/log/slurmctld.stdout" 2>&1
+}
+
+# Wait until the controller answers and every node of the cluster is idle; resume down nodes.
+wait_cluster() { # conf dir expected_nodes node-names...
+    local conf=$1 dir=$2 want=$3 deadline=$((SECONDS + WAIT_S)) states bad resumed=no n
+    shift 3
+    # The controller that answers must be this config's (another one on the same port would do).
+    until [[ "$(SLURM_CONF=$conf scontrol show config 2>/dev/null | awk '$1 == "StateSaveLocation" {print $3}')" == "$dir/state" ]] &&
+        SLURM_CONF=$conf scontrol ping 2>/dev/null | grep -q 'is UP'; do
+        if ((SECONDS >= deadline)); then
+            tail_logs "$dir/log/slurmctld.log" "$dir/log/slurmctld.stdout"
+            die "slurmctld of $conf not UP after ${WAIT_S}s"
+        fi
+        sleep 0.3
+    done
+    while :; do
+        states=$(SLURM_CONF=$conf sinfo -h -N -o '%N %T' 2>/dev/null | sort -u || true)
+        if [[ -n $states ]] && [[ $(grep -c ' idle$' <<<"$states") -eq $want ]]; then
+            break
+        fi
+        bad=$(awk '$2 ~ /^(down|drain|drained|draining|fail)/ {print $1}' <<<"$states" | paste -sd, -)
+        if [[ -n $bad && $resumed == no ]] && ((SECONDS + 20 < deadline)); then
+            log "slurm: resuming $bad"
+            SLURM_CONF=$conf scontrol update nodename="$bad" state=resume || true
+            resumed=yes
+        fi
+        if ((SECONDS >= deadline)); then
+            printf '%s\n' "$states" >&2
+            tail_logs "$dir/log/slurmctld.log" "$dir"/log/slurmd-*.log
+            die "nodes of $conf not all idle after ${WAIT_S}s (want $want idle)"
+        fi
+        sleep 0.3
+    done
+    # A restarted slurmctld may report nodes idle from its saved state before their slurmd has
+    # registered; a real step on every node is the proof.
+    local left=$((deadline - SECONDS)) out
+    ((left > 5)) || left=5
+    if ! out=$(SLURM_CONF=$conf timeout "$left" srun -J setup-check -N "$want" -n "$want" true 2>&1); then
+        printf '%s\n' "$out" >&2
+        tail_logs "$dir/log/slurmctld.log" "$dir"/log/slurmd-*.log
+        die "a step on all $want nodes of $conf failed"
+    fi
+    # Our daemons must still live (one that lost its port to another cluster exits).
+    for n in "$@"; do
+        if [[ -z "$(slurmd_pids "$conf" "$n")" || -z "$(ctld_pids "$conf")" ]]; then
+            tail_logs "$dir/log/slurmctld.log" "$dir/log/slurmd-$n.log" "$dir"/log/*.stdout
+            die "a daemon of $conf (slurmctld or slurmd $n) is not running"
+        fi
+    done
+    log "slurm: $(basename "$dir") ready: $(tr '\n' ' ' <<<"$states")"
+}
+
+# ---- cluster "one": this host, 8 CPUs, 4 fake GPUs -----------------------------------------
+ONE=$STATE/one
+ONE_CONF=$ONE/slurm.conf
+mkdir -p "$ONE"/{state,spool,run,log,dev} "$ONE/spool/$HOST"
+for i in 0 1 2 3; do
+    # slurmd accepts only a character or block device as a GPU's File=; 195 is NVIDIA's major.
+    [[ -c "$ONE/dev/fakegpu$i" ]] || mknod -m 0666 "$ONE/dev/fakegpu$i" c 195 "$i"
+done
+{
+    common_conf one "$ONE" 6817
+    cat <<EOF
+SlurmdPort=6818
+NodeName=$HOST NodeAddr=127.0.0.1 CPUs=8 Gres=gpu:4 State=UNKNOWN
+PartitionName=debug Nodes=ALL Default=YES OverSubscribe=FORCE:4 MaxTime=INFINITE State=UP
+EOF
+} >"$ONE_CONF.new"
+cat >"$ONE/gres.conf.new" <<EOF
+AutoDetect=off
+NodeName=$HOST Name=gpu File=$ONE/dev/fakegpu[0-3]
+EOF
+one_changed=$(install_file "$ONE_CONF.new" "$ONE_CONF")$(install_file "$ONE/gres.conf.new" "$ONE/gres.conf")
+[[ -z $one_changed ]] || stop_cluster "$ONE_CONF"
+
+start_ctld "$ONE_CONF" "$ONE"
+if [[ -z "$(slurmd_pids "$ONE_CONF" "$HOST")" ]]; then
+    log "slurm: starting slurmd $HOST (one)"
+    setsid -f slurmd -D -N "$HOST" -f "$ONE_CONF" </dev/null >>"$ONE/log/slurmd.stdout" 2>&1
+fi
+
+# ---- cluster "multi": n1..n4, each in its own UTS + mount namespace ------------------------
+MULTI=$STATE/multi
+MULTI_CONF=$MULTI/slurm.conf
+NODES=(n1 n2 n3 n4)
+mkdir -p "$MULTI"/{state,spool,run,log}
+{
+    cat /etc/hosts
+    echo "# distenv test cluster multi"
+    for i in 1 2 3 4; do echo "127.0.1.$i n$i"; done
+} >"$MULTI/hosts.new"
+{
+    common_conf multi "$MULTI" 6827
+    cat <<EOF
+NodeName=n[1-4] NodeHostname=n[1-4] NodeAddr=127.0.1.[1-4] Port=[6831-6834] CPUs=4 Gres=gpu:2 State=UNKNOWN
+PartitionName=debug Nodes=ALL Default=YES OverSubscribe=FORCE:4 MaxTime=INFINITE State=UP
+EOF
+} >"$MULTI_CONF.new"
+# Inside each node's namespace /tmp is that node's own directory, so one line serves all nodes.
+cat >"$MULTI/gres.conf.new" <<EOF
+AutoDetect=off
+NodeName=n[1-4] Name=gpu File=/tmp/fakegpu[0-1]
+EOF
+multi_changed=$(install_file "$MULTI_CONF.new" "$MULTI_CONF")$(install_file "$MULTI/gres.conf.new" "$MULTI/gres.conf")$(install_file "$MULTI/hosts.new" "$MULTI/hosts")
+[[ -z $multi_changed ]] || stop_cluster "$MULTI_CONF"
+
+start_ctld "$MULTI_CONF" "$MULTI"
+for n in "${NODES[@]}"; do
+    ntmp=$MULTI/nodes/$n/tmp
+    install -d -m 1777 "$ntmp"
+    mkdir -p "$MULTI/spool/$n"
+    for i in 0 1; do
+        [[ -c "$ntmp/fakegpu$i" ]] || mknod -m 0666 "$ntmp/fakegpu$i" c 195 "$i"
+    done
+    if [[ -n "$(slurmd_pids "$MULTI_CONF" "$n")" ]]; then
+        continue
+    fi
+    log "slurm: starting slurmd $n (multi)"
+    # Own hostname, an /etc/hosts that knows n1..n4, and a node-local /tmp (srun --mpi=pmix across
+    # nodes needs it: "Cannot create directory /tmp/spmix_appdir_...: File exists").
+    # shellcheck disable=SC2016  # $1.. expand in the inner shell
+    setsid -f unshare --uts --mount --propagation private \
+        sh -c 'hostname "$1" && mount --bind "$2" /etc/hosts && mount --bind "$3" /tmp && exec slurmd -D -N "$1" -f "$4"' \
+        sh "$n" "$MULTI/hosts" "$ntmp" "$MULTI_CONF" </dev/null >>"$MULTI/log/slurmd-$n.stdout" 2>&1
+done
+
+wait_cluster "$ONE_CONF" "$ONE" 1 "$HOST"
+wait_cluster "$MULTI_CONF" "$MULTI" 4 "${NODES[@]}"
+
+# --------------------------------------------------------------------------------------------
+# 6. env.sh for the tests
+# --------------------------------------------------------------------------------------------
+cat >"$STATE/env.sh.new" <<EOF
+# Generated by tests/harness/setup.sh. Source it (or read it: plain 'export K=V' lines).
+export DISTENV_TEST_STATE=$STATE
+export DISTENV_TEST_SLURM_ONE=$ONE_CONF
+export DISTENV_TEST_SLURM_MULTI=$MULTI_CONF
+export DISTENV_TEST_MPICH_LIB=$MPICH_LIB
+export OMPI_ALLOW_RUN_AS_ROOT=1
+export OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
+export OMPI_MCA_btl_tcp_if_include=lo
+export OMPI_MCA_oob_tcp_if_include=lo
+export OMPI_MCA_rmaps_base_oversubscribe=1
+export UCX_NET_DEVICES=lo
+EOF
+mv -f "$STATE/env.sh.new" "$STATE/env.sh"
+
+# --------------------------------------------------------------------------------------------
+# 7. Check MPI through mpi4py (both implementations see one world of 2, not two singletons)
+# --------------------------------------------------------------------------------------------
+check_py='from mpi4py import MPI; import os; c = MPI.COMM_WORLD; os.write(1, b"%d/%d\n" % (c.Get_rank(), c.Get_size()))'
+check_mpi() { # label expected-output command...
+    local label=$1 want=$2 out
+    shift 2
+    if ! out=$(timeout 60 env -u SLURM_CONF "$@" 2>&1); then
+        printf '%s\n' "$out" >&2
+        die "$label: mpi4py check failed"
+    fi
+    if [[ "$(grep -E '^[0-9]+/[0-9]+$' <<<"$out" | sort | tr '\n' ' ')" != "$want" ]]; then
+        printf '%s\n' "$out" >&2
+        die "$label: mpi4py expected ranks '$want'"
+    fi
+    log "mpi: $label ok ($want)"
+}
+if [[ -x "$VENV/bin/python" ]] && "$VENV/bin/python" -c 'import mpi4py' 2>/dev/null; then
+    # shellcheck source=/dev/null
+    (
+        . "$STATE/env.sh"
+        check_mpi "mpirun.openmpi -np 2" "0/2 1/2 " \
+            mpirun.openmpi -np 2 --allow-run-as-root --oversubscribe "$VENV/bin/python" -c "$check_py"
+        check_mpi "mpiexec.hydra -n 2" "0/2 1/2 " \
+            env LD_LIBRARY_PATH="$MPICH_LIB" MPI4PY_MPIABI=mpich \
+            mpiexec.hydra -n 2 "$VENV/bin/python" -c "$check_py"
+    )
+else
+    die "mpi4py missing from $VENV"
+fi
+
+log "done in $((SECONDS - T0)) s; source $STATE/env.sh"
