@@ -1,0 +1,205 @@
+"""Every rank of every captured real run, through `detect` (auto and explicit names)."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+import pytest
+
+from distenv import DistEnvError, RankInfo, detect
+from distenv._master import scheduler_port
+from distenv.errors import LauncherMismatchError, LauncherNotFoundError, NotLaunchedError
+from tests.envs import mpi, slurm, torchrun
+
+Layout = tuple[int, int, int, int, int, int]  # rank, world, local rank, local size, node, nodes
+
+
+def layout(info: RankInfo) -> Layout:
+    return (
+        info.rank,
+        info.world_size,
+        info.local_rank,
+        info.local_world_size,
+        info.node_rank,
+        info.num_nodes,
+    )
+
+
+ONE_NODE = [(r, 4, r, 4, 0, 1) for r in range(4)]
+TWO_BY_TWO = [(r, 4, r % 2, 2, r // 2, 2) for r in range(4)]
+FOUR_NODES = [(r, 4, 0, 1, r, 4) for r in range(4)]
+# Both MPI launchers inside `salloc -N 2 -n 4` put three ranks on the first node, one on the second.
+THREE_PLUS_ONE = [(0, 4, 0, 3, 0, 2), (1, 4, 1, 3, 0, 2), (2, 4, 2, 3, 0, 2), (3, 4, 0, 1, 1, 2)]
+
+# (captured run, launcher auto chooses, per-rank layouts, master address)
+CASES = [
+    ("SRUN_1N_4T", slurm.SRUN_1N_4T, "slurm", ONE_NODE, "vm"),
+    ("SRUN_2N_4T", slurm.SRUN_2N_4T, "slurm", TWO_BY_TWO, "n1"),
+    ("SRUN_4N_4T", slurm.SRUN_4N_4T, "slurm", FOUR_NODES, "n1"),
+    ("SRUN_SUBSET_R2", slurm.SRUN_SUBSET_R2, "slurm", TWO_BY_TWO, "n3"),
+    ("SRUN_GPUS_PER_TASK", slurm.SRUN_GPUS_PER_TASK, "slurm", ONE_NODE, "vm"),
+    ("SRUN_GPUS_PER_NODE", slurm.SRUN_GPUS_PER_NODE, "slurm", ONE_NODE, "vm"),
+    ("SRUN_2N_GPUS_PER_TASK", slurm.SRUN_2N_GPUS_PER_TASK, "slurm", TWO_BY_TWO, "n1"),
+    ("SRUN_PMI2_4", slurm.SRUN_PMI2_4, "slurm", ONE_NODE, "vm"),
+    ("SRUN_PMIX_4", slurm.SRUN_PMIX_4, "slurm", ONE_NODE, "vm"),
+    ("OMPI_4", mpi.OMPI_4, "mpi", ONE_NODE, None),
+    ("HYDRA_4", mpi.HYDRA_4, "mpi", ONE_NODE, None),
+    ("OMPI_IN_SALLOC_2N", mpi.OMPI_IN_SALLOC_2N, "mpi", THREE_PLUS_ONE, "n1"),
+    ("HYDRA_IN_SALLOC_2N", mpi.HYDRA_IN_SALLOC_2N, "mpi", THREE_PLUS_ONE, "n1"),
+    ("OMPI_IN_SBATCH", mpi.OMPI_IN_SBATCH, "mpi", TWO_BY_TWO, "n1"),
+    ("HYDRA_IN_SBATCH", mpi.HYDRA_IN_SBATCH, "mpi", TWO_BY_TWO, "n1"),
+    ("TORCHRUN_4", torchrun.TORCHRUN_4, "pytorch", ONE_NODE, "localhost"),
+    ("TORCHRUN_IN_SRUN_2N", torchrun.TORCHRUN_IN_SRUN_2N, "pytorch", TWO_BY_TWO, "n1"),
+]
+
+
+def _by_rank() -> list[object]:
+    return [
+        pytest.param(env, chosen, expected[rank], addr, id=f"{name}-rank{rank}")
+        for name, envs, chosen, expected, addr in CASES
+        for rank, env in enumerate(envs)
+    ]
+
+
+@pytest.mark.parametrize(("env", "chosen", "expected", "addr"), _by_rank())
+def test_auto_detects_every_captured_rank(
+    env: Mapping[str, str], chosen: str, expected: Layout, addr: str | None
+) -> None:
+    """Auto picks the innermost launcher and reproduces the layout the real launcher made."""
+    info = detect("auto", env)
+    assert info.launcher == chosen
+    assert layout(info) == expected
+    assert info.master_addr == addr
+
+
+@pytest.mark.parametrize(("env", "chosen", "expected", "addr"), _by_rank())
+def test_explicit_name_of_innermost_launcher_agrees_with_auto(
+    env: Mapping[str, str], chosen: str, expected: Layout, addr: str | None
+) -> None:
+    """Naming the launcher auto found gives the same answer (srun --mpi=* is also `mpi`)."""
+    assert detect(chosen, env) == detect("auto", env)
+
+
+@pytest.mark.parametrize(
+    "envs", [slurm.SRUN_PMIX_4, slurm.SRUN_PMI2_4], ids=["srun-mpi-pmix", "srun-mpi-pmi2"]
+)
+def test_mpi_ranks_that_are_srun_tasks_may_be_named_mpi(envs: tuple[dict[str, str], ...]) -> None:
+    """Under srun --mpi=pmix/pmi2, `--launcher mpi` answers with the step's layout, labelled mpi."""
+    for rank, env in enumerate(envs):
+        info = detect("mpi", env)
+        assert info.launcher == "mpi"
+        assert layout(info) == ONE_NODE[rank]
+        assert info.master_addr == "vm"
+
+
+def test_all_ranks_of_a_step_agree_on_master() -> None:
+    """Every rank computes the same master address and port without talking to the others."""
+    for _, envs, _, _, _ in CASES:
+        masters = {(detect("auto", e).master_addr, detect("auto", e).master_port) for e in envs}
+        assert len(masters) == 1, masters
+
+
+def test_slurm_port_follows_the_published_formula() -> None:
+    """The Slurm master port is PORT_LOW + (job * 97 + step) % 22768, here job 18 step 0."""
+    info = detect("auto", slurm.SRUN_2N_4T[0])
+    assert info.job_id == slurm.SRUN_2N_4T[0]["SLURM_JOB_ID"]
+    assert info.master_port == scheduler_port(info.job_id or "", "0")
+    assert scheduler_port("18", "0") == 10000 + 18 * 97
+
+
+def test_mpi_inside_an_allocation_uses_the_job_port_on_every_node() -> None:
+    """mpirun's own node has no step id, the others do: the port depends on the job alone."""
+    ports = {detect("auto", env).master_port for env in mpi.OMPI_IN_SBATCH}
+    job = mpi.OMPI_IN_SBATCH[0]["SLURM_JOB_ID"]
+    assert ports == {scheduler_port(job, "mpi")}
+
+
+@pytest.mark.parametrize(
+    "env",
+    [
+        pytest.param(slurm.SBATCH_BATCH_4T[0], id="sbatch-batch-4-tasks"),
+        pytest.param(slurm.SALLOC_SHELL_4T[0], id="salloc-shell-4-tasks"),
+        pytest.param(slurm.SBATCH_BATCH_GPUS[0], id="sbatch-batch-gpus"),
+        pytest.param(slurm.SALLOC_SHELL_GPUS[0], id="salloc-shell-gpus"),
+    ],
+)
+@pytest.mark.parametrize("launcher", ["auto", "slurm"])
+def test_batch_script_of_multi_task_job_is_refused(env: dict[str, str], launcher: str) -> None:
+    """The batch script of a 4-task job must not become 'rank 0 of 4' and wait forever."""
+    with pytest.raises(NotLaunchedError) as caught:
+        detect(launcher, env)
+    assert caught.value.launcher == "slurm"
+    assert caught.value.variable == "SLURM_NTASKS"
+    assert caught.value.value == "4"
+    assert "srun" in str(caught.value)
+    assert "rank 0 of 4" in str(caught.value)
+
+
+@pytest.mark.parametrize(
+    "env",
+    [
+        pytest.param(slurm.SBATCH_BATCH_1T[0], id="sbatch-batch-1-task"),
+        pytest.param(slurm.SALLOC_SHELL_1T[0], id="salloc-shell-1-task"),
+    ],
+)
+def test_batch_script_of_one_task_job_is_rank_0_of_1(
+    env: dict[str, str], caplog: pytest.LogCaptureFixture
+) -> None:
+    """A one-task job's batch script runs as a single process, with a one-line notice."""
+    info = detect("auto", env)
+    assert (info.launcher, layout(info)) == ("slurm", (0, 1, 0, 1, 0, 1))
+    assert info.master_addr == "127.0.0.1"
+    assert info.job_id == env["SLURM_JOB_ID"]
+    assert "rank 0 of 1" in caplog.text
+
+
+@pytest.mark.parametrize(
+    ("env", "named", "inner"),
+    [
+        pytest.param(mpi.OMPI_IN_SALLOC_2N[1], "slurm", "mpi", id="slurm-under-mpirun"),
+        pytest.param(mpi.HYDRA_IN_SALLOC_2N[3], "slurm", "mpi", id="slurm-under-hydra"),
+        pytest.param(mpi.OMPI_IN_SBATCH[2], "slurm", "mpi", id="slurm-under-mpirun-in-sbatch"),
+        pytest.param(torchrun.TORCHRUN_IN_SRUN_2N[1], "slurm", "pytorch", id="slurm-under-torchrun"),
+    ],
+)
+def test_explicit_outer_layer_is_refused_naming_both(
+    env: dict[str, str], named: str, inner: str
+) -> None:
+    """`--launcher slurm` under mpirun/torchrun inside an allocation names both layers."""
+    with pytest.raises(LauncherMismatchError) as caught:
+        detect(named, env)
+    message = str(caught.value)
+    assert message.startswith(f"{named}: ")
+    assert f"started by {inner}" in message
+    assert f"--launcher {inner}" in message
+    assert "SLURM_JOB_ID" in message
+
+
+@pytest.mark.parametrize(
+    ("env", "named", "found"),
+    [
+        pytest.param(torchrun.TORCHRUN_4[0], "slurm", "pytorch", id="slurm-under-plain-torchrun"),
+        pytest.param(slurm.SRUN_1N_4T[0], "mpi", "slurm", id="mpi-under-plain-srun"),
+        pytest.param(mpi.OMPI_4[0], "torchrun", "mpi", id="torchrun-under-mpirun"),
+        pytest.param({}, "lsf", "none", id="lsf-on-a-laptop"),
+    ],
+)
+def test_explicit_name_without_its_variables_says_what_was_detected(
+    env: dict[str, str], named: str, found: str
+) -> None:
+    """An explicit launcher whose variables are absent raises and names what auto finds."""
+    with pytest.raises(LauncherNotFoundError) as caught:
+        detect(named, env)
+    assert f"auto-detection finds {found!r}" in str(caught.value)
+
+
+def test_every_captured_environment_detects_without_unexpected_errors() -> None:
+    """No captured environment raises anything but a DistEnvError (most raise nothing)."""
+    for module in (slurm, mpi, torchrun):
+        for name in dir(module):
+            if name.isupper():
+                for env in getattr(module, name):
+                    try:
+                        detect("auto", env)
+                    except DistEnvError:
+                        assert name.startswith(("SBATCH_BATCH", "SALLOC_SHELL")), name
