@@ -77,7 +77,9 @@ class Reader:
             raise MissingVariableError(self.launcher, names[0], hint=hint)
         return found
 
-    def integer(self, *names: str, hint: str | None = None, minimum: int = 0) -> int:
+    def integer(
+        self, *names: str, hint: str | None = None, minimum: int = 0, maximum: int = MAX_COUNT
+    ) -> int:
         """Return the first set variable of `names` as an integer >= `minimum`.
 
         Raises:
@@ -85,25 +87,35 @@ class Reader:
             InvalidVariableError: If the value is not an integer in range.
         """
         name, value = self.require(*names, hint=hint)
-        return self.parse_int(name, value, hint=hint, minimum=minimum)
+        return self.parse_int(name, value, hint=hint, minimum=minimum, maximum=maximum)
 
-    def optional_int(self, *names: str, hint: str | None = None, minimum: int = 0) -> int | None:
+    def optional_int(
+        self, *names: str, hint: str | None = None, minimum: int = 0, maximum: int = MAX_COUNT
+    ) -> int | None:
         """Like `integer`, but return None when none of `names` is set."""
         found = self.first(*names)
         if found is None:
             return None
-        return self.parse_int(*found, hint=hint, minimum=minimum)
+        return self.parse_int(*found, hint=hint, minimum=minimum, maximum=maximum)
 
-    def parse_int(self, name: str, value: str, *, hint: str | None = None, minimum: int = 0) -> int:
-        """Parse `value` (read from `name`) as a decimal integer in ``[minimum, MAX_COUNT]``."""
+    def parse_int(
+        self,
+        name: str,
+        value: str,
+        *,
+        hint: str | None = None,
+        minimum: int = 0,
+        maximum: int = MAX_COUNT,
+    ) -> int:
+        """Parse `value` (read from `name`) as a decimal integer in ``[minimum, maximum]``."""
         text = value.strip()
         # int() also accepts '+5', '1_000' and non-ASCII digits; a scheduler writes none of those.
-        if not (text.isascii() and text.isdigit()) or len(text) > 9:
+        if not (text.isascii() and text.isdigit()) or len(text) > len(str(maximum)):
             expected = "a non-negative integer" if minimum == 0 else f"an integer >= {minimum}"
             raise InvalidVariableError(self.launcher, name, value, expected, hint=hint)
         number = int(text)
-        if number < minimum or number > MAX_COUNT:
+        if not minimum <= number <= maximum:
             raise InvalidVariableError(
-                self.launcher, name, value, f"an integer in [{minimum}, {MAX_COUNT}]", hint=hint
+                self.launcher, name, value, f"an integer in [{minimum}, {maximum}]", hint=hint
             )
         return number

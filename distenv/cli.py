@@ -11,7 +11,7 @@ from collections.abc import Sequence
 from distenv._master import SCOPE_VAR
 from distenv.detect import explain
 from distenv.errors import DistEnvError
-from distenv.launchers import CHOICES
+from distenv.launchers import CHOICES, checked_name
 from distenv.resolve import resolve
 
 __all__ = ["main"]
@@ -21,9 +21,9 @@ def _add_launcher(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--launcher",
         default="auto",
-        choices=CHOICES,
+        type=checked_name,
         metavar="NAME",
-        help=f"launcher backend to read: {', '.join(CHOICES)} (default: auto)",
+        help=f"launcher backend to read: {', '.join(CHOICES)} or a plug-in's name (default: auto)",
     )
 
 

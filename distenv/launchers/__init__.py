@@ -26,6 +26,7 @@ __all__ = [
     "World",
     "auto_candidates",
     "canonical_name",
+    "checked_name",
     "get_launcher",
 ]
 
@@ -97,6 +98,22 @@ def get_launcher(name: str) -> Launcher:
             value=name,
         )
     return plugin
+
+
+def checked_name(name: str) -> str:
+    """Return `name` if it is ``auto`` or names a launcher (plug-ins included), else raise.
+
+    For argparse's ``type=``: the error becomes a usage error (exit 2) naming the choices.
+    """
+    if canonical_name(name) == "auto":
+        return "auto"
+    try:
+        get_launcher(name)
+    except LauncherNotFoundError as exc:
+        from argparse import ArgumentTypeError
+
+        raise ArgumentTypeError(str(exc)) from None
+    return name
 
 
 def auto_candidates(env: Mapping[str, str]) -> list[Launcher]:

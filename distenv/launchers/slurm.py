@@ -100,7 +100,7 @@ class SlurmLauncher(Launcher):
 
     def _step_id(self, reader: Reader) -> int | None:
         """Return the srun step id, or None in a batch script, salloc shell or special step."""
-        step = reader.optional_int("SLURM_STEP_ID")
+        step = reader.optional_int("SLURM_STEP_ID", maximum=0xFFFFFFFF)
         if step is None or (step > MAX_NORMAL_STEP_ID and step != INTERACTIVE_STEP_ID):
             return None
         return step

@@ -1,0 +1,53 @@
+"""Import and detection stay light: no torch, no mpi4py, no subprocess, no entry-point scan."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+from tests.conftest import scrubbed_environ
+
+PROBE = r"""
+import json, sys
+events = []
+def hook(event, args):
+    if event.startswith(("subprocess.", "os.system", "os.exec", "os.spawn", "os.posix_spawn",
+                         "os.fork")):
+        events.append(event)
+sys.addaudithook(hook)
+import distenv
+for launcher in ("auto", "slurm", "none"):
+    distenv.detect(launcher)
+print(json.dumps({
+    "events": events,
+    "modules": sorted(m for m in ("torch", "mpi4py", "numpy", "importlib.metadata")
+                      if m in sys.modules),
+}))
+"""
+
+SRUN_ENV = {
+    "SLURM_JOB_ID": "1",
+    "SLURM_STEP_ID": "0",
+    "SLURM_PROCID": "0",
+    "SLURM_STEP_NUM_TASKS": "2",
+    "SLURM_LOCALID": "0",
+    "SLURM_NODEID": "0",
+    "SLURM_STEP_NUM_NODES": "1",
+    "SLURM_STEP_TASKS_PER_NODE": "2",
+    "SLURM_STEP_NODELIST": "n1",
+}
+
+
+def test_detection_imports_nothing_heavy_and_starts_no_process() -> None:
+    """`import distenv; detect()` under srun loads neither torch nor mpi4py and spawns nothing."""
+    result = subprocess.run(
+        [sys.executable, "-c", PROBE],
+        env={**scrubbed_environ(), **SRUN_ENV},
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=True,
+    )
+    report = json.loads(result.stdout)
+    assert report == {"events": [], "modules": []}
