@@ -56,3 +56,15 @@ def _hermetic_env(monkeypatch: pytest.MonkeyPatch) -> None:
     for key in list(os.environ):
         if key.startswith(SCRUB_PREFIXES) or key in SCRUB_NAMES:
             monkeypatch.delenv(key)
+
+
+def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    """Under DISTENV_STRICT_TESTS, a skipped or xfailed test fails the run (CI must see all)."""
+    if not os.environ.get("DISTENV_STRICT_TESTS"):
+        return
+    reporter = session.config.pluginmanager.get_plugin("terminalreporter")
+    stats = getattr(reporter, "stats", {})
+    hidden = len(stats.get("skipped", [])) + len(stats.get("xfailed", []))
+    if hidden and exitstatus == 0:
+        print(f"\n{hidden} test(s) skipped or xfailed: not allowed (DISTENV_STRICT_TESTS)")
+        session.exitstatus = pytest.ExitCode.TESTS_FAILED

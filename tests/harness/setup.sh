@@ -10,6 +10,8 @@
 #             cluster "multi": nodes n[1-4] (own UTS/mount namespace, own /tmp), 4 CPUs, 2 fake GPUs each
 #   env.sh    $STATE/env.sh, sourced by the tests (see the end of this file)
 #
+# `setup.sh --venv-only` stops after the virtual environment (enough for examples/run.sh).
+#
 # Idempotent: what is installed is skipped, daemons that run are left alone (unless their config
 # changed, then that cluster is restarted). Facts behind the choices: /work/shared/CLUSTER.md.
 # Stop everything with tests/harness/teardown.sh.
@@ -44,12 +46,16 @@ tail_logs() {
     done
 }
 
-[[ $EUID -eq 0 ]] || die "run as root (Slurm and munge daemons, mknod, unshare)"
+VENV_ONLY=no
+[[ "${1:-}" == "--venv-only" ]] && VENV_ONLY=yes
+
+[[ $EUID -eq 0 || $VENV_ONLY == yes ]] || die "run as root (Slurm and munge daemons, mknod, unshare)"
 
 # --------------------------------------------------------------------------------------------
 # 1. Debian packages
 # --------------------------------------------------------------------------------------------
 missing=()
+[[ $VENV_ONLY == yes ]] && APT_PACKAGES=()
 for p in "${APT_PACKAGES[@]}"; do
     if [[ "$(dpkg-query -W -f='${Status}' "$p" 2>/dev/null || true)" != "install ok installed" ]]; then
         missing+=("$p")
@@ -102,6 +108,11 @@ else
     fi
     printf '%s\n' "$stamp_key" >"$stamp"
     log "venv: done"
+fi
+
+if [[ $VENV_ONLY == yes ]]; then
+    log "venv-only: done"
+    exit 0
 fi
 
 # --------------------------------------------------------------------------------------------
