@@ -46,7 +46,13 @@ def check_fields(
         return f"{name}={fields[name]!r} (${source})" if source else f"{name}={fields[name]!r}"
 
     def fail(problem: str) -> None:
-        raise InconsistentEnvironmentError(launcher, problem)
+        hint = (
+            f"these values come from {launcher}'s variables, which contradict each other; let "
+            "the launcher set them, never override them by hand"
+            if sources
+            else None
+        )
+        raise InconsistentEnvironmentError(launcher, problem, hint=hint)
 
     for name in JSON_FIELDS[1:7]:
         if type(fields[name]) is not int:

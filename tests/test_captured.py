@@ -159,7 +159,9 @@ def test_batch_script_of_one_task_job_is_rank_0_of_1(
         pytest.param(mpi.OMPI_IN_SALLOC_2N[1], "slurm", "mpi", id="slurm-under-mpirun"),
         pytest.param(mpi.HYDRA_IN_SALLOC_2N[3], "slurm", "mpi", id="slurm-under-hydra"),
         pytest.param(mpi.OMPI_IN_SBATCH[2], "slurm", "mpi", id="slurm-under-mpirun-in-sbatch"),
-        pytest.param(torchrun.TORCHRUN_IN_SRUN_2N[1], "slurm", "pytorch", id="slurm-under-torchrun"),
+        pytest.param(
+            torchrun.TORCHRUN_IN_SRUN_2N[1], "slurm", "pytorch", id="slurm-under-torchrun"
+        ),
     ],
 )
 def test_explicit_outer_layer_is_refused_naming_both(
