@@ -76,7 +76,7 @@ fi
 # --------------------------------------------------------------------------------------------
 # The stamp records what was installed: the pinned list below plus the package metadata files, so a
 # changed setup.cfg (new dependency) or a newly written distenv/__init__.py re-runs pip.
-PIP_BASE=(python-hostlist mpi4py pytest hypothesis ruff mypy)
+PIP_BASE=(python-hostlist mpi4py numpy pytest hypothesis ruff mypy)
 have_pkg=no
 [[ -f "$REPO/distenv/__init__.py" ]] && have_pkg=yes
 stamp_key=$(

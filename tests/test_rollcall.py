@@ -1,0 +1,146 @@
+"""The roll call over a real TCPStore, and its validation as a table."""
+
+from __future__ import annotations
+
+import threading
+import time
+from dataclasses import replace
+
+import pytest
+
+from distenv import RankInfo
+from distenv.errors import RendezvousError, RendezvousTimeoutError
+from distenv.resolve import free_port
+from distenv.rollcall import CheckIn, Verdict, roll_call, validate
+
+
+def checkin(rank: int, world: int = 4, per_node: int = 2, **change: object) -> CheckIn:
+    base = CheckIn(
+        rank=rank,
+        world_size=world,
+        local_rank=rank % per_node,
+        local_world_size=per_node,
+        node_rank=rank // per_node,
+        hostname=f"n{rank // per_node + 1}",
+        pid=1000 + rank,
+        launcher="slurm",
+        master="n1:12345",
+        backend="gloo",
+        torch_version="2.13.0",
+    )
+    return replace(base, **change)  # type: ignore[arg-type]
+
+
+def test_validate_accepts_a_healthy_job() -> None:
+    """Four ranks on two hosts, all agreeing: no problems."""
+    assert validate([checkin(r) for r in range(4)], 4) == []
+
+
+@pytest.mark.parametrize(
+    ("mutate", "expected"),
+    [
+        ({1: {"world_size": 8}}, "ranks disagree on world_size: 4 on ranks 0, 2, 3; 8 on ranks 1"),
+        ({3: {"master": "n2:12345"}}, "ranks disagree on master"),
+        ({2: {"backend": "nccl"}}, "ranks disagree on backend"),
+        ({0: {"torch_version": "2.12.0"}}, "ranks disagree on torch_version"),
+        (
+            {3: {"rank": 2, "pid": 77}},
+            "rank 2 was claimed by 2 processes (pid 1002 on n2, pid 77 on n2)",
+        ),
+        ({1: {"local_rank": 0}}, "2 ranks on n1 share local rank 0"),
+        (
+            {0: {"device": "GPU-aaa"}, 1: {"device": "GPU-aaa"}},
+            "ranks 0, 1 on n1 drive the same GPU (GPU-aaa)",
+        ),
+    ],
+)
+def test_validate_names_each_problem(mutate: dict[int, dict[str, object]], expected: str) -> None:
+    """Disagreements, duplicate ranks, shared local ranks and shared GPUs are each named."""
+    checkins = [replace(checkin(r), **mutate.get(r, {})) for r in range(4)]  # type: ignore[arg-type]
+    problems = validate(checkins, 4)
+    assert any(expected in p for p in problems), problems
+
+
+def test_gpu_sharing_can_be_allowed() -> None:
+    """Two ranks on one GPU are fine when every one of them allowed sharing."""
+    checkins = [checkin(r, device="GPU-x", allow_gpu_sharing=True, hostname="h") for r in range(2)]
+    checkins = [replace(c, local_rank=i) for i, c in enumerate(checkins)]
+    assert validate(checkins, 2) == []
+
+
+def test_mpi_placement_is_checked_against_hostnames() -> None:
+    """MPI's assumed by-node placement must match the hosts the ranks really run on."""
+    checkins = [checkin(r, launcher="mpi", hostname=f"h{r % 2}") for r in range(4)]
+    assert any("does not place ranks node by node" in p for p in validate(checkins, 4))
+
+
+def _run_ranks(
+    world: int, timeout: float, present: list[int], **change: object
+) -> dict[int, object]:
+    """Run the roll call for `present` ranks as threads over one real TCPStore."""
+    from torch.distributed import PrefixStore, TCPStore
+
+    port = free_port("127.0.0.1")
+    master = TCPStore("127.0.0.1", port, world, True, wait_for_workers=False)
+    results: dict[int, object] = {}
+
+    def rank_main(rank: int) -> None:
+        store = master if rank == 0 else TCPStore("127.0.0.1", port, world, False)
+        info = RankInfo(
+            launcher="slurm",
+            rank=rank,
+            world_size=world,
+            local_rank=rank % 2,
+            local_world_size=2,
+            node_rank=rank // 2,
+            num_nodes=(world + 1) // 2,
+            master_addr="127.0.0.1",
+            master_port=port,
+        )
+        try:
+            results[rank] = roll_call(
+                PrefixStore("distenv/test", store),
+                info,
+                checkin(rank, world, **change),
+                timeout=timeout,
+            )
+        except RendezvousError as exc:
+            results[rank] = exc
+
+    threads = [threading.Thread(target=rank_main, args=(r,)) for r in present]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout + 30)
+    return results
+
+
+def test_roll_call_succeeds_with_everyone() -> None:
+    """Four ranks check in; every rank gets the same positive verdict listing all four."""
+    results = _run_ranks(4, 10, [0, 1, 2, 3])
+    assert sorted(results) == [0, 1, 2, 3]
+    for verdict in results.values():
+        assert isinstance(verdict, Verdict)
+        assert verdict.ok
+        assert sorted(c.rank for c in verdict.checkins) == [0, 1, 2, 3]
+
+
+def test_missing_rank_is_named_with_its_host_within_the_timeout() -> None:
+    """World size 4, rank 3 never starts: rank 0 fails in ~timeout naming rank 3 and node n2."""
+    start = time.monotonic()
+    results = _run_ranks(4, 2.0, [0, 1, 2])
+    elapsed = time.monotonic() - start
+    error = results[0]
+    assert isinstance(error, RendezvousTimeoutError)
+    assert "1 of 4 ranks did not check in within 2 s: rank 3 (expected on n2)" in str(error)
+    assert elapsed < 2.0 + 10
+    assert all(isinstance(results[r], RendezvousTimeoutError) for r in (1, 2))
+
+
+def test_duplicate_gpu_fails_every_rank() -> None:
+    """A verdict with problems is raised on every rank, naming the problem."""
+    results = _run_ranks(2, 10, [0, 1], device="GPU-same", hostname="h", local_rank=0)
+    for rank in (0, 1):
+        error = results[rank]
+        assert isinstance(error, RendezvousError)
+        assert "drive the same GPU (GPU-same)" in str(error)
