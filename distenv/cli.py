@@ -13,6 +13,7 @@ from distenv.detect import explain
 from distenv.errors import DistEnvError
 from distenv.launchers import CHOICES, checked_name
 from distenv.resolve import resolve
+from distenv.run import add_run_parser
 
 __all__ = ["main"]
 
@@ -72,6 +73,8 @@ def build_parser() -> argparse.ArgumentParser:
     export = sub.add_parser("export", help="print `export VAR=value` lines for eval")
     _add_launcher(export)
     export.set_defaults(func=_cmd_export)
+
+    add_run_parser(sub)
     return parser
 
 

@@ -23,6 +23,7 @@ __all__ = [
     "NotLaunchedError",
     "RendezvousError",
     "RendezvousTimeoutError",
+    "WorkerFailedError",
 ]
 
 
@@ -116,3 +117,34 @@ class RendezvousError(DistEnvError):
 
 class RendezvousTimeoutError(RendezvousError):
     """Not every rank arrived (or the master could not be reached) within the timeout."""
+
+
+class WorkerFailedError(DistEnvError):
+    """A worker started by `distenv.launch` raised or died; the other workers were stopped.
+
+    Attributes:
+        rank: Global rank of the first worker that failed.
+        exitcode: Its exit status (negative: the signal that killed it), or None if it raised.
+        traceback: Its formatted traceback, if it raised.
+    """
+
+    def __init__(
+        self,
+        launcher: str,
+        rank: int,
+        problem: str,
+        *,
+        exitcode: int | None = None,
+        traceback: str | None = None,
+        hint: str | None = None,
+    ) -> None:
+        super().__init__(launcher, problem, hint=hint)
+        self.rank = rank
+        self.exitcode = exitcode
+        self.traceback = traceback
+
+    def __str__(self) -> str:
+        text = super().__str__()
+        if self.traceback:
+            text += f"\n\nTraceback of rank {self.rank}:\n{self.traceback.rstrip()}"
+        return text

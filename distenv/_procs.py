@@ -1,0 +1,400 @@
+"""Supervising local worker processes: start them, forward signals, fail fast, leave no orphan.
+
+`distenv run` hands a `Supervisor` one `Child` per local rank. Three mechanisms keep any process
+from outliving the launcher:
+
+1. Each child runs in its own session (so its process group id is its pid) and is always signalled
+   through its whole group (`os.killpg`), which reaches the grandchildren it started (data loader
+   workers, compilers, shells).
+2. Each child is started through `PDEATH_WRAPPER`, which asks the kernel for SIGKILL when the
+   launcher dies (``prctl(PR_SET_PDEATHSIG)``) and then execs the real command: this holds even when
+   the launcher itself is SIGKILLed and runs no more code.
+3. A watchdog process (`WATCHDOG`) learns every group id through a pipe. When the pipe closes
+   without a final ``done`` (the launcher died, however), it SIGKILLs every group: the grandchildren
+   that the kernel's parent-death signal does not reach.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from types import FrameType
+from typing import IO, Any
+
+__all__ = ["Child", "Supervisor", "exit_status", "set_parent_death_signal"]
+
+NAME = "distenv run"
+
+# Executed by `python -I -S -c` before the real command: argv is [parent pid, command...].
+# PR_SET_PDEATHSIG (prctl(2)) = 1 survives execve(2). The parent may have died before prctl took
+# effect; then our parent pid is no longer the launcher's and nobody would ever signal us.
+PDEATH_WRAPPER = r"""
+import ctypes, os, signal, sys
+try:
+    ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL, 0, 0, 0)
+except (OSError, AttributeError):
+    pass
+if os.getppid() != int(sys.argv[1]):
+    os.kill(os.getpid(), signal.SIGKILL)
+try:
+    os.execvp(sys.argv[2], sys.argv[2:])
+except OSError as exc:
+    sys.stderr.write("distenv run: cannot execute %r: %s\n" % (sys.argv[2], exc.strerror))
+    sys.exit(127)
+"""
+
+# Executed by `python -I -S -c` in its own session: reads one process group id per line until
+# "done" (a clean end) or EOF (the launcher died), then SIGKILLs every group it was told about.
+WATCHDOG = r"""
+import os, signal, sys
+groups = []
+for line in sys.stdin:
+    word = line.strip()
+    if word == "done":
+        sys.exit(0)
+    if word.isdigit():
+        groups.append(int(word))
+for group in groups:
+    try:
+        os.killpg(group, signal.SIGKILL)
+    except OSError:
+        pass
+"""
+
+# Signals that stop the job: forwarded, then the grace period, then SIGKILL (torchrun handles the
+# same set). SIGUSR1/SIGUSR2 are only forwarded: schedulers send them as "checkpoint soon" warnings.
+STOPPING_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+FORWARDED_SIGNALS = (*STOPPING_SIGNALS, signal.SIGUSR1, signal.SIGUSR2)
+# How long to wait for a process that was sent SIGKILL (it may be stuck in the kernel).
+KILL_WAIT = 5.0
+# How long output threads may keep draining pipes after the ranks are gone.
+DRAIN_WAIT = 2.0
+LINE_LIMIT = 1 << 16
+
+
+def exit_status(returncode: int) -> int:
+    """Return the shell-style exit status of a `Popen.returncode` (128+N for signal N)."""
+    return 128 - returncode if returncode < 0 else returncode
+
+
+def describe_exit(returncode: int) -> str:
+    """Return ``exited with status 3`` or ``was killed by SIGSEGV``."""
+    if returncode >= 0:
+        return f"exited with status {returncode}"
+    try:
+        name = signal.Signals(-returncode).name
+    except ValueError:
+        name = f"signal {-returncode}"
+    return f"was killed by {name}"
+
+
+def set_parent_death_signal(parent: int) -> None:
+    """Ask the kernel to SIGKILL this process when `parent` dies; die now if it already has.
+
+    Used by `distenv.launch` workers, which multiprocessing starts (no exec wrapper possible).
+    """
+    import ctypes
+
+    with contextlib.suppress(OSError, AttributeError):
+        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL, 0, 0, 0)
+    if os.getppid() != parent:
+        os.kill(os.getpid(), signal.SIGKILL)
+
+
+def live_groups(groups: set[int]) -> set[int]:
+    """Return the process groups in `groups` that hold a process that is not a zombie.
+
+    ``killpg(group, 0)`` alone also counts zombies, which never go away under an init that does not
+    reap (as in some containers), so /proc is read instead where it exists.
+    """
+    try:
+        entries = os.listdir("/proc")
+    except OSError:
+        found = set()
+        for group in groups:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(group, 0)
+                found.add(group)
+        return found
+    found = set()
+    for entry in entries:
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat", "rb") as file:
+                stat = file.read()
+        except OSError:
+            continue
+        # proc(5): "pid (comm) state ppid pgrp ..."; comm may hold spaces and parentheses.
+        fields = stat[stat.rfind(b")") + 2 :].split()
+        if len(fields) > 2 and fields[0] not in (b"Z", b"X") and int(fields[2]) in groups:
+            found.add(int(fields[2]))
+    return found
+
+
+@dataclass
+class Child:
+    """One local rank to start.
+
+    Attributes:
+        rank: Its global rank (for messages and output prefixes).
+        command: The program and its arguments (no shell).
+        env: Its complete environment.
+        show_output: Whether its stdout/stderr reach the launcher's; else they go to /dev/null.
+        prefix_output: Whether each of its lines is prefixed with ``[rank N] ``.
+    """
+
+    rank: int
+    command: list[str]
+    env: dict[str, str]
+    show_output: bool = True
+    prefix_output: bool = False
+    process: subprocess.Popen[bytes] | None = field(default=None, repr=False)
+
+
+def _pump(stream: IO[bytes], fd: int, prefix: bytes) -> None:
+    """Copy `stream` to `fd` line by line, each line prefixed and written in one write."""
+    at_line_start = True
+    broken = False
+    with stream:
+        for chunk in iter(lambda: stream.readline(LINE_LIMIT), b""):
+            if broken:  # keep reading so the rank never blocks on a full pipe
+                continue
+            data = (prefix if at_line_start else b"") + chunk
+            at_line_start = chunk.endswith(b"\n")
+            try:
+                while data:
+                    data = data[os.write(fd, data) :]
+            except OSError:
+                broken = True
+    if not at_line_start and not broken:
+        with contextlib.suppress(OSError):
+            os.write(fd, b"\n")
+
+
+class Supervisor:
+    """Run children to completion, torchrun-style: the first failure stops all.
+
+    Args:
+        children: The local ranks to start, in rank order.
+        grace_period: Seconds between SIGTERM (or the forwarded stopping signal) and SIGKILL.
+        poll_interval: Seconds between checks of the children's state.
+    """
+
+    def __init__(
+        self, children: Sequence[Child], *, grace_period: float, poll_interval: float = 0.1
+    ) -> None:
+        self.children = list(children)
+        self.grace_period = grace_period
+        self.poll_interval = poll_interval
+        self._signals: list[int] = []
+        self._threads: list[threading.Thread] = []
+        self._watchdog: subprocess.Popen[bytes] | None = None
+        self._deadline: float | None = None
+        self._killed = False
+        self.status: int | None = None
+
+    # -- signals -------------------------------------------------------------------------------
+
+    def _on_signal(self, signum: int, frame: FrameType | None) -> None:
+        # Runs in the main thread between bytecodes, so plain Python is safe here; forwarding at
+        # once keeps SIGUSR1 (a checkpoint warning) from waiting for the next poll.
+        # Stopping signals are forwarded by the loop, which also starts the grace period.
+        self._signals.append(signum)
+        if signum not in STOPPING_SIGNALS:
+            self._signal_all(signum)
+
+    def _install_handlers(self) -> dict[int, Any]:
+        previous: dict[int, Any] = {}
+        for signum in FORWARDED_SIGNALS:
+            try:
+                previous[signum] = signal.signal(signum, self._on_signal)
+            except ValueError:  # not the main thread: the caller keeps its own handling
+                break
+        return previous
+
+    # -- processes -----------------------------------------------------------------------------
+
+    def _groups(self) -> set[int]:
+        return {c.process.pid for c in self.children if c.process is not None}
+
+    def _running(self) -> list[Child]:
+        return [c for c in self.children if c.process is not None and c.process.poll() is None]
+
+    def _signal_all(self, signum: int) -> None:
+        for group in self._groups():
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(group, signum)
+
+    def _start_watchdog(self) -> None:
+        self._watchdog = subprocess.Popen(
+            [sys.executable, "-I", "-S", "-c", WATCHDOG],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+            start_new_session=True,  # terminal signals meant for the launcher must not reach it
+        )
+
+    def _tell_watchdog(self, line: str) -> None:
+        if self._watchdog is None or self._watchdog.stdin is None:
+            return
+        with contextlib.suppress(OSError):
+            self._watchdog.stdin.write(line.encode() + b"\n")
+            self._watchdog.stdin.flush()
+
+    def _stop_watchdog(self) -> None:
+        if self._watchdog is None:
+            return
+        self._tell_watchdog("done")
+        with contextlib.suppress(OSError):
+            if self._watchdog.stdin is not None:
+                self._watchdog.stdin.close()
+        try:
+            self._watchdog.wait(timeout=KILL_WAIT)
+        except subprocess.TimeoutExpired:
+            self._watchdog.kill()
+            self._watchdog.wait(timeout=KILL_WAIT)
+
+    def _start(self, child: Child) -> None:
+        piped = child.show_output and child.prefix_output
+        sink = None if child.show_output else subprocess.DEVNULL
+        out = subprocess.PIPE if piped else sink
+        child.process = subprocess.Popen(
+            [sys.executable, "-I", "-S", "-c", PDEATH_WRAPPER, str(os.getpid()), *child.command],
+            env=child.env,
+            stdout=out,
+            stderr=out,
+            start_new_session=True,
+        )
+        self._tell_watchdog(str(child.process.pid))
+        if piped:
+            prefix = f"[rank {child.rank}] ".encode()
+            for stream, fd in ((child.process.stdout, 1), (child.process.stderr, 2)):
+                assert stream is not None
+                thread = threading.Thread(
+                    target=_pump, args=(stream, fd, prefix), name=f"rank{child.rank}-fd{fd}"
+                )
+                thread.daemon = True  # never let a stuck pipe keep the launcher alive
+                thread.start()
+                self._threads.append(thread)
+
+    def _begin_stop(self, signum: int) -> None:
+        """Send `signum` to every group and start the grace period (a second stop kills now)."""
+        if self._deadline is not None:
+            self._kill_all()
+            return
+        self._signal_all(signum)
+        self._deadline = time.monotonic() + self.grace_period
+
+    def _kill_all(self) -> None:
+        stragglers = [f"{c.rank} (pid {c.process.pid})" for c in self._running() if c.process]
+        if stragglers:
+            self._say(
+                f"{'ranks' if len(stragglers) > 1 else 'rank'} {', '.join(stragglers)} still "
+                f"running {self.grace_period:g}s after the stop signal; sent SIGKILL"
+            )
+        self._signal_all(signal.SIGKILL)
+        self._killed = True
+
+    def _say(self, message: str) -> None:
+        print(f"{NAME}: {message}", file=sys.stderr, flush=True)
+
+    def _check_signals(self) -> None:
+        while self._signals:
+            signum = self._signals.pop(0)
+            if signum not in STOPPING_SIGNALS:
+                continue
+            if self.status is None:
+                self.status = 128 + signum
+                count = len(self._running())
+                self._say(
+                    f"received {signal.Signals(signum).name}; forwarded it to {count} "
+                    f"rank{'s' * (count != 1)}"
+                )
+            self._begin_stop(signum)
+
+    def _check_children(self) -> None:
+        running = self._running()
+        for child in self.children:
+            process = child.process
+            if process is None or process.returncode in (None, 0) or self.status is not None:
+                continue
+            self.status = exit_status(process.returncode)
+            others = sum(c is not child for c in running)
+            stopped = (
+                f"stopped the other {others} rank{'s' * (others != 1)}"
+                if others
+                else "no other rank was running"
+            )
+            self._say(
+                f"rank {child.rank} (pid {process.pid}) {describe_exit(process.returncode)}; "
+                f"{stopped}"
+            )
+            self._begin_stop(signal.SIGTERM)
+
+    def _loop(self) -> None:
+        while True:
+            self._check_signals()
+            self._check_children()
+            if not self._running():
+                if self._deadline is None:
+                    # Every rank is done; grandchildren they left behind get the same treatment.
+                    if not live_groups(self._groups()):
+                        return
+                    self._begin_stop(signal.SIGTERM)
+                elif not live_groups(self._groups()):
+                    return
+            if self._deadline is not None and time.monotonic() >= self._deadline:
+                if not self._killed:
+                    self._kill_all()
+                if not self._running():
+                    return
+                # A process that survives SIGKILL is stuck in the kernel: wait, but not forever.
+                if time.monotonic() >= self._deadline + KILL_WAIT:
+                    return
+            time.sleep(self.poll_interval)
+
+    def run(self) -> int:
+        """Start every child, supervise them to the end, and return the exit status.
+
+        Returns:
+            0 when every rank succeeded; else the first failure's status (128+N for signal N), or
+            128+N when the launcher itself received stopping signal N.
+        """
+        previous = self._install_handlers()
+        try:
+            self._start_watchdog()
+            for child in self.children:
+                try:
+                    self._start(child)
+                except OSError as exc:  # fork refused (EAGAIN, ENOMEM): stop the ones started
+                    self._say(f"cannot start rank {child.rank}: {exc}")
+                    self.status = 1
+                    self._begin_stop(signal.SIGTERM)
+                    break
+                self._check_signals()
+                if self._deadline is not None:
+                    break
+            self._loop()
+        finally:
+            if self._running() or live_groups(self._groups()):
+                self._signal_all(signal.SIGKILL)
+            for child in self.children:
+                if child.process is not None:
+                    with contextlib.suppress(subprocess.TimeoutExpired):
+                        child.process.wait(timeout=KILL_WAIT)
+            self._stop_watchdog()
+            deadline = time.monotonic() + DRAIN_WAIT
+            for thread in self._threads:
+                thread.join(timeout=max(0.0, deadline - time.monotonic()))
+            for signum, handler in previous.items():
+                if handler is not None:  # None: installed outside Python, nothing to restore
+                    signal.signal(signum, handler)
+        return self.status or 0

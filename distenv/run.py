@@ -1,0 +1,534 @@
+"""``distenv run``: start N ranks of a script on this node, torchrun-style, without torchelastic.
+
+    distenv run --nproc-per-node 4 train.py --lr 0.1
+    srun --ntasks-per-node=1 distenv run -n 4 train.py     # one launcher per node, nodes from Slurm
+
+Every child gets torchrun's environment contract (`RankInfo.to_env`), so it detects as the
+``pytorch`` launcher. Supervision (fail-fast, signal forwarding, no orphans) is in `distenv._procs`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from distenv._master import SCOPE_VAR
+from distenv._procs import Child, Supervisor
+from distenv.detect import detect
+from distenv.errors import ConfigurationError, NotLaunchedError
+from distenv.rankinfo import RankInfo
+from distenv.resolve import free_port
+
+__all__ = [
+    "REFUSED_FLAGS",
+    "RefusedFlag",
+    "add_run_parser",
+    "child_env",
+    "is_stale",
+    "plan_node",
+    "run",
+]
+
+NAME = "run"
+LOCAL_HOST = "127.0.0.1"
+# torchrun's default for --master-port; used when several nodes are given by hand.
+DEFAULT_PORT = 29500
+SCHEDULERS = ("slurm", "lsf")
+PER_NODE_HINT = (
+    "start one distenv run per node (srun --ntasks-per-node=1, jsrun --tasks_per_rs 1 "
+    "--rs_per_host 1) and let it start the ranks with --nproc-per-node"
+)
+LOG_HINT = (
+    "redirect distenv run's own output instead (e.g. `2>&1 | tee run.log`); --prefix-output marks "
+    "each line with its rank and --ranks chooses whose output is shown"
+)
+RDZV_HINT = (
+    "distenv run uses a static master: pass --master-addr/--master-port (or run it under srun/jsrun "
+    "one per node); use torchrun for elastic rendezvous"
+)
+
+
+@dataclass(frozen=True)
+class RefusedFlag:
+    """A torchrun option that ``distenv run`` refuses, with the way to do without it.
+
+    Attributes:
+        flag: The option, dashed spelling (the underscore spelling is refused too).
+        takes_value: Whether it takes an argument (so the script's arguments are parsed right).
+        hint: What to do instead.
+        short: A one-letter spelling, if torchrun has one.
+    """
+
+    flag: str
+    takes_value: bool
+    hint: str
+    short: str | None = None
+
+
+# torchrun (torch.distributed.run) options that distenv run does not implement. Data, so that the
+# docs render the same list the parser refuses.
+REFUSED_FLAGS: tuple[RefusedFlag, ...] = (
+    RefusedFlag("--max-restarts", True, "use torchrun for elastic restarts"),
+    RefusedFlag("--rdzv-backend", True, RDZV_HINT),
+    RefusedFlag("--rdzv-endpoint", True, RDZV_HINT),
+    RefusedFlag("--rdzv-id", True, RDZV_HINT),
+    RefusedFlag("--rdzv-conf", True, RDZV_HINT),
+    RefusedFlag("--local-addr", True, "use --master-addr"),
+    RefusedFlag("--role", True, "distenv run starts a single role; use torchrun for named roles"),
+    RefusedFlag("--log-dir", True, LOG_HINT),
+    RefusedFlag("--redirects", True, LOG_HINT, short="-r"),
+    RefusedFlag("--tee", True, LOG_HINT, short="-t"),
+    RefusedFlag("--logs-specs", True, LOG_HINT),
+    RefusedFlag("--local-ranks-filter", True, "use --ranks (global ranks)"),
+    RefusedFlag("--duplicate-stdout-filters", True, LOG_HINT),
+    RefusedFlag("--duplicate-stderr-filters", True, LOG_HINT),
+    RefusedFlag("--event-log-handler", True, "use torchrun for torchelastic event logs"),
+    RefusedFlag("--numa-binding", True, "bind in the script, or with numactl or srun --cpu-bind"),
+    RefusedFlag(
+        "--signals-to-handle",
+        True,
+        "distenv run always forwards SIGINT, SIGTERM, SIGHUP, SIGUSR1 and SIGUSR2",
+    ),
+    RefusedFlag("--virtual-local-rank", False, "set CUDA_VISIBLE_DEVICES per rank in the script"),
+    RefusedFlag("--run-path", False, "drop it: distenv run starts each rank in a fresh python"),
+)
+
+
+def _spellings(flag: str) -> list[str]:
+    """Return a long option's dashed and underscore spellings (torchrun accepts both)."""
+    underscored = "--" + flag[2:].replace("-", "_")
+    return [flag] if underscored == flag else [flag, underscored]
+
+
+def _positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a positive integer")
+    return value
+
+
+def _natural(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"{text!r} is negative")
+    return value
+
+
+def _port(text: str) -> int:
+    value = _positive_int(text)
+    if value > 65535:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a port in [1, 65535]")
+    return value
+
+
+def _seconds(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number of seconds") from None
+    if not value >= 0:  # also refuses NaN
+        raise argparse.ArgumentTypeError(f"{text!r} is not a non-negative number of seconds")
+    return value
+
+
+def _nproc(text: str) -> str:
+    if text in ("auto", "cpu", "gpu"):
+        return text
+    return str(_positive_int(text))
+
+
+def _nnodes(text: str) -> int:
+    """Parse ``N`` or torchrun's ``MIN:MAX`` (accepted only when MIN == MAX: no elasticity)."""
+    low, _, high = text.partition(":")
+    if high and high != low:
+        raise argparse.ArgumentTypeError(
+            f"{text!r} is an elastic range; distenv run needs a fixed number of nodes (torchrun "
+            "handles elastic jobs)"
+        )
+    return _positive_int(low)
+
+
+def _ranks(text: str) -> frozenset[int]:
+    """Parse ``0,2,4-7``."""
+    ranks: set[int] = set()
+    for part in text.split(","):
+        low, dash, high = part.strip().partition("-")
+        try:
+            first = int(low)
+            last = int(high) if dash else first
+        except ValueError:
+            raise argparse.ArgumentTypeError(
+                f"{text!r} is not a list of ranks like '0,2,4-7'"
+            ) from None
+        if first < 0 or last < first:
+            raise argparse.ArgumentTypeError(f"{part!r} in {text!r} is not a rank range")
+        ranks.update(range(first, last + 1))
+    return frozenset(ranks)
+
+
+def _epilog() -> str:
+    refused = ", ".join(f.flag for f in REFUSED_FLAGS)
+    return (
+        "Every rank gets RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE, GROUP_RANK, "
+        "GROUP_WORLD_SIZE, ROLE_RANK, ROLE_WORLD_SIZE, MASTER_ADDR and MASTER_PORT. Inside a Slurm "
+        "or LSF allocation, one distenv run per node takes the nodes and the master from the "
+        f"scheduler. torchrun options refused (each says what to do instead): {refused}."
+    )
+
+
+def add_run_parser(subparsers: Any) -> argparse.ArgumentParser:
+    """Add the ``run`` subcommand to the ``distenv`` command's subparsers.
+
+    Args:
+        subparsers: What `argparse.ArgumentParser.add_subparsers` returned.
+
+    Returns:
+        The ``run`` parser (its ``func`` default runs the command).
+    """
+    parser: argparse.ArgumentParser = subparsers.add_parser(
+        NAME,
+        help="start N ranks of a script on this node (torchrun's env contract)",
+        description="Start N ranks of a script on this node, with torchrun's environment.",
+        epilog=_epilog(),
+        allow_abbrev=False,  # `--nproc` must not silently mean --nproc-per-node
+    )
+    add = parser.add_argument
+    add(
+        "-n",
+        *_spellings("--nproc-per-node"),
+        dest="nproc_per_node",
+        type=_nproc,
+        default="1",
+        metavar="N",
+        help="ranks on this node: a number, auto (GPUs if any, else CPUs), gpu or cpu (default 1)",
+    )
+    add(
+        "--nnodes",
+        type=_nnodes,
+        metavar="N",
+        help="number of nodes (default: from Slurm/LSF, else 1)",
+    )
+    add(
+        *_spellings("--node-rank"),
+        dest="node_rank",
+        type=_natural,
+        metavar="K",
+        help="index of this node (default: from Slurm/LSF, else 0)",
+    )
+    add(
+        *_spellings("--master-addr"),
+        dest="master_addr",
+        metavar="HOST",
+        help=f"rank 0's host (default: from Slurm/LSF, else {LOCAL_HOST})",
+    )
+    add(
+        *_spellings("--master-port"),
+        dest="master_port",
+        type=_port,
+        metavar="PORT",
+        help="rank 0's store port (default: from Slurm/LSF; a free port on one node; else "
+        f"{DEFAULT_PORT})",
+    )
+    add(
+        "--standalone",
+        action="store_true",
+        help="one node, 127.0.0.1 and a free port; ignore any scheduler",
+    )
+    add(
+        *_spellings("--use-env"),
+        dest="use_env",
+        action="store_true",
+        help="accepted for torch.distributed.launch scripts; the env contract is always set",
+    )
+    for spelling in ("--local-rank", "--local_rank"):
+        add(
+            spelling,
+            dest="local_rank_flag",
+            action="store_const",
+            const=spelling,
+            help="legacy scripts: pass `--local-rank=N` (as spelled here) before the script's "
+            "arguments"
+            if spelling == "--local-rank"
+            else argparse.SUPPRESS,
+        )
+    add("-m", "--module", action="store_true", help="run SCRIPT as a module (python -m)")
+    add(
+        *_spellings("--no-python"),
+        dest="no_python",
+        action="store_true",
+        help="run SCRIPT as a program, not with python",
+    )
+    add(
+        *_spellings("--grace-period"),
+        *_spellings("--shutdown-timeout"),
+        dest="grace_period",
+        type=_seconds,
+        default=5.0,
+        metavar="SECONDS",
+        help="wait between SIGTERM and SIGKILL when stopping ranks (default 5)",
+    )
+    add(
+        *_spellings("--monitor-interval"),
+        dest="monitor_interval",
+        type=_seconds,
+        default=0.1,
+        metavar="SECONDS",
+        help="how often the ranks' state is checked (default 0.1)",
+    )
+    add(
+        *_spellings("--start-method"),
+        dest="start_method",
+        choices=("spawn", "fork", "forkserver"),
+        help="accepted for torchrun compatibility; scripts always start as new processes",
+    )
+    add(
+        *_spellings("--prefix-output"),
+        dest="prefix_output",
+        action="store_true",
+        help="prefix each output line with `[rank N] `",
+    )
+    add(
+        "--ranks",
+        type=_ranks,
+        metavar="LIST",
+        help="show only these global ranks' output, e.g. 0,2 or 0-3 (others go to /dev/null)",
+    )
+    for refused in REFUSED_FLAGS:
+        names = ([refused.short] if refused.short else []) + _spellings(refused.flag)
+        add(
+            *names,
+            dest=f"refused:{refused.flag}",
+            action="store" if refused.takes_value else "store_true",
+            default=argparse.SUPPRESS,
+            help=argparse.SUPPRESS,
+        )
+    add(
+        "script", metavar="SCRIPT", help="the script (a module with -m, a program with --no-python)"
+    )
+    add("script_args", nargs=argparse.REMAINDER, metavar="...", help="the script's arguments")
+    parser.set_defaults(func=run)
+    return parser
+
+
+def check_refused(args: argparse.Namespace) -> None:
+    """Raise for the first refused torchrun option present in `args`.
+
+    Raises:
+        ConfigurationError: Naming the option and what to do instead.
+    """
+    for refused in REFUSED_FLAGS:
+        if hasattr(args, f"refused:{refused.flag}"):
+            raise ConfigurationError(
+                NAME, f"{refused.flag} is not supported", hint=refused.hint, variable=refused.flag
+            )
+
+
+@dataclass(frozen=True)
+class NodePlan:
+    """Where this node stands: what every local rank's `RankInfo` shares.
+
+    Attributes:
+        nnodes: Number of nodes (one ``distenv run`` each).
+        node_rank: This node's index.
+        master_addr: Rank 0's host.
+        master_port: Rank 0's store port.
+        source: Where the layout came from (``flags``, ``slurm``, ``lsf``, ``local``).
+    """
+
+    nnodes: int
+    node_rank: int
+    master_addr: str
+    master_port: int
+    source: str
+
+
+def _scheduler_layout(env: Mapping[str, str]) -> RankInfo | None:
+    """Return the scheduler's view of this launcher task, or None to run as a single node."""
+    try:
+        info = detect("auto", env)
+    except NotLaunchedError:
+        # A batch script or salloc shell, not an srun step: this node alone, like torchrun would.
+        print(
+            "distenv run: not started by srun/jsrun: running on this node only (for several "
+            "nodes, start one distenv run per node with srun --ntasks-per-node=1)",
+            file=sys.stderr,
+        )
+        return None
+    if info.world_size == 1:
+        return None
+    if info.launcher not in SCHEDULERS:
+        raise ConfigurationError(
+            NAME,
+            f"this distenv run is itself rank {info.rank} of {info.world_size} started by "
+            f"{info.launcher}; it takes the nodes only from Slurm or LSF",
+            hint=f"{PER_NODE_HINT}, or pass --nnodes, --node-rank and --master-addr",
+        )
+    if info.local_world_size != 1:
+        raise ConfigurationError(
+            NAME,
+            f"{info.launcher} started {info.local_world_size} tasks on this node (task "
+            f"{info.rank} of {info.world_size}); distenv run starts the ranks itself and needs "
+            "exactly one task per node",
+            hint=PER_NODE_HINT,
+        )
+    return info
+
+
+def plan_node(args: argparse.Namespace, env: Mapping[str, str]) -> NodePlan:
+    """Return this node's layout: explicit flags first, then Slurm/LSF, then one local node.
+
+    Raises:
+        ConfigurationError: For contradictory flags or a scheduler layout distenv run cannot use.
+    """
+    manual = args.nnodes is not None and args.node_rank is not None
+    if args.standalone:
+        if (args.nnodes or 1) > 1:
+            raise ConfigurationError(
+                NAME, f"--standalone is one node, but --nnodes is {args.nnodes}", hint="drop one"
+            )
+        layout = None
+    else:
+        layout = None if manual else _scheduler_layout(env)
+    source = layout.launcher if layout is not None else "local"
+    nnodes = args.nnodes or (layout.num_nodes if layout else 1)
+    node_rank = (
+        args.node_rank if args.node_rank is not None else (layout.node_rank if layout else 0)
+    )
+    if args.nnodes is not None or args.node_rank is not None:
+        source = "flags"
+    if not 0 <= node_rank < nnodes:
+        raise ConfigurationError(
+            NAME,
+            f"--node-rank is {node_rank}, outside [0, {nnodes}) for {nnodes} node(s)",
+            hint="number the nodes 0 to nnodes-1",
+        )
+    addr = args.master_addr or (layout.master_addr if layout else None)
+    port = args.master_port or (layout.master_port if layout else None)
+    if nnodes == 1:
+        addr = addr or LOCAL_HOST
+        port = port or free_port(addr if addr == LOCAL_HOST else "")
+    elif addr is None:
+        raise ConfigurationError(
+            NAME,
+            f"{nnodes} nodes but no master address",
+            hint="pass --master-addr (the host of node 0) on every node, or run under srun/jsrun",
+        )
+    return NodePlan(nnodes, node_rank, addr, port or DEFAULT_PORT, source)
+
+
+def nproc_per_node(spec: str) -> int:
+    """Return the number of ranks for ``--nproc-per-node`` (a number, auto, gpu or cpu)."""
+    if spec.isdigit():
+        return int(spec)
+    if spec in ("auto", "gpu"):
+        try:
+            import torch
+
+            gpus = int(torch.cuda.device_count())
+        except ImportError:
+            gpus = 0
+        if gpus or spec == "gpu":
+            if not gpus:
+                raise ConfigurationError(
+                    NAME, "--nproc-per-node is 'gpu' but no GPU is visible", hint="use a number"
+                )
+            return gpus
+    # The CPUs this process may run on (a Slurm step or taskset narrows them), not the machine's.
+    return len(os.sched_getaffinity(0))
+
+
+def is_stale(name: str) -> bool:
+    """Return whether an inherited variable must not reach a rank this module starts."""
+    # Without the export tag, the rank's RANK/... count as a launch (see launchers/torchrun.py);
+    # inherited TORCHELASTIC_* would describe some other torchrun's job.
+    return name == SCOPE_VAR or name.startswith("TORCHELASTIC_")
+
+
+def child_env(base: Mapping[str, str], info: RankInfo, extra: Mapping[str, str]) -> dict[str, str]:
+    """Return a rank's environment: `base`, minus stale launcher state, plus its contract."""
+    env = {key: value for key, value in base.items() if not is_stale(key)}
+    env.update(info.to_env())
+    env.update(extra)
+    return env
+
+
+def build_children(args: argparse.Namespace, env: Mapping[str, str]) -> list[Child]:
+    """Return the local ranks to start, from parsed arguments and the launcher's environment.
+
+    Raises:
+        ConfigurationError: For refused or contradictory options.
+    """
+    check_refused(args)
+    if args.no_python and args.module:
+        raise ConfigurationError(NAME, "--no-python and -m contradict each other", hint="drop one")
+    nproc = nproc_per_node(args.nproc_per_node)
+    plan = plan_node(args, env)
+    world_size = plan.nnodes * nproc
+    bad = sorted(r for r in args.ranks or () if r >= world_size)
+    if bad:
+        raise ConfigurationError(
+            NAME,
+            f"--ranks names rank {bad[0]}, but the world has {world_size} ranks",
+            hint=f"choose among 0 to {world_size - 1}",
+        )
+    extra = {}
+    if nproc > 1 and "OMP_NUM_THREADS" not in env:
+        # torchrun does the same: N ranks each starting one OpenMP thread per core would fight.
+        extra["OMP_NUM_THREADS"] = "1"
+        print(
+            f"distenv run: setting OMP_NUM_THREADS=1 for each of the {nproc} ranks to avoid "
+            "oversubscribing the CPUs; set it yourself to tune",
+            file=sys.stderr,
+        )
+    # -u as torchrun does: ranks' output must not sit in a buffer when a rank dies.
+    python = [sys.executable, "-u", *(["-m"] if args.module else [])]
+    program = [*([] if args.no_python else python), args.script]
+    children = []
+    for local_rank in range(nproc):
+        info = RankInfo(
+            launcher=NAME,
+            rank=plan.node_rank * nproc + local_rank,
+            world_size=world_size,
+            local_rank=local_rank,
+            local_world_size=nproc,
+            node_rank=plan.node_rank,
+            num_nodes=plan.nnodes,
+            master_addr=plan.master_addr,
+            master_port=plan.master_port,
+        )
+        # torch.distributed.launch without --use-env put it right after the script, before the
+        # script's own arguments.
+        legacy = [f"{args.local_rank_flag}={local_rank}"] if args.local_rank_flag else []
+        children.append(
+            Child(
+                rank=info.rank,
+                command=[*program, *legacy, *args.script_args],
+                env=child_env(env, info, extra),
+                show_output=args.ranks is None or info.rank in args.ranks,
+                prefix_output=args.prefix_output,
+            )
+        )
+    return children
+
+
+def run(args: argparse.Namespace) -> int:
+    """Run the ``distenv run`` command; return the ranks' exit status.
+
+    Raises:
+        ConfigurationError: For refused or contradictory options, or an unusable scheduler layout.
+    """
+    children = build_children(args, os.environ)
+    supervisor = Supervisor(
+        children, grace_period=args.grace_period, poll_interval=args.monitor_interval
+    )
+    return supervisor.run()
