@@ -193,6 +193,11 @@ def _interruptible(what: str) -> Iterator[None]:
         signal.signal(signal.SIGTERM, previous)
 
 
+def _wait_count(store: Any, key: str, count: int, deadline: float) -> None:
+    while int(store.add(key, 0)) < count and time.monotonic() < deadline:
+        time.sleep(POLL_S)
+
+
 def _wait_key(store: Any, key: str, deadline: float) -> bool:
     while True:
         if store.check([key]):
@@ -202,7 +207,9 @@ def _wait_key(store: Any, key: str, deadline: float) -> bool:
         time.sleep(POLL_S)
 
 
-def roll_call(store: Any, info: RankInfo, checkin: CheckIn, *, timeout: float) -> Verdict:
+def roll_call(
+    store: Any, info: RankInfo, checkin: CheckIn, *, timeout: float, check: bool = True
+) -> Verdict:
     """Check in, and on rank 0 gather, validate and publish; return the verdict or raise it.
 
     Args:
@@ -210,6 +217,7 @@ def roll_call(store: Any, info: RankInfo, checkin: CheckIn, *, timeout: float) -
         info: This rank's RankInfo.
         checkin: What this rank reports.
         timeout: Seconds rank 0 waits for everybody (others wait a little longer for the verdict).
+        check: Raise when the verdict is negative (`distenv doctor` passes False to print it).
 
     Raises:
         RendezvousTimeoutError: Ranks missing (rank 0), or no verdict arrived (others).
@@ -222,16 +230,32 @@ def roll_call(store: Any, info: RankInfo, checkin: CheckIn, *, timeout: float) -
         if info.rank == 0:
             verdict = _gather(store, info, timeout)
             store.set("verdict", verdict.to_json())
+            if not verdict.ok:
+                # Rank 0 is about to exit, and its store with it: let the others read first.
+                arrived = len(verdict.checkins) - 1
+                _wait_count(store, "read", arrived, time.monotonic() + VERDICT_GRACE_S)
         else:
-            if not _wait_key(store, "verdict", time.monotonic() + timeout + VERDICT_GRACE_S):
+            try:
+                found = _wait_key(store, "verdict", time.monotonic() + timeout + VERDICT_GRACE_S)
+                published = Verdict.from_json(store.get("verdict")) if found else None
+                store.add("read", 1)
+            except RuntimeError as exc:  # torch's DistError: the store went away
+                raise RendezvousError(
+                    info.launcher,
+                    f"rank {info.rank} lost rank 0's store at {checkin.master}: {exc}".split("\n")[
+                        0
+                    ],
+                    hint="rank 0 exited during the roll call; its log says why",
+                ) from None
+            if published is None:
                 raise RendezvousTimeoutError(
                     info.launcher,
                     f"rank {info.rank} checked in at {checkin.master} but rank 0 published no "
                     f"verdict within {timeout + VERDICT_GRACE_S:.0f} s",
                     hint="rank 0 may have died or be stuck before init_dist; check its log",
                 )
-            verdict = Verdict.from_json(store.get("verdict"))
-    if not verdict.ok:
+            verdict = published
+    if check and not verdict.ok:
         error = (
             RendezvousTimeoutError
             if "did not check in" in " ".join(verdict.problems)
@@ -248,8 +272,7 @@ def roll_call(store: Any, info: RankInfo, checkin: CheckIn, *, timeout: float) -
 def _gather(store: Any, info: RankInfo, timeout: float) -> Verdict:
     deadline = time.monotonic() + timeout
     world = info.world_size
-    while int(store.add("written", 0)) < world and time.monotonic() < deadline:
-        time.sleep(POLL_S)
+    _wait_count(store, "written", world, deadline)
     count = min(int(store.add("written", 0)), 10 * world)
     checkins = tuple(
         CheckIn.from_json(store.get(f"checkin/{i}"))
