@@ -8,10 +8,24 @@ Importing distenv imports neither torch nor mpi4py; detection reads the environm
 
 from __future__ import annotations
 
+from distenv.args import add_launcher_argument
+from distenv.comm import (
+    allreduce_grads,
+    allreduce_params,
+    barrier,
+    get_dist_info,
+    get_local_group,
+    is_main_process,
+    master_only,
+)
 from distenv.detect import Detection, detect, explain
 from distenv.errors import DistEnvError
+from distenv.init import init_dist, setup
+from distenv.launch import launch
+from distenv.log import get_logger
 from distenv.rankinfo import RankInfo
 from distenv.resolve import resolve
+from distenv.seeding import seed_everything
 
 __version__ = "0.1.0"
 
@@ -20,7 +34,20 @@ __all__ = [
     "DistEnvError",
     "RankInfo",
     "__version__",
+    "add_launcher_argument",
+    "allreduce_grads",
+    "allreduce_params",
+    "barrier",
     "detect",
     "explain",
+    "get_dist_info",
+    "get_local_group",
+    "get_logger",
+    "init_dist",
+    "is_main_process",
+    "launch",
+    "master_only",
     "resolve",
+    "seed_everything",
+    "setup",
 ]

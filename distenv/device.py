@@ -1,0 +1,101 @@
+"""Which CUDA device a rank uses, and which process-group backend follows from it.
+
+The rules are pure functions of plain numbers so that a table tests them; only `visible_device_count`
+and `device_identity` ask torch (imported lazily: `import distenv` never loads it).
+"""
+
+from __future__ import annotations
+
+from distenv.errors import ConfigurationError
+
+__all__ = ["choose_backend", "device_identity", "select_device", "visible_device_count"]
+
+
+def select_device(local_rank: int, local_world_size: int, visible: int) -> int | None:
+    """Return the CUDA device index this rank should use, or None when it sees no device.
+
+    The index is `local_rank` when that device is visible, else ``local_rank % visible``. The
+    second case is the usual one under Slurm's ``--gpus-per-task=1`` (or ``--gpu-bind``): each
+    task sees exactly one device, index 0, whatever its local rank. More ranks than visible devices
+    is not an error here; two ranks on the same physical GPU is, and is caught by comparing
+    `device_identity` across ranks, because only the physical identity can tell.
+
+    Args:
+        local_rank: Rank among the processes on this node.
+        local_world_size: Number of processes on this node.
+        visible: ``torch.cuda.device_count()``: devices this process can see. Never computed by
+            parsing CUDA_VISIBLE_DEVICES, which may hold indices, UUIDs or MIG ids.
+
+    Raises:
+        ConfigurationError: If the numbers contradict each other.
+    """
+    if local_world_size < 1 or not 0 <= local_rank < local_world_size or visible < 0:
+        raise ConfigurationError(
+            "device",
+            f"local_rank={local_rank!r}, local_world_size={local_world_size!r}, "
+            f"visible={visible!r} do not describe a rank on a node",
+            hint="pass 0 <= local_rank < local_world_size and visible >= 0",
+        )
+    if visible == 0:
+        return None
+    return local_rank if local_rank < visible else local_rank % visible
+
+
+def choose_backend(*, cuda_available: bool, has_device: bool, explicit: str | None = None) -> str:
+    """Return the process-group backend: the explicit one, else ``nccl`` with a GPU, else ``gloo``.
+
+    Args:
+        cuda_available: Whether ``torch.cuda.is_available()``.
+        has_device: Whether this rank was given a CUDA device (`select_device` returned an index).
+        explicit: The user's ``backend=``; any torch spelling (``"gloo"``,
+            ``"cpu:gloo,cuda:nccl"``, a registered third-party backend) is passed through as is.
+
+    Raises:
+        ConfigurationError: If `explicit` is an empty string.
+    """
+    if explicit is not None:
+        if not explicit.strip():
+            raise ConfigurationError(
+                "init",
+                f"backend={explicit!r} is empty",
+                hint="pass backend=None to choose automatically, or 'nccl', 'gloo', 'mpi'",
+            )
+        return explicit.strip()
+    return "nccl" if cuda_available and has_device else "gloo"
+
+
+def visible_device_count() -> int:
+    """Return how many CUDA devices this process can use (0 without CUDA)."""
+    import torch
+
+    # is_available() first: device_count() on a machine without a driver may warn.
+    return torch.cuda.device_count() if torch.cuda.is_available() else 0
+
+
+def device_identity(index: int) -> str:
+    """Return a string naming the physical GPU behind device `index` of this process.
+
+    Two ranks whose devices have the same identity share one physical GPU, whatever their
+    CUDA_VISIBLE_DEVICES say. It is the device's UUID where torch reports one (torch >= 2.1, the
+    same value ``nvidia-smi -L`` prints after ``GPU-``), else its PCI address
+    ``domain:bus:device``; both are stable across processes, unlike the index.
+
+    Raises:
+        ConfigurationError: If `index` is not a visible device.
+    """
+    import torch
+
+    count = visible_device_count()
+    if not 0 <= index < count:
+        raise ConfigurationError(
+            "device",
+            f"device index {index!r} is not among the {count} visible CUDA devices",
+            hint="check CUDA_VISIBLE_DEVICES and the job's GPU request",
+        )
+    props = torch.cuda.get_device_properties(index)
+    uuid = getattr(props, "uuid", None)
+    if uuid is not None and str(uuid):
+        return f"GPU-{uuid}" if not str(uuid).startswith(("GPU-", "MIG-")) else str(uuid)
+    # Not in torch's type stubs, but set by every CUDA build.
+    domain, bus, dev = (getattr(props, f"pci_{part}_id") for part in ("domain", "bus", "device"))
+    return f"{domain:04x}:{bus:02x}:{dev:02x}"
