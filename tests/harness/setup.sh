@@ -76,7 +76,7 @@ fi
 # --------------------------------------------------------------------------------------------
 # The stamp records what was installed: the pinned list below plus the package metadata files, so a
 # changed setup.cfg (new dependency) or a newly written distenv/__init__.py re-runs pip.
-PIP_BASE=(python-hostlist mpi4py numpy pytest hypothesis ruff mypy)
+PIP_BASE=(python-hostlist mpi4py numpy pytest hypothesis ruff mypy mkdocs-material mkdocstrings-python)
 have_pkg=no
 [[ -f "$REPO/distenv/__init__.py" ]] && have_pkg=yes
 stamp_key=$(
@@ -101,8 +101,8 @@ else
     "${pip[@]}" "${PIP_BASE[@]}"
     if [[ $have_pkg == yes ]]; then
         # Last, so that it adds nothing but distenv itself.
-        log "venv: pip install -e ${REPO}[mpi,test,lint]"
-        "${pip[@]}" -e "${REPO}[mpi,test,lint]"
+        log "venv: pip install -e ${REPO}[mpi,test,lint,docs]"
+        "${pip[@]}" -e "${REPO}[mpi,test,lint,docs]"
     else
         log "venv: $REPO/distenv/__init__.py missing; distenv itself not installed (re-run later)"
     fi

@@ -1,0 +1,214 @@
+"""MkDocs hook: render reference tables from distenv's own declarations.
+
+A page writes a marker such as ``<!-- env-table: slurm -->``; `on_page_markdown` replaces it with a
+table built from the same data the code uses (a launcher's ``variables``, `RankInfo.to_env`, the
+``distenv`` argument parser, ...), so the documentation cannot drift from the parser. An unknown
+marker is an error, which fails ``mkdocs build --strict``.
+
+Pure Python: importing this module needs distenv, not mkdocs (tests/test_docs.py imports it).
+"""
+
+from __future__ import annotations
+
+import argparse
+import re
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+__all__ = [
+    "MARKER",
+    "expand_markers",
+    "on_page_markdown",
+    "render_cli_help",
+    "render_detection_order",
+    "render_env_exports",
+    "render_env_table",
+    "render_mpi_flavors",
+    "render_refused_flags",
+    "render_scripts",
+    "subcommands",
+]
+
+MARKER = re.compile(r"<!--\s*([a-z-]+)(?::\s*([A-Za-z0-9_./-]*))?\s*-->")
+HELP_WIDTH = 100
+REPO = Path(__file__).resolve().parent.parent
+
+
+def _cell(text: str) -> str:
+    """Escape the pipes of a table cell that would split it (those outside code spans).
+
+    Python-Markdown's tables keep a pipe inside backticks as it is, but show a backslash there.
+    """
+    parts = text.split("`")
+    return "`".join(p if i % 2 else p.replace("|", "\\|") for i, p in enumerate(parts))
+
+
+def render_env_table(name: str) -> str:
+    """Return the Markdown table of the variables launcher `name` declares, in declaration order."""
+    from distenv.launchers import get_launcher
+
+    launcher = get_launcher(name)
+    if not launcher.variables:
+        return f"The `{launcher.name}` launcher reads no environment variable.\n"
+    rows = [
+        "| variable | fills | required | meaning |",
+        "|---|---|---|---|",
+    ]
+    for var in launcher.variables:
+        field = var.field if var.field.startswith("(") else f"`{var.field}`"
+        rows.append(
+            f"| `{var.name}` | {_cell(field)} | {_cell(var.required)} | {_cell(var.meaning)} |"
+        )
+    return "\n".join(rows) + "\n"
+
+
+def render_env_exports() -> str:
+    """Return the table of what `RankInfo.to_env` exports, each key with its RankInfo field."""
+    from distenv._master import SCOPE_VAR
+    from distenv.rankinfo import RankInfo
+
+    # Distinct values for every field, so each exported value names the field it came from.
+    sample = RankInfo(
+        launcher="slurm",
+        rank=7,
+        world_size=11,
+        local_rank=1,
+        local_world_size=3,
+        node_rank=2,
+        num_nodes=4,
+        master_addr="host0",
+        master_port=29999,
+    )
+    by_value = {str(value): field for field, value in sample.to_dict().items()}
+    rows = ["| exported variable | value |", "|---|---|"]
+    for key, value in sample.to_env().items():
+        rows.append(f"| `{key}` | `RankInfo.{by_value[value]}` |")
+    rows.append(
+        f"| `{SCOPE_VAR}` | the job step the values belong to: `launcher/job/step` "
+        "(`-` where there is none), e.g. `slurm/4/0` |"
+    )
+    return "\n".join(rows) + "\n"
+
+
+def render_mpi_flavors() -> str:
+    """Return the table of MPI libraries the `mpi` launcher recognises, in the order it tries them."""
+    from distenv.launchers.mpi import FLAVORS
+
+    def names(value: str | tuple[str, ...]) -> str:
+        items = (value,) if isinstance(value, str) else value
+        return " or ".join(f"`{n}`" for n in items) or "(none)"
+
+    rows = [
+        "| library | rank | world_size | local_rank | local_world_size | node_rank |",
+        "|---|---|---|---|---|---|",
+    ]
+    for flavor in FLAVORS:
+        rows.append(
+            f"| {flavor.name} | {names(flavor.rank)} | {names(flavor.size)} | "
+            f"{names(flavor.local_rank)} | {names(flavor.local_size)} | "
+            f"{names(flavor.node) if flavor.node else 'rank // local_world_size'} |"
+        )
+    return "\n".join(rows) + "\n"
+
+
+def render_detection_order() -> str:
+    """Return the auto-detection order as an ordered list."""
+    from distenv.launchers import DETECTION_ORDER, PLUGINS_VAR
+
+    lines = [f"1. plug-ins named in `{PLUGINS_VAR}` (in the order given)"]
+    lines += [f"1. `{name}`" for name in DETECTION_ORDER]
+    lines.append("1. `none`: nothing detected, a single process")
+    return "\n".join(lines) + "\n"
+
+
+def subcommands() -> dict[str, argparse.ArgumentParser]:
+    """Return the ``distenv`` command's subcommand parsers by name."""
+    from distenv.cli import build_parser
+
+    parser = build_parser()
+    for action in parser._actions:  # argparse has no public accessor for subparsers
+        if isinstance(action, argparse._SubParsersAction):
+            return dict(action.choices)
+    return {}
+
+
+def render_cli_help(name: str) -> str:
+    """Return ``distenv NAME --help`` as a fenced block, formatted at a fixed width."""
+    if name == "":
+        from distenv.cli import build_parser
+
+        parser = build_parser()
+    else:
+        found = subcommands()
+        if name not in found:
+            raise KeyError(f"no distenv subcommand {name!r} (have: {', '.join(found)})")
+        parser = found[name]
+    parser.formatter_class = lambda prog: argparse.HelpFormatter(prog, width=HELP_WIDTH)
+    return "```text\n" + parser.format_help().rstrip() + "\n```\n"
+
+
+def render_refused_flags() -> str:
+    """Return the table of torchrun options ``distenv run`` refuses, with what to do instead."""
+    from distenv.run import REFUSED_FLAGS
+
+    rows = ["| torchrun option | instead |", "|---|---|"]
+    for flag in REFUSED_FLAGS:
+        spelled = f"`{flag.flag}`" + (f" (`{flag.short}`)" if flag.short else "")
+        rows.append(f"| {spelled} | {_cell(flag.hint)} |")
+    return "\n".join(rows) + "\n"
+
+
+def _summary(path: Path) -> str:
+    """Return the first comment paragraph of a script (after the shebang), as one line."""
+    words: list[str] = []
+    for line in path.read_text(encoding="utf-8").splitlines()[1:]:
+        text = line.strip()
+        if not text.startswith("#") or text == "#" or text.startswith("#SBATCH"):
+            break
+        words.append(text.lstrip("#").strip())
+    return " ".join(words)
+
+
+def render_scripts(folder: str) -> str:
+    """Return a table of the job templates under `folder` (relative to the repository root)."""
+    root = REPO / folder
+    rows = ["| template | what it is for |", "|---|---|"]
+    for path in sorted(p for p in root.rglob("*") if p.is_file()):
+        rows.append(f"| `{path.relative_to(REPO)}` | {_cell(_summary(path))} |")
+    return "\n".join(rows) + "\n"
+
+
+RENDERERS: dict[str, Callable[[str], str]] = {
+    "env-table": render_env_table,
+    "env-exports": lambda _: render_env_exports(),
+    "mpi-flavors": lambda _: render_mpi_flavors(),
+    "detection-order": lambda _: render_detection_order(),
+    "cli-help": render_cli_help,
+    "run-refused-flags": lambda _: render_refused_flags(),
+    "scripts": render_scripts,
+}
+
+
+def expand_markers(markdown: str) -> str:
+    """Replace every ``<!-- kind: arg -->`` marker of `markdown` with its rendered Markdown.
+
+    Raises:
+        ValueError: For a marker this hook does not know, so that a typo fails the build.
+    """
+
+    def replace(match: re.Match[str]) -> str:
+        kind, arg = match.group(1), match.group(2) or ""
+        renderer = RENDERERS.get(kind)
+        if renderer is None:
+            raise ValueError(
+                f"unknown docs marker {match.group(0)!r} (known: {', '.join(RENDERERS)})"
+            )
+        return renderer(arg)
+
+    return MARKER.sub(replace, markdown)
+
+
+def on_page_markdown(markdown: str, page: Any, config: Any, files: Any, **kwargs: Any) -> str:
+    """MkDocs event: expand the markers of one page."""
+    return expand_markers(markdown)
