@@ -1,0 +1,45 @@
+"""Session fixtures of the integration tests: real Slurm clusters, Open MPI, MPICH, torchrun.
+
+The harness (tests/harness/setup.sh) is brought up once per session; it is idempotent and takes
+about a second when the clusters already run. A harness that cannot be brought up FAILS the tests
+that need it: CI always has one, and a silently skipped integration suite proves nothing.
+"""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+from collections.abc import Iterator
+
+import pytest
+
+from tests.conftest import scrubbed_environ
+from tests.integration.helpers import HARNESS, JOB_NAME, REPO, STATE, Harness, load_env_sh
+
+SETUP_TIMEOUT_S = 900  # a fresh machine installs packages and the venv first
+
+
+@pytest.fixture(scope="session")
+def harness() -> Iterator[Harness]:
+    """Run tests/harness/setup.sh once and return the clusters' settings from its env.sh."""
+    try:
+        done = subprocess.run(
+            ["bash", str(HARNESS / "setup.sh")],
+            env=scrubbed_environ(),
+            cwd=REPO,
+            capture_output=True,
+            text=True,
+            timeout=SETUP_TIMEOUT_S,
+            check=False,
+        )
+    except subprocess.TimeoutExpired as exc:
+        pytest.fail(f"tests/harness/setup.sh did not finish in {SETUP_TIMEOUT_S}s: {exc.stdout!r}")
+    if done.returncode != 0:
+        pytest.fail(
+            f"tests/harness/setup.sh failed ({done.returncode}):\n{done.stdout}{done.stderr}"
+        )
+    work = STATE / "integration-work" / JOB_NAME
+    shutil.rmtree(work, ignore_errors=True)
+    work.mkdir(parents=True)
+    yield Harness(load_env_sh(STATE / "env.sh"), work)
+    shutil.rmtree(work, ignore_errors=True)

@@ -1,0 +1,143 @@
+"""srun steps on the real test clusters: every rank's RankInfo and a finished all_reduce.
+
+Clusters (tests/harness/setup.sh): `one` is this machine as one node with 8 CPUs and 4 fake GPUs;
+`multi` is nodes n1..n4 with their own host names, 4 CPUs and 2 fake GPUs each. Launches that do
+not compete for the same GPUs run concurrently: 2 cores make that the only way to stay fast.
+"""
+
+from __future__ import annotations
+
+import socket
+
+import pytest
+
+from tests.integration.helpers import (
+    FOUR_NODES,
+    JOB_NAME,
+    ONE_NODE,
+    PYTHON,
+    SINGLE,
+    STEPS,
+    TWO_BY_TWO,
+    Harness,
+    check_world,
+    rank_check,
+    wait_all,
+)
+
+pytestmark = pytest.mark.slurm
+
+SRUN = ["srun", "-J", JOB_NAME]
+
+
+def test_srun_on_one_node(harness: Harness) -> None:
+    """`srun -n 4` on one node: ranks 0-3, local ranks 0-3, master is the node, auto == slurm."""
+    auto, named = wait_all(
+        [
+            harness.start([*SRUN, "-n", "4", *rank_check()], cluster="one"),
+            harness.start([*SRUN, "-n", "4", *rank_check("--launcher", "slurm")], cluster="one"),
+        ]
+    )
+    host = socket.gethostname()
+    for result in (auto, named):
+        check_world(result, launcher="slurm", layouts=ONE_NODE, master=host, hosts=[host] * 4)
+
+
+def test_srun_on_several_nodes(harness: Harness) -> None:
+    """`srun -N 2 --ntasks-per-node 2` and `srun -N 4 -n 4`: node ranks follow the hosts."""
+    launches = [
+        harness.start(
+            [*SRUN, "-N", "2", "--ntasks-per-node", "2", *rank_check(*args)], cluster="multi"
+        )
+        for args in ((), ("--launcher", "slurm"))
+    ] + [
+        harness.start([*SRUN, "-N", "4", "-n", "4", *rank_check(*args)], cluster="multi")
+        for args in ((), ("--launcher", "slurm"))
+    ]
+    two_auto, two_named, four_auto, four_named = wait_all(launches)
+    for result in (two_auto, two_named):
+        recs = check_world(result, launcher="slurm", layouts=TWO_BY_TWO)
+        hosts = [r["hostname"] for r in recs]
+        assert hosts[0] == hosts[1] != hosts[2] == hosts[3], hosts
+    for result in (four_auto, four_named):
+        recs = check_world(result, launcher="slurm", layouts=FOUR_NODES)
+        assert len({r["hostname"] for r in recs}) == 4
+
+
+def test_step_on_a_subset_of_the_allocation(harness: Harness) -> None:
+    """`srun -N 2 -r 2 -n 4` inside `salloc -N 4`: ranks on n3/n4, master is n3 (not the job's n1).
+
+    Both steps (auto, then --launcher slurm) run inside one allocation, through steps.py.
+    """
+    step = ["srun", "-N", "2", "-r", "2", "-n", "4"]
+    result = harness.run(
+        ["salloc", "-J", JOB_NAME, "-N", "4", "--exclusive", PYTHON, STEPS,
+         *step, *rank_check(), ":::", *step, *rank_check("--launcher", "slurm")],
+        cluster="multi",
+    ).ok()  # fmt: skip
+    steps = result.steps()
+    assert len(steps) == 2, result.text
+    for s in steps:
+        check_world(s, launcher="slurm", layouts=TWO_BY_TWO, master="n3",
+                    hosts=["n3", "n3", "n4", "n4"])  # fmt: skip
+
+
+def test_batch_script_and_salloc_shell_are_not_ranks(harness: Harness) -> None:
+    """The batch step / salloc shell of a 4-task job is refused with the srun hint; of 1 task: 0/1.
+
+    Without the refusal the process would be "rank 0 of 4" and wait forever for three ranks.
+    """
+    direct = " ".join(["exec", *rank_check()])  # paths only: no value of the environment
+    batch4, batch1 = (
+        harness.sbatch(None, cluster="one", options=["-n", n, "--wrap", direct], label=f"batch{n}")
+        for n in ("4", "1")
+    )
+    salloc4, salloc1 = (
+        harness.start(["salloc", "-J", JOB_NAME, "-n", n, *rank_check()], cluster="one")
+        for n in ("4", "1")
+    )
+    b4, b1, s4, s1 = wait_all([batch4, batch1, salloc4, salloc1])
+    for refused in (b4, s4):
+        assert refused.returncode == 1, refused.text
+        message = refused.stderr + "".join(
+            body for name, body in refused.files.items() if name.endswith(".err")
+        )
+        assert "rank_check: slurm: " in message, refused.text
+        assert "rank 0 of 4" in message, refused.text
+        assert "Hint: start one task per GPU with `srun" in message, refused.text
+        assert not refused.records(), refused.text
+    for single in (b1, s1):
+        check_world(single, launcher="slurm", layouts=SINGLE, master="127.0.0.1")
+
+
+def test_fake_gpus_bind_one_device_per_task_or_local_rank(harness: Harness) -> None:
+    """Per-task GPUs: each task sees one device and uses index 0; per-node: index == local rank.
+
+    The device index is `distenv.device.select_device` with the number of CUDA_VISIBLE_DEVICES
+    entries as the visible count (there is no real GPU); init_dist falls back to gloo.
+    """
+    per_task, per_node, multi_per_task = wait_all(
+        [
+            harness.start([*SRUN, "-n", "4", "--gpus-per-task=1", *rank_check()], cluster="one"),
+            harness.start(
+                [*SRUN, "-n", "4", "--gpus-per-node=4", *rank_check("--launcher", "slurm")],
+                cluster="one",
+            ),
+            harness.start(
+                [*SRUN, "-N", "2", "--ntasks-per-node", "2", "--gpus-per-task=1", *rank_check()],
+                cluster="multi",
+            ),
+        ]
+    )
+    recs = check_world(per_task, launcher="slurm", layouts=ONE_NODE)
+    # Fake GPUs keep their global index (no cgroup renumbering): one distinct device per task.
+    assert sorted(r["cuda_visible_devices"] for r in recs) == ["0", "1", "2", "3"], recs
+    assert [r["device"] for r in recs] == [0, 0, 0, 0]
+    recs = check_world(per_node, launcher="slurm", layouts=ONE_NODE)
+    assert {r["cuda_visible_devices"] for r in recs} == {"0,1,2,3"}
+    assert [r["device"] for r in recs] == [0, 1, 2, 3]
+    recs = check_world(multi_per_task, launcher="slurm", layouts=TWO_BY_TWO)
+    assert [len(r["cuda_visible_devices"].split(",")) for r in recs] == [1, 1, 1, 1], recs
+    for node in (recs[:2], recs[2:]):
+        assert sorted(r["cuda_visible_devices"] for r in node) == ["0", "1"], recs
+    assert [r["device"] for r in recs] == [0, 0, 0, 0]

@@ -1,0 +1,163 @@
+"""The user templates in scripts/, run as users run them: submitted unmodified.
+
+Slurm templates are submitted byte-identical from scripts/ with ``sbatch --wait``; what differs on
+the test clusters is given on sbatch's command line (options override #SBATCH lines) and through
+``--export=ALL,TRAIN=...,LAUNCHER=...``. The LSF template runs with a fake ``jsrun`` that prints
+its arguments (no LSF here); every template passes ``bash -n`` and shellcheck.
+"""
+
+from __future__ import annotations
+
+import re
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from distenv import detect
+from tests.conftest import scrubbed_environ
+from tests.integration.helpers import (
+    ONE_NODE,
+    RANK_CHECK,
+    REPO,
+    SCRIPTS,
+    TWO_BY_TWO,
+    Harness,
+    Result,
+    check_world,
+    parse_records,
+    wait_all,
+)
+
+TEMPLATES = sorted(p for p in SCRIPTS.rglob("*") if p.is_file())
+SUMMARY = re.compile(r"^train: launcher=slurm world_size=4 .*weights_identical=True$", re.M)
+
+
+def _outputs(result: Result) -> str:
+    return "".join(body for name, body in result.files.items() if name.endswith(".out"))
+
+
+@pytest.mark.slurm
+@pytest.mark.mpi
+def test_slurm_templates_submitted_unmodified(harness: Harness) -> None:
+    """Every Slurm template (and the mpirun one as a batch script) starts correct ranks.
+
+    single_node: 4 tasks, one fake GPU each (device 0), and once running examples/train.py for real;
+    multi_node: 2 nodes x 2 tasks; multi_node_torchrun: one torchrun per node, each task seeing both
+    GPUs (device == local rank); requeue_array: two elements, each a full 4-rank run;
+    mpi/mpirun_hostfile.sh: mpirun from a batch script over a hostfile written from the allocation.
+    """
+    check = {"TRAIN": str(RANK_CHECK)}
+    slurm = SCRIPTS / "slurm"
+    launches = [
+        harness.sbatch(slurm / "single_node.sbatch", cluster="one",
+                       export={**check, "LAUNCHER": "auto"}, label="single"),
+        harness.sbatch(slurm / "single_node.sbatch", cluster="one", label="train",
+                       args=["--steps", "5"]),
+        # multi: 2 fake GPUs and 4 CPUs per node.
+        harness.sbatch(slurm / "multi_node.sbatch", cluster="multi",
+                       options=["--ntasks-per-node=2"], export=check, label="multi"),
+        harness.sbatch(slurm / "multi_node_torchrun.sbatch", cluster="multi",
+                       options=["--gpus-per-node=2", "--cpus-per-task=4"], export=check,
+                       label="torchrun"),
+        harness.sbatch(slurm / "requeue_array.sbatch", cluster="one", options=["--array=0-1"],
+                       export=check, label="array"),
+        harness.sbatch(SCRIPTS / "mpi" / "mpirun_hostfile.sh", cluster="multi",
+                       options=["-N", "2", "--ntasks-per-node", "2"],
+                       export={**check, "MPIRUN": "mpirun.openmpi"},
+                       env=harness.env("multi", ompi=True), label="mpirun"),
+    ]  # fmt: skip
+    single, train, multi, torchrun, array, mpirun = wait_all(launches)
+
+    recs = check_world(single, launcher="slurm", layouts=ONE_NODE)
+    assert sorted(r["cuda_visible_devices"] for r in recs) == ["0", "1", "2", "3"], recs
+    assert [r["device"] for r in recs] == [0, 0, 0, 0]
+
+    train.ok()
+    assert SUMMARY.search(_outputs(train)), train.text
+
+    recs = check_world(multi, launcher="slurm", layouts=TWO_BY_TWO)
+    assert len({r["hostname"] for r in recs}) == 2
+    assert [r["device"] for r in recs] == [0, 0, 0, 0]
+
+    recs = check_world(torchrun, launcher="pytorch", layouts=TWO_BY_TWO)
+    assert {r["cuda_visible_devices"] for r in recs} == {"0,1"}, recs
+    assert [r["device"] for r in recs] == [0, 1, 0, 1]
+
+    array.ok()
+    outs = {name: body for name, body in array.files.items() if name.endswith(".out")}
+    assert sorted(name.rsplit("-", 1)[1] for name in outs) == ["0.out", "1.out"], array.text
+    for name, body in outs.items():
+        recs = parse_records(body)
+        check_world(Result([name], 0, body, "", 0.0), launcher="slurm", layouts=ONE_NODE)
+        assert re.search(r"^requeue_array: element [01] of job \d+, run 0$", body, re.M), body
+        assert {r["device"] for r in recs} == {0}
+
+    recs = check_world(mpirun, launcher="mpi", layouts=TWO_BY_TWO)
+    assert len({r["hostname"] for r in recs}) == 2
+
+
+def test_templates_pass_bash_n_and_shellcheck() -> None:
+    """Every template in scripts/ parses (bash -n) and is shellcheck-clean."""
+    assert len(TEMPLATES) >= 6, TEMPLATES
+    shellcheck = shutil.which("shellcheck")
+    assert shellcheck, "shellcheck missing: run tests/harness/setup.sh"
+    for path in TEMPLATES:
+        syntax = subprocess.run(["bash", "-n", str(path)], capture_output=True, text=True,
+                                timeout=30, check=False)  # fmt: skip
+        assert syntax.returncode == 0, f"{path}: {syntax.stderr}"
+    lint = subprocess.run([shellcheck, "--shell=bash", *map(str, TEMPLATES)], capture_output=True,
+                          text=True, timeout=60, check=False)  # fmt: skip
+    assert lint.returncode == 0, lint.stdout + lint.stderr
+
+
+FAKE_JSRUN = """#!/bin/sh
+# Stand-in for jsrun: print each argument on its own line, then the thread count it was given.
+printf 'arg=%s\\n' "$@"
+echo "OMP_NUM_THREADS=$OMP_NUM_THREADS"
+"""
+
+
+@pytest.mark.parametrize(
+    ("hosts", "nodes"),
+    [
+        pytest.param("batch2 1 h22n07 42 h22n08 42", 2, id="coral-launch-node-dropped"),
+        pytest.param("h22n07 42 h22n08 42 h22n09 42", 3, id="no-launch-node"),
+    ],
+)
+def test_lsf_template_renders_jsrun_command(tmp_path: Path, hosts: str, nodes: int) -> None:
+    """jsrun.bsub asks for one resource set per GPU on the job's compute nodes, runs TRAIN.
+
+    The ranks jsrun would start are then read by distenv's lsf backend: the master is the first
+    compute host (the CORAL launch node owns no rank).
+    """
+    fake = tmp_path / "bin"
+    fake.mkdir()
+    (fake / "jsrun").write_text(FAKE_JSRUN)
+    (fake / "jsrun").chmod(0o755)
+    env = {
+        **scrubbed_environ(),
+        "PATH": f"{fake}:/usr/bin:/bin",
+        "LSB_JOBID": "4242",
+        "LSB_MCPU_HOSTS": hosts,
+        "TRAIN": "my_train.py",
+    }
+    done = subprocess.run(["bash", str(SCRIPTS / "lsf" / "jsrun.bsub"), "--epochs", "3"], env=env,
+                          cwd=REPO, capture_output=True, text=True, timeout=30, check=False)  # fmt: skip
+    assert done.returncode == 0, done.stdout + done.stderr
+    args = [line[4:] for line in done.stdout.splitlines() if line.startswith("arg=")]
+    assert args == [
+        "--nrs", str(6 * nodes), "--rs_per_host", "6", "--tasks_per_rs", "1",
+        "--gpu_per_rs", "1", "--cpu_per_rs", "7", "--bind", "packed:7",
+        "--launch_distribution", "packed",
+        "python", "my_train.py", "--launcher", "lsf", "--epochs", "3",
+    ]  # fmt: skip
+    assert "OMP_NUM_THREADS=7" in done.stdout
+    # What rank 7 of those ranks would get from distenv (jsrun's variables, LSF's host list).
+    rank7 = {"LSB_JOBID": "4242", "LSB_MCPU_HOSTS": hosts, "JSM_NAMESPACE_RANK": "7",
+             "JSM_NAMESPACE_SIZE": str(6 * nodes), "JSM_NAMESPACE_LOCAL_RANK": "1",
+             "JSM_NAMESPACE_LOCAL_SIZE": "6"}  # fmt: skip
+    info = detect("auto", rank7)
+    assert (info.launcher, info.rank, info.node_rank, info.num_nodes) == ("lsf", 7, 1, nodes)
+    assert info.master_addr == "h22n07"
