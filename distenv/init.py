@@ -11,8 +11,9 @@ process (os.environ, the multiprocessing start method, the current CUDA device):
 
 and `init_dist` goes on to
 
-5. connect to rank 0's TCPStore within the rendezvous timeout and call
-   ``torch.distributed.init_process_group`` with it;
+5. connect to rank 0's TCPStore within the rendezvous timeout, hold the roll call over it
+   (`distenv.rollcall`: every rank checks in, rank 0 validates and names missing ranks), and call
+   ``torch.distributed.init_process_group`` with the same store;
 6. log one summary line on rank 0 (logger ``distenv``, INFO);
 7. seed every generator, if asked.
 
@@ -32,7 +33,7 @@ from typing import TYPE_CHECKING, Any
 
 from distenv._master import SCOPE_VAR
 from distenv.detect import Detection, explain
-from distenv.device import choose_backend, select_device, visible_device_count
+from distenv.device import choose_backend, device_identity, select_device, visible_device_count
 from distenv.errors import (
     ConfigurationError,
     DistEnvError,
@@ -41,6 +42,7 @@ from distenv.errors import (
 )
 from distenv.rankinfo import RankInfo
 from distenv.resolve import resolve
+from distenv.rollcall import CheckIn, roll_call
 
 if TYPE_CHECKING:
     from torch._C._distributed_c10d import Store
@@ -48,6 +50,7 @@ if TYPE_CHECKING:
 __all__ = [
     "DEFAULT_RENDEZVOUS_TIMEOUT",
     "TIMEOUT_VAR",
+    "connect_store",
     "current_device",
     "current_info",
     "gpu_sharing_allowed",
@@ -68,6 +71,7 @@ TIMEOUT_VAR = "DISTENV_TIMEOUT"
 AGENT_STORE_VAR = "TORCHELASTIC_USE_AGENT_STORE"
 RESTART_VAR = "TORCHELASTIC_RESTART_COUNT"
 STORE_PREFIX = "distenv/pg"
+ROLLCALL_PREFIX = "distenv/rollcall"
 
 Timeout = float | datetime.timedelta
 
@@ -303,8 +307,11 @@ def _wait_reachable(info: RankInfo, host: str, port: int, deadline: float, limit
         delay = min(delay * 2, 1.0)
 
 
-def _connect_store(info: RankInfo, seconds: float, *, agent_store: bool) -> Store:
-    """Create (rank 0) or reach (others) the TCPStore at the master within `seconds`."""
+def connect_store(info: RankInfo, seconds: float, *, agent_store: bool) -> Store:
+    """Create (rank 0) or reach (others) the TCPStore at the master within `seconds`.
+
+    Under torchrun's agent store (`agent_store`) every rank, rank 0 included, is a client.
+    """
     import torch.distributed as dist
 
     # The classes' home; torch.distributed re-exports them without declaring it to type checkers.
@@ -356,6 +363,27 @@ def _connect_store(info: RankInfo, seconds: float, *, agent_store: bool) -> Stor
         ) from None
 
 
+def make_checkin(info: RankInfo, backend: str, device: int | None) -> CheckIn:
+    """Return what this rank reports in the roll call."""
+    import torch
+
+    return CheckIn(
+        rank=info.rank,
+        world_size=info.world_size,
+        local_rank=info.local_rank,
+        local_world_size=info.local_world_size,
+        node_rank=info.node_rank,
+        hostname=socket.gethostname(),
+        pid=os.getpid(),
+        launcher=info.launcher,
+        master=_master_address(info),
+        backend=backend,
+        torch_version=str(torch.__version__),
+        device=None if device is None else device_identity(device),
+        allow_gpu_sharing=gpu_sharing_allowed(),
+    )
+
+
 def _init_process_group(
     info: RankInfo,
     backend: str,
@@ -368,10 +396,18 @@ def _init_process_group(
     from torch._C._distributed_c10d import PrefixStore
 
     agent_store = os.environ.get(AGENT_STORE_VAR) == str(True)
-    store = _connect_store(info, rendezvous_seconds, agent_store=agent_store)
+    store = connect_store(info, rendezvous_seconds, agent_store=agent_store)
     # torchrun's agent store outlives a worker restart; keys of one attempt must not be read by
     # the next (torch prefixes "/worker/attempt_N" for the same reason).
-    prefix = f"{STORE_PREFIX}/{os.environ.get(RESTART_VAR) or '0'}"
+    attempt = os.environ.get(RESTART_VAR) or "0"
+    prefix = f"{STORE_PREFIX}/{attempt}"
+    # Everybody checks in before torch is asked to wait: a missing rank is named, not waited for.
+    roll_call(
+        PrefixStore(f"{ROLLCALL_PREFIX}/{attempt}", store),
+        info,
+        make_checkin(info, backend, device),
+        timeout=rendezvous_seconds,
+    )
     options: dict[str, Any] = {}
     if device is not None and "nccl" in backend.lower():
         # Binds the communicator to this device and lets NCCL connect eagerly (torch >= 2.3).

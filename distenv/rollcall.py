@@ -130,10 +130,12 @@ def validate(checkins: Sequence[CheckIn], world_size: int) -> list[str]:
     if missing and not any(len(s) > 1 for s in by_rank.values()):
         problems.append(f"ranks {_ranks(missing)} did not check in")
 
-    local = Counter((c.hostname, c.local_rank) for c in checkins)
-    for (host, local_rank), count in sorted(local.items()):
+    # Keyed by node as well as host: tests (and `distenv run --nnodes 2` twice on one machine)
+    # legitimately run several "nodes" on one host.
+    local = Counter((c.hostname, c.node_rank, c.local_rank) for c in checkins)
+    for (host, node, local_rank), count in sorted(local.items()):
         if count > 1:
-            problems.append(f"{count} ranks on {host} share local rank {local_rank}")
+            problems.append(f"{count} ranks on {host} (node {node}) share local rank {local_rank}")
 
     if checkins and checkins[0].launcher == "mpi":
         hosts_of_node: dict[int, set[str]] = defaultdict(set)
@@ -193,18 +195,28 @@ def _interruptible(what: str) -> Iterator[None]:
         signal.signal(signal.SIGTERM, previous)
 
 
+def _pauses() -> Iterator[float]:
+    """Yield sleep lengths: 1 ms, doubling up to POLL_S (quick when peers are quick)."""
+    pause = 0.001
+    while True:
+        yield pause
+        pause = min(pause * 2, POLL_S)
+
+
 def _wait_count(store: Any, key: str, count: int, deadline: float) -> None:
+    pauses = _pauses()
     while int(store.add(key, 0)) < count and time.monotonic() < deadline:
-        time.sleep(POLL_S)
+        time.sleep(next(pauses))
 
 
 def _wait_key(store: Any, key: str, deadline: float) -> bool:
+    pauses = _pauses()
     while True:
         if store.check([key]):
             return True
         if time.monotonic() >= deadline:
             return False
-        time.sleep(POLL_S)
+        time.sleep(next(pauses))
 
 
 def roll_call(
@@ -230,10 +242,10 @@ def roll_call(
         if info.rank == 0:
             verdict = _gather(store, info, timeout)
             store.set("verdict", verdict.to_json())
-            if not verdict.ok:
-                # Rank 0 is about to exit, and its store with it: let the others read first.
-                arrived = len(verdict.checkins) - 1
-                _wait_count(store, "read", arrived, time.monotonic() + VERDICT_GRACE_S)
+            # Rank 0 may exit next (a negative verdict, `distenv doctor`), and its store with it:
+            # let the others read first. They poll, so this costs milliseconds.
+            arrived = len(verdict.checkins) - 1
+            _wait_count(store, "read", arrived, time.monotonic() + VERDICT_GRACE_S)
         else:
             try:
                 found = _wait_key(store, "verdict", time.monotonic() + timeout + VERDICT_GRACE_S)

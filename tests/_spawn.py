@@ -19,6 +19,7 @@ from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from distenv.resolve import free_port as free_port  # re-exported for the tests
 from tests.conftest import scrubbed_environ
 
 WORKERS = Path(__file__).with_name("_workers.py")
@@ -51,14 +52,6 @@ def clean_process() -> Iterator[None]:
         multiprocessing.set_start_method(method, force=True)
         os.environ.clear()
         os.environ.update(environ)
-
-
-def free_port(host: str = "127.0.0.1") -> int:
-    """Return a TCP port free on `host` a moment ago."""
-    family = socket.AF_INET6 if ":" in host else socket.AF_INET
-    with socket.socket(family, socket.SOCK_STREAM) as sock:
-        sock.bind((host, 0))
-        return int(sock.getsockname()[1])
 
 
 def ipv6_loopback() -> bool:

@@ -47,7 +47,7 @@ def test_validate_accepts_a_healthy_job() -> None:
             {3: {"rank": 2, "pid": 77}},
             "rank 2 was claimed by 2 processes (pid 1002 on n2, pid 77 on n2)",
         ),
-        ({1: {"local_rank": 0}}, "2 ranks on n1 share local rank 0"),
+        ({1: {"local_rank": 0}}, "2 ranks on n1 (node 0) share local rank 0"),
         (
             {0: {"device": "GPU-aaa"}, 1: {"device": "GPU-aaa"}},
             "ranks 0, 1 on n1 drive the same GPU (GPU-aaa)",
