@@ -4,11 +4,26 @@ from __future__ import annotations
 
 import argparse
 
-from distenv.launchers import CHOICES
+from distenv.launchers import CHOICES, checked_name
 
-__all__ = ["add_launcher_argument"]
+__all__ = ["add_launcher_argument", "add_launcher_option"]
 
 LOCAL_RANK_OPTIONS = ("--local-rank", "--local_rank")
+
+
+def add_launcher_option(parser: argparse.ArgumentParser) -> None:
+    """Add ``--launcher NAME`` (default ``auto``; built-in names, aliases and plug-ins) to `parser`.
+
+    An unknown name is a usage error (exit 2) that lists the choices.
+    """
+    parser.add_argument(
+        "--launcher",
+        default="auto",
+        type=checked_name,
+        metavar="NAME",
+        help=f"how this process was started: {', '.join(CHOICES)}, or a plug-in's name "
+        "(default: auto, detected)",
+    )
 
 
 def add_launcher_argument(parser: argparse.ArgumentParser) -> None:
@@ -22,13 +37,7 @@ def add_launcher_argument(parser: argparse.ArgumentParser) -> None:
     Args:
         parser: The script's parser.
     """
-    parser.add_argument(
-        "--launcher",
-        default="auto",
-        choices=CHOICES,
-        metavar="NAME",
-        help=f"how this script was started: {', '.join(CHOICES)} (default: auto, detected)",
-    )
+    add_launcher_option(parser)
     # argparse has no public way to ask for an option; its lookup table is stable since 2.7.
     known = parser._option_string_actions
     if not any(option in known for option in LOCAL_RANK_OPTIONS):

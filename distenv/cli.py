@@ -1,4 +1,4 @@
-"""The ``distenv`` command: info, export (and the subcommands other modules add)."""
+"""The ``distenv`` command: info, export, run (distenv.run) and doctor (distenv.doctor)."""
 
 from __future__ import annotations
 
@@ -9,23 +9,14 @@ import sys
 from collections.abc import Sequence
 
 from distenv._master import SCOPE_VAR
+from distenv.args import add_launcher_option
 from distenv.detect import explain
+from distenv.doctor import add_doctor_parser
 from distenv.errors import DistEnvError
-from distenv.launchers import CHOICES, checked_name
 from distenv.resolve import resolve
 from distenv.run import add_run_parser
 
 __all__ = ["main"]
-
-
-def _add_launcher(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument(
-        "--launcher",
-        default="auto",
-        type=checked_name,
-        metavar="NAME",
-        help=f"launcher backend to read: {', '.join(CHOICES)} or a plug-in's name (default: auto)",
-    )
 
 
 def _cmd_info(args: argparse.Namespace) -> int:
@@ -61,7 +52,7 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     info = sub.add_parser("info", help="show what this process is in the job, and why")
-    _add_launcher(info)
+    add_launcher_option(info)
     info.add_argument("--json", action="store_true", help="print one JSON object")
     info.add_argument(
         "--no-resolve",
@@ -71,10 +62,11 @@ def build_parser() -> argparse.ArgumentParser:
     info.set_defaults(func=_cmd_info)
 
     export = sub.add_parser("export", help="print `export VAR=value` lines for eval")
-    _add_launcher(export)
+    add_launcher_option(export)
     export.set_defaults(func=_cmd_export)
 
     add_run_parser(sub)
+    add_doctor_parser(sub)
     return parser
 
 

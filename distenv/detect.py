@@ -9,7 +9,7 @@ import os
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from distenv.errors import LauncherMismatchError, LauncherNotFoundError
+from distenv.errors import DistEnvError, LauncherMismatchError, LauncherNotFoundError
 from distenv.launchers import (
     LSF,
     MPI,
@@ -111,6 +111,20 @@ def explain(launcher: str = "auto", env: Mapping[str, str] | None = None) -> Det
         for c in candidates
     ]
 
+    try:
+        return _choose(name, env, detected, notes)
+    except DistEnvError as exc:
+        exc.considered = tuple(notes)
+        raise
+
+
+def _choose(
+    name: str,
+    env: Mapping[str, str],
+    detected: list[Launcher],
+    notes: list[tuple[str, str]],
+) -> Detection:
+    """Pick the launcher named (or auto's choice) among those `detected`, innermost first."""
     chosen: Launcher
     if name == "auto":
         if not detected:

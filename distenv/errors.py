@@ -51,6 +51,8 @@ class DistEnvError(Exception):
         self.hint = hint
         self.variable = variable
         self.value = value
+        #: ``(launcher, verdict)`` lines of the detection that failed, for `distenv doctor`.
+        self.considered: tuple[tuple[str, str], ...] = ()
         message = f"{launcher}: {problem}"
         if hint:
             message += f". Hint: {hint}"

@@ -15,7 +15,7 @@ echo "== mypy --strict distenv/"
 .venv/bin/mypy
 if [[ -f mkdocs.yml ]]; then
     echo "== mkdocs build --strict"
-    .venv/bin/mkdocs build --strict --quiet --site-dir "$(mktemp -d)"
+    NO_MKDOCS_2_WARNING=1 .venv/bin/mkdocs build --strict --quiet --site-dir "$(mktemp -d)"
 fi
 echo "== pytest"
 # DISTENV_STRICT_TESTS makes any skipped or xfailed test fail the run (tests/conftest.py).

@@ -30,10 +30,10 @@ def test_launcher_option(argv, launcher):
     assert make_parser().parse_args(argv).launcher == launcher
 
 
-def test_launcher_choices_are_the_registry():
-    """The accepted names are exactly distenv.launchers.CHOICES."""
+def test_launcher_help_lists_the_registry():
+    """The help text lists every name in distenv.launchers.CHOICES."""
     action = next(a for a in make_parser()._actions if a.dest == "launcher")
-    assert tuple(action.choices) == CHOICES
+    assert all(name in action.help for name in CHOICES)
     assert "auto" in CHOICES
 
 
@@ -42,7 +42,7 @@ def test_unknown_launcher_is_usage_error(capsys):
     with pytest.raises(SystemExit) as caught:
         make_parser().parse_args(["--launcher", "pbs"])
     assert caught.value.code == 2
-    assert "invalid choice: 'pbs'" in capsys.readouterr().err
+    assert "unknown launcher 'pbs'" in capsys.readouterr().err
 
 
 @pytest.mark.parametrize(
