@@ -42,7 +42,7 @@ from distenv.errors import (
 )
 from distenv.rankinfo import RankInfo
 from distenv.resolve import resolve
-from distenv.rollcall import CheckIn, roll_call
+from distenv.rollcall import CheckIn, interruptible, roll_call
 
 if TYPE_CHECKING:
     from torch._C._distributed_c10d import Store
@@ -396,7 +396,8 @@ def _init_process_group(
     from torch._C._distributed_c10d import PrefixStore
 
     agent_store = os.environ.get(AGENT_STORE_VAR) == str(True)
-    store = connect_store(info, rendezvous_seconds, agent_store=agent_store)
+    with interruptible("the connection to rank 0's store"):
+        store = connect_store(info, rendezvous_seconds, agent_store=agent_store)
     # torchrun's agent store outlives a worker restart; keys of one attempt must not be read by
     # the next (torch prefixes "/worker/attempt_N" for the same reason).
     attempt = os.environ.get(RESTART_VAR) or "0"

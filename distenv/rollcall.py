@@ -30,7 +30,7 @@ from typing import Any
 from distenv.errors import RendezvousError, RendezvousTimeoutError
 from distenv.rankinfo import RankInfo
 
-__all__ = ["CheckIn", "Verdict", "roll_call", "validate"]
+__all__ = ["CheckIn", "Verdict", "interruptible", "roll_call", "validate"]
 
 POLL_S = 0.05
 # Rank 0 publishes the verdict only after its own wait; the others allow it this much longer.
@@ -176,7 +176,7 @@ class _InterruptedError(Exception):
 
 
 @contextmanager
-def _interruptible(what: str) -> Iterator[None]:
+def interruptible(what: str) -> Iterator[None]:
     """Turn SIGTERM into a prompt, clear exit while blocked in the roll call (main thread only)."""
     if threading.current_thread() is not threading.main_thread():
         yield
@@ -235,7 +235,7 @@ def roll_call(
         RendezvousTimeoutError: Ranks missing (rank 0), or no verdict arrived (others).
         RendezvousError: The verdict found problems, or a signal interrupted the wait.
     """
-    with _interruptible("the roll call"):
+    with interruptible("the roll call"):
         arrival = int(store.add("arrived", 1))
         store.set(f"checkin/{arrival}", checkin.to_json())
         store.add("written", 1)  # counted after the write, so rank 0 never reads a missing key

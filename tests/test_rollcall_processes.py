@@ -2,15 +2,22 @@
 
 from __future__ import annotations
 
+import contextlib
+import signal
+import socket
 import subprocess
 import sys
 import time
+
+import pytest
 
 from tests._spawn import REPO, contract_env, free_port
 
 CHILD = r"""
 import sys
+import torch
 import distenv
+print("READY", flush=True)
 try:
     info = distenv.init_dist(launcher="pytorch", rendezvous_timeout=float(sys.argv[1]))
 except distenv.DistEnvError as exc:
@@ -78,3 +85,43 @@ def test_master_never_started_names_host_and_port() -> None:
     code, out = results[0]
     assert code == 1
     assert f"could not reach rank 0's store at 127.0.0.1:{port} within 2 s" in out
+
+
+def _wait_listening(port: int, limit: float) -> None:
+    deadline = time.monotonic() + limit
+    while time.monotonic() < deadline:
+        with contextlib.suppress(OSError), socket.create_connection(("127.0.0.1", port), 0.5):
+            return
+        time.sleep(0.05)
+    raise AssertionError(f"nothing listened on {port} within {limit} s")
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT], ids=["SIGTERM", "SIGINT"])
+def test_signal_during_roll_call_exits_promptly_and_frees_the_port(sig: signal.Signals) -> None:
+    """Rank 0 waiting for a rank that never comes: a signal ends it at once, port released."""
+    port = free_port()
+    proc = start(contract_env(0, 2, port), 120.0)
+    _wait_listening(port, 60)
+    time.sleep(0.3)  # past the store's creation, into the roll call's wait
+    sent = time.monotonic()
+    proc.send_signal(sig)
+    ((code, out),) = finish([proc], 20)
+    assert time.monotonic() - sent < 5
+    assert code == 1, out
+    assert f"interrupted by {sig.name} during the roll call" in out
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", port))  # would raise EADDRINUSE if the store still held it
+
+
+def test_sigterm_while_reaching_the_master_exits_with_a_message() -> None:
+    """Rank 1 polling for a master that never starts: SIGTERM ends it promptly, with a message."""
+    proc = start(contract_env(1, 2, free_port()), 120.0)
+    assert proc.stdout is not None
+    assert proc.stdout.readline() == "READY\n"
+    time.sleep(0.5)  # detection takes milliseconds; then it polls for the master
+    sent = time.monotonic()
+    proc.send_signal(signal.SIGTERM)
+    ((code, out),) = finish([proc], 20)
+    assert time.monotonic() - sent < 5
+    assert code == 1, out
+    assert "interrupted by SIGTERM during the connection to rank 0's store" in out
