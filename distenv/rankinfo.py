@@ -9,7 +9,7 @@ from typing import Any
 
 from distenv.errors import InconsistentEnvironmentError, MasterResolutionError
 
-__all__ = ["RankInfo", "check_fields"]
+__all__ = ["ENV_CONTRACT", "RankInfo", "check_fields"]
 
 # Fields and types of the JSON object `distenv info --json` prints; external tools rely on them.
 JSON_FIELDS = (
@@ -72,6 +72,22 @@ def check_fields(
     addr = fields["master_addr"]
     if addr is not None and (not isinstance(addr, str) or not addr):
         fail(f"{label('master_addr')} is not a host name")
+
+
+# torchrun's environment contract (torch.distributed.run, "Environment Variables"), in the order
+# `RankInfo.to_env` writes it.
+ENV_CONTRACT = (
+    "RANK",
+    "WORLD_SIZE",
+    "LOCAL_RANK",
+    "LOCAL_WORLD_SIZE",
+    "GROUP_RANK",
+    "GROUP_WORLD_SIZE",
+    "ROLE_RANK",
+    "ROLE_WORLD_SIZE",
+    "MASTER_ADDR",
+    "MASTER_PORT",
+)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -169,15 +185,16 @@ class RankInfo:
                 "the master address/port is not resolved yet",
                 hint="call distenv.resolve(info) first (init_dist and setup do)",
             )
-        return {
-            "RANK": str(self.rank),
-            "WORLD_SIZE": str(self.world_size),
-            "LOCAL_RANK": str(self.local_rank),
-            "LOCAL_WORLD_SIZE": str(self.local_world_size),
-            "GROUP_RANK": str(self.node_rank),
-            "GROUP_WORLD_SIZE": str(self.num_nodes),
-            "ROLE_RANK": str(self.rank),
-            "ROLE_WORLD_SIZE": str(self.world_size),
-            "MASTER_ADDR": str(self.master_addr),
-            "MASTER_PORT": str(self.master_port),
-        }
+        values = (
+            self.rank,
+            self.world_size,
+            self.local_rank,
+            self.local_world_size,
+            self.node_rank,
+            self.num_nodes,
+            self.rank,
+            self.world_size,
+            self.master_addr,
+            self.master_port,
+        )
+        return {name: str(value) for name, value in zip(ENV_CONTRACT, values, strict=True)}

@@ -19,18 +19,9 @@ import torch.distributed as dist
 from torch import nn
 
 import distenv
+from distenv.rankinfo import ENV_CONTRACT
 
-CONTRACT = (
-    "RANK",
-    "WORLD_SIZE",
-    "LOCAL_RANK",
-    "LOCAL_WORLD_SIZE",
-    "GROUP_RANK",
-    "GROUP_WORLD_SIZE",
-    "MASTER_ADDR",
-    "MASTER_PORT",
-    "DISTENV_SCOPE",
-)
+CONTRACT = (*ENV_CONTRACT, "DISTENV_SCOPE")
 
 
 class Grab(logging.Handler):

@@ -6,6 +6,8 @@ import os
 
 import pytest
 
+from distenv.rankinfo import ENV_CONTRACT
+
 # Variables of every launcher and scheduler distenv reads, and of the torchrun contract. The
 # developer's shell (or a CI runner inside a Slurm job) must not leak into a test.
 SCRUB_PREFIXES = (
@@ -26,19 +28,7 @@ SCRUB_PREFIXES = (
     "TORCHELASTIC_",
     "DISTENV_",
 )
-SCRUB_NAMES = (
-    "RANK",
-    "WORLD_SIZE",
-    "LOCAL_RANK",
-    "LOCAL_WORLD_SIZE",
-    "GROUP_RANK",
-    "GROUP_WORLD_SIZE",
-    "ROLE_RANK",
-    "ROLE_WORLD_SIZE",
-    "MASTER_ADDR",
-    "MASTER_PORT",
-    "CUDA_VISIBLE_DEVICES",
-)
+SCRUB_NAMES = (*ENV_CONTRACT, "CUDA_VISIBLE_DEVICES")
 
 
 def scrubbed_environ(environ: dict[str, str] | os._Environ[str] = os.environ) -> dict[str, str]:

@@ -28,21 +28,11 @@ from distenv.errors import (
     RendezvousTimeoutError,
 )
 from distenv.init import host_port, tcp_url
+from distenv.rankinfo import ENV_CONTRACT
 from tests._spawn import REPO, clean_process, contract_env, free_port, ipv6_loopback, run_workers
 from tests.conftest import scrubbed_environ
 
-CONTRACT = (
-    "RANK",
-    "WORLD_SIZE",
-    "LOCAL_RANK",
-    "LOCAL_WORLD_SIZE",
-    "GROUP_RANK",
-    "GROUP_WORLD_SIZE",
-    "ROLE_RANK",
-    "ROLE_WORLD_SIZE",
-    "MASTER_ADDR",
-    "MASTER_PORT",
-)
+CONTRACT = ENV_CONTRACT
 
 
 @pytest.fixture(autouse=True)
