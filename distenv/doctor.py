@@ -26,6 +26,8 @@ DEFAULT_TIMEOUT = 60.0
 
 
 def _explanation(considered: tuple[tuple[str, str], ...], out: TextIO) -> None:
+    if not considered:
+        return
     out.write("how the launcher was chosen:\n")
     for name, verdict in considered:
         out.write(f"  {name:<8} {verdict}\n")
@@ -74,14 +76,22 @@ def _checkin(info: RankInfo) -> tuple[CheckIn, str]:
 
 
 def doctor(
-    launcher: str = "auto", *, timeout: float = DEFAULT_TIMEOUT, out: TextIO = sys.stdout
+    launcher: str = "auto", *, timeout: float | None = None, out: TextIO = sys.stdout
 ) -> int:
     """Check this job's start-up on every rank; print the report on rank 0; return the exit status.
+
+    Args:
+        launcher: ``auto`` or a launcher name.
+        timeout: Seconds to wait for every rank; default ``$DISTENV_TIMEOUT``, else 60.
+        out: Where rank 0 writes the report.
 
     Returns:
         0 when every rank checked in and nothing is wrong, else 1.
     """
+    from distenv.init import rendezvous_seconds
+
     try:
+        seconds = rendezvous_seconds(timeout, DEFAULT_TIMEOUT)
         detection: Detection = explain(launcher)
         info = resolve(detection.info)
     except DistEnvError as exc:
@@ -99,9 +109,9 @@ def doctor(
 
         try:
             agent = os.environ.get(AGENT_STORE_VAR) == str(True)
-            store = connect_store(info, timeout, agent_store=agent)
+            store = connect_store(info, seconds, agent_store=agent)
             verdict = roll_call(
-                PrefixStore("distenv/doctor", store), info, checkin, timeout=timeout, check=False
+                PrefixStore("distenv/doctor", store), info, checkin, timeout=seconds, check=False
             )
         except DistEnvError as exc:
             if info.rank == 0:
@@ -137,7 +147,7 @@ def add_doctor_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) 
     parser.add_argument(
         "--timeout",
         type=float,
-        default=float(os.environ.get("DISTENV_TIMEOUT") or DEFAULT_TIMEOUT),
-        help="seconds to wait for every rank (default: $DISTENV_TIMEOUT or 60)",
+        default=None,
+        help=f"seconds to wait for every rank (default: $DISTENV_TIMEOUT or {DEFAULT_TIMEOUT:g})",
     )
     parser.set_defaults(func=lambda args: doctor(args.launcher, timeout=args.timeout))

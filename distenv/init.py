@@ -56,6 +56,7 @@ __all__ = [
     "gpu_sharing_allowed",
     "host_port",
     "init_dist",
+    "rendezvous_seconds",
     "setup",
     "tcp_url",
 ]
@@ -135,13 +136,15 @@ def _seconds(value: object, name: str) -> float:
     return seconds
 
 
-def _rendezvous_seconds(rendezvous_timeout: Timeout | None) -> float:
-    """Return the rendezvous timeout: the argument, else ``$DISTENV_TIMEOUT``, else the default."""
+def rendezvous_seconds(
+    rendezvous_timeout: Timeout | None, default: float = DEFAULT_RENDEZVOUS_TIMEOUT
+) -> float:
+    """Return the rendezvous timeout: the argument, else ``$DISTENV_TIMEOUT``, else `default`."""
     if rendezvous_timeout is not None:
         return _seconds(rendezvous_timeout, "rendezvous_timeout")
     text = os.environ.get(TIMEOUT_VAR)
     if not text:
-        return DEFAULT_RENDEZVOUS_TIMEOUT
+        return default
     try:
         seconds = float(text)
     except ValueError:
@@ -150,7 +153,7 @@ def _rendezvous_seconds(rendezvous_timeout: Timeout | None) -> float:
         raise ConfigurationError(
             "init",
             f"${TIMEOUT_VAR} is {text!r}, expected a positive number of seconds",
-            hint=f"export {TIMEOUT_VAR}=600, or unset it for {DEFAULT_RENDEZVOUS_TIMEOUT:g} s",
+            hint=f"export {TIMEOUT_VAR}=600, or unset it for {default:g} s",
             variable=TIMEOUT_VAR,
             value=text,
         )
@@ -389,7 +392,7 @@ def _init_process_group(
     backend: str,
     device: int | None,
     timeout: float | None,
-    rendezvous_seconds: float,
+    rendezvous_s: float,
 ) -> None:
     import torch
     import torch.distributed as dist
@@ -397,7 +400,7 @@ def _init_process_group(
 
     agent_store = os.environ.get(AGENT_STORE_VAR) == str(True)
     with interruptible("the connection to rank 0's store"):
-        store = connect_store(info, rendezvous_seconds, agent_store=agent_store)
+        store = connect_store(info, rendezvous_s, agent_store=agent_store)
     # torchrun's agent store outlives a worker restart; keys of one attempt must not be read by
     # the next (torch prefixes "/worker/attempt_N" for the same reason).
     attempt = os.environ.get(RESTART_VAR) or "0"
@@ -407,7 +410,7 @@ def _init_process_group(
         PrefixStore(f"{ROLLCALL_PREFIX}/{attempt}", store),
         info,
         make_checkin(info, backend, device),
-        timeout=rendezvous_seconds,
+        timeout=rendezvous_s,
     )
     options: dict[str, Any] = {}
     if device is not None and "nccl" in backend.lower():
@@ -507,7 +510,7 @@ def init_dist(
         DistEnvError: If detection or resolution fails, or rank 0's port is taken.
     """
     pg_seconds = None if timeout is None else _seconds(timeout, "timeout")
-    rendezvous_seconds = _rendezvous_seconds(rendezvous_timeout)
+    rendezvous_s = rendezvous_seconds(rendezvous_timeout)
     _check_start_method(start_method)
     if backend is not None:
         choose_backend(cuda_available=False, has_device=False, explicit=backend)
@@ -538,9 +541,7 @@ def init_dist(
     chosen = choose_backend(
         cuda_available=torch.cuda.is_available(), has_device=device is not None, explicit=backend
     )
-    _init_process_group(
-        info, chosen, device if set_device else None, pg_seconds, rendezvous_seconds
-    )
+    _init_process_group(info, chosen, device if set_device else None, pg_seconds, rendezvous_s)
     if info.rank == 0:
         logger.info(
             "init_dist: launcher=%s world_size=%d nodes=%d master=%s backend=%s device=%s",
