@@ -38,6 +38,7 @@ from distenv.errors import (
     ConfigurationError,
     DistEnvError,
     InitError,
+    MasterResolutionError,
     RendezvousTimeoutError,
 )
 from distenv.rankinfo import RankInfo
@@ -279,6 +280,22 @@ def _first_line(exc: BaseException) -> str:
     return text.splitlines()[0] if text else type(exc).__name__
 
 
+def _check_resolvable(info: RankInfo, host: str, port: int) -> None:
+    """Raise at once, naming MASTER_ADDR, when the master's name does not resolve here."""
+    try:
+        socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
+    except socket.gaierror as exc:
+        raise MasterResolutionError(
+            info.launcher,
+            f"rank {info.rank} cannot resolve the master address {host!r} "
+            f"($MASTER_ADDR={host!r}): {exc.strerror}",
+            hint="use a name every node resolves (or its IP address); on clusters whose fast "
+            "network has other names, set DISTENV_MASTER_ADDR_FORMAT, e.g. '{host}-ib'",
+            variable="MASTER_ADDR",
+            value=host,
+        ) from None
+
+
 def _wait_reachable(info: RankInfo, host: str, port: int, deadline: float, limit: float) -> None:
     """Return once ``host:port`` accepts a TCP connection; raise at `deadline`.
 
@@ -321,6 +338,7 @@ def connect_store(info: RankInfo, seconds: float, *, agent_store: bool) -> Store
     from torch._C._distributed_c10d import TCPStore
 
     host, port = str(info.master_addr), int(info.master_port or 0)
+    _check_resolvable(info, host, port)
     timeout = datetime.timedelta(seconds=seconds)
     if info.rank == 0 and not agent_store:
         try:

@@ -125,3 +125,17 @@ def test_sigterm_while_reaching_the_master_exits_with_a_message() -> None:
     assert time.monotonic() - sent < 5
     assert code == 1, out
     assert "interrupted by SIGTERM during the connection to rank 0's store" in out
+
+
+def test_unresolvable_master_is_named_at_once() -> None:
+    """MASTER_ADDR that does not resolve: every rank fails at once naming it, no timeout wait."""
+    port = free_port()
+    began = time.monotonic()
+    procs = [
+        start(contract_env(rank, 2, port, addr="no-such-host.invalid"), 120.0) for rank in (0, 1)
+    ]
+    for code, out in finish(procs, 60):
+        assert code == 1, out
+        assert "MasterResolutionError" in out
+        assert "cannot resolve the master address 'no-such-host.invalid'" in out
+    assert time.monotonic() - began < 60
