@@ -8,20 +8,28 @@ import shlex
 import sys
 from collections.abc import Sequence
 
-from distenv._master import SCOPE_VAR
+from distenv._master import FORMAT_VAR, SCOPE_VAR
 from distenv.args import add_launcher_option
-from distenv.detect import explain
+from distenv.detect import Detection, explain
 from distenv.doctor import add_doctor_parser
 from distenv.errors import DistEnvError
+from distenv.rankinfo import RankInfo
 from distenv.resolve import resolve
 from distenv.run import add_run_parser
 
 __all__ = ["main"]
 
 
+def _detect(args: argparse.Namespace, *, resolved: bool) -> tuple[Detection, RankInfo]:
+    fmt = args.master_addr_format
+    detection = explain(args.launcher, master_addr_format=fmt)
+    if not resolved:
+        return detection, detection.info
+    return detection, resolve(detection.info, env=None if fmt is None else {FORMAT_VAR: fmt})
+
+
 def _cmd_info(args: argparse.Namespace) -> int:
-    detection = explain(args.launcher)
-    info = detection.info if args.no_resolve else resolve(detection.info)
+    detection, info = _detect(args, resolved=not args.no_resolve)
     if args.json:
         print(json.dumps(info.to_dict()))
         return 0
@@ -36,11 +44,19 @@ def _cmd_info(args: argparse.Namespace) -> int:
 
 
 def _cmd_export(args: argparse.Namespace) -> int:
-    detection = explain(args.launcher)
-    info = resolve(detection.info)
+    detection, info = _detect(args, resolved=True)
     for name, value in {**info.to_env(), SCOPE_VAR: detection.scope}.items():
         print(f"export {name}={shlex.quote(value)}")
     return 0
+
+
+def _add_format_option(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--master-addr-format",
+        metavar="TEMPLATE",
+        help="map the default master host to the address to use, e.g. '{host}-ib' "
+        "(default: $DISTENV_MASTER_ADDR_FORMAT)",
+    )
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -53,6 +69,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     info = sub.add_parser("info", help="show what this process is in the job, and why")
     add_launcher_option(info)
+    _add_format_option(info)
     info.add_argument("--json", action="store_true", help="print one JSON object")
     info.add_argument(
         "--no-resolve",
@@ -63,6 +80,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     export = sub.add_parser("export", help="print `export VAR=value` lines for eval")
     add_launcher_option(export)
+    _add_format_option(export)
     export.set_defaults(func=_cmd_export)
 
     add_run_parser(sub)

@@ -9,6 +9,7 @@ import os
 from collections.abc import Mapping
 from dataclasses import dataclass
 
+from distenv._master import FORMAT_VAR
 from distenv.errors import DistEnvError, LauncherMismatchError, LauncherNotFoundError
 from distenv.launchers import (
     LSF,
@@ -91,18 +92,27 @@ def _mpi_answer(env: Mapping[str, str], notes: list[tuple[str, str]]) -> tuple[L
     return MPI, info
 
 
-def explain(launcher: str = "auto", env: Mapping[str, str] | None = None) -> Detection:
+def explain(
+    launcher: str = "auto",
+    env: Mapping[str, str] | None = None,
+    *,
+    master_addr_format: str | None = None,
+) -> Detection:
     """Detect this process's place in the job and say why.
 
     Args:
         launcher: ``auto`` or a launcher name (``pytorch``/``torchrun``, ``mpi``, ``slurm``,
             ``lsf``, ``none``, or a plug-in's name).
         env: The environment to read; `os.environ` by default.
+        master_addr_format: Maps the default master host to the address to use, e.g.
+            ``"{host}-ib"``; overrides ``$DISTENV_MASTER_ADDR_FORMAT``.
 
     Raises:
         DistEnvError: If the environment is incomplete, malformed, or contradicts the name given.
     """
     env = os.environ if env is None else env
+    if master_addr_format is not None:
+        env = {**env, FORMAT_VAR: master_addr_format}
     name = canonical_name(launcher)
     candidates = auto_candidates(env)
     detected = [c for c in candidates if c.detect(env)]
@@ -173,7 +183,12 @@ def _choose(
     )
 
 
-def detect(launcher: str = "auto", env: Mapping[str, str] | None = None) -> RankInfo:
+def detect(
+    launcher: str = "auto",
+    env: Mapping[str, str] | None = None,
+    *,
+    master_addr_format: str | None = None,
+) -> RankInfo:
     """Return this process's `RankInfo`, from the environment alone.
 
     No torch, no mpi4py, no subprocess: safe on a login node. The master of an MPI job may be
@@ -182,8 +197,9 @@ def detect(launcher: str = "auto", env: Mapping[str, str] | None = None) -> Rank
     Args:
         launcher: ``auto`` (the innermost launcher detected, else ``none``) or a launcher name.
         env: The environment to read; `os.environ` by default.
+        master_addr_format: Maps the default master host, e.g. ``"{host}-ib"`` (see `explain`).
 
     Raises:
         DistEnvError: If the environment is incomplete, malformed, or contradicts the name given.
     """
-    return explain(launcher, env).info
+    return explain(launcher, env, master_addr_format=master_addr_format).info

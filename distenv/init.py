@@ -31,7 +31,7 @@ import socket
 import time
 from typing import TYPE_CHECKING, Any
 
-from distenv._master import SCOPE_VAR
+from distenv._master import FORMAT_VAR, SCOPE_VAR
 from distenv.detect import Detection, explain
 from distenv.device import choose_backend, device_identity, select_device, visible_device_count
 from distenv.errors import (
@@ -199,9 +199,10 @@ def _same_job(a: RankInfo, b: RankInfo) -> bool:
     }
 
 
-def _resolve(launcher: str) -> tuple[Detection, RankInfo]:
-    detection = explain(launcher)
-    info = resolve(detection.info)
+def _resolve(launcher: str, master_addr_format: str | None) -> tuple[Detection, RankInfo]:
+    detection = explain(launcher, master_addr_format=master_addr_format)
+    formats = None if master_addr_format is None else {FORMAT_VAR: master_addr_format}
+    info = resolve(detection.info, env=formats)
     if _state is not None and _same_job(_state.info, info):
         # A second call keeps the first answer, so MASTER_PORT (a fresh free port for `none`)
         # does not change under a group that already uses it.
@@ -240,6 +241,7 @@ def setup(
     start_method: str | None = "spawn",
     set_device: bool = True,
     allow_gpu_sharing: bool = False,
+    master_addr_format: str | None = None,
 ) -> RankInfo:
     """Prepare this process for a framework that creates the process group itself.
 
@@ -256,6 +258,9 @@ def setup(
         set_device: Whether to call ``torch.cuda.set_device`` with the selected device.
         allow_gpu_sharing: Whether ranks may share a physical GPU; stored for the cross-rank
             check (`gpu_sharing_allowed`).
+        master_addr_format: Maps the launcher's default master host to the address to use,
+            e.g. ``"{host}-ib"`` (overrides ``$DISTENV_MASTER_ADDR_FORMAT``; explicit
+            MASTER_ADDR still wins).
 
     Returns:
         This rank's resolved `RankInfo`.
@@ -264,7 +269,7 @@ def setup(
         DistEnvError: If detection or resolution fails, or an argument is invalid.
     """
     _check_start_method(start_method)
-    detection, info = _resolve(launcher)
+    detection, info = _resolve(launcher, master_addr_format)
     _prepare(
         detection,
         info,
@@ -488,6 +493,7 @@ def init_dist(
     set_device: bool = True,
     allow_gpu_sharing: bool = False,
     seed: int | None = None,
+    master_addr_format: str | None = None,
 ) -> RankInfo:
     """Initialise torch.distributed for this process, whatever launcher started it.
 
@@ -515,6 +521,9 @@ def init_dist(
         allow_gpu_sharing: Whether ranks may share a physical GPU; stored for the cross-rank
             check (`gpu_sharing_allowed`).
         seed: If given, `distenv.seed_everything` (seed) after the group exists.
+        master_addr_format: Maps the launcher's default master host to the address to use,
+            e.g. ``"{host}-ib"`` (overrides ``$DISTENV_MASTER_ADDR_FORMAT``; explicit
+            MASTER_ADDR still wins).
 
     Returns:
         This rank's resolved `RankInfo`.
@@ -546,7 +555,7 @@ def init_dist(
             "this torch build has no torch.distributed",
             hint="install a torch wheel from pytorch.org (every official build includes it)",
         )
-    detection, info = _resolve(launcher)
+    detection, info = _resolve(launcher, master_addr_format)
     if dist.is_initialized():
         return _reuse(info)
     device = _prepare(

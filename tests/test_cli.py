@@ -114,3 +114,9 @@ def test_torchrun_alias_is_accepted() -> None:
     """`--launcher torchrun` is the same as `--launcher pytorch`."""
     result = run_cli("info", "--json", "--launcher", "torchrun", env=torchrun.TORCHRUN_4[0])
     assert json.loads(result.stdout)["launcher"] == "pytorch"
+
+
+def test_master_addr_format_option() -> None:
+    """`--master-addr-format '{host}-ib'` maps the step's first host, like the env setting."""
+    result = run_cli("info", "--json", "--master-addr-format", "{host}-ib", env=slurm.SRUN_2N_4T[1])
+    assert json.loads(result.stdout)["master_addr"] == "n1-ib"

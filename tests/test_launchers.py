@@ -389,3 +389,11 @@ def test_slurm_non_integers_are_refused(variable: str, value: str) -> None:
     assert caught.value.variable == variable
     assert caught.value.value == value
     assert f"${variable} is {value!r}, expected" in str(caught.value)
+
+
+def test_master_addr_format_argument_overrides_the_env_setting() -> None:
+    """detect(master_addr_format=...) wins over $DISTENV_MASTER_ADDR_FORMAT; MASTER_ADDR over both."""
+    env = {**SRUN_STEP, "DISTENV_MASTER_ADDR_FORMAT": "{host}-eth"}
+    assert detect("slurm", env, master_addr_format="{host}i").master_addr == "node001i"
+    env["MASTER_ADDR"] = "login1"
+    assert detect("slurm", env, master_addr_format="{host}i").master_addr == "login1"
