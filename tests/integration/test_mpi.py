@@ -117,3 +117,14 @@ def test_srun_mpi_plugins(harness: Harness) -> None:
     host = socket.gethostname()
     for result, launcher in zip(results, ["slurm", "mpi", "slurm", "mpi"], strict=True):
         check_world(result, launcher=launcher, layouts=ONE_NODE, master=host, mpi=True)
+
+
+def test_mpi4py_on_the_wrong_mpi_library_is_explained(harness: Harness) -> None:
+    """Hydra ranks whose mpi4py loads Open MPI (no shim) are singletons: a clear error, no hang."""
+    env = harness.env()  # deliberately without the MPICH shim
+    result = harness.run(
+        ["mpiexec.hydra", "-n", "2", PYTHON, "-m", "distenv", "info", "--json"], env=env
+    )
+    assert result.returncode != 0, result.text
+    assert "mpi4py sees rank 0 of 1, but the launcher's variables say rank" in result.stderr
+    assert "MPI4PY_MPIABI=mpich" in result.stderr
