@@ -338,7 +338,12 @@ cat >"$MULTI/gres.conf.new" <<EOF
 AutoDetect=off
 NodeName=n[1-4] Name=gpu File=/tmp/fakegpu[0-1]
 EOF
-multi_changed=$(install_file "$MULTI_CONF.new" "$MULTI_CONF")$(install_file "$MULTI/gres.conf.new" "$MULTI/gres.conf")$(install_file "$MULTI/hosts.new" "$MULTI/hosts")
+# Each node binds its own /tmp, which would hide a checkout under /tmp (a CI clone, say): such a
+# checkout's top directory is bound into every node's /tmp too. Which one is part of the config.
+shared_tmp=""
+case "$REPO" in /tmp/?*) shared_tmp=${REPO#/tmp/}; shared_tmp=${shared_tmp%%/*} ;; esac
+printf '%s\n' "$shared_tmp" >"$MULTI/shared-tmp.new"
+multi_changed=$(install_file "$MULTI_CONF.new" "$MULTI_CONF")$(install_file "$MULTI/gres.conf.new" "$MULTI/gres.conf")$(install_file "$MULTI/hosts.new" "$MULTI/hosts")$(install_file "$MULTI/shared-tmp.new" "$MULTI/shared-tmp")
 [[ -z $multi_changed ]] || stop_cluster "$MULTI_CONF"
 
 start_ctld "$MULTI_CONF" "$MULTI"
@@ -357,8 +362,10 @@ for n in "${NODES[@]}"; do
     # nodes needs it: "Cannot create directory /tmp/spmix_appdir_...: File exists").
     # shellcheck disable=SC2016  # $1.. expand in the inner shell
     setsid -f unshare --uts --mount --propagation private \
-        sh -c 'hostname "$1" && mount --bind "$2" /etc/hosts && mount --bind "$3" /tmp && exec slurmd -D -N "$1" -f "$4"' \
-        sh "$n" "$MULTI/hosts" "$ntmp" "$MULTI_CONF" </dev/null >>"$MULTI/log/slurmd-$n.stdout" 2>&1
+        sh -c 'hostname "$1" && mount --bind "$2" /etc/hosts &&
+               if [ -n "$5" ]; then mkdir -p "$3/$5" && mount --bind "/tmp/$5" "$3/$5"; fi &&
+               mount --rbind "$3" /tmp && exec slurmd -D -N "$1" -f "$4"' \
+        sh "$n" "$MULTI/hosts" "$ntmp" "$MULTI_CONF" "$shared_tmp" </dev/null >>"$MULTI/log/slurmd-$n.stdout" 2>&1
 done
 
 wait_cluster "$ONE_CONF" "$ONE" 1 "$HOST"
