@@ -202,6 +202,12 @@ def _average(tensors: list[torch.Tensor], bucket_size_mb: float, what: str) -> N
     with torch.no_grad():
         for indices in plan_buckets(items, limit):
             bucket = [tensors[i] for i in indices]
+            if len(bucket) == 1 and bucket[0].is_contiguous():
+                # A tensor alone in its bucket (often one larger than the bucket) is reduced in
+                # place: a copy would cost its size in memory and time for nothing.
+                dist.all_reduce(bucket[0])
+                bucket[0].div_(world_size)
+                continue
             # One collective per bucket; the copy costs at most one bucket of memory.
             flat = torch.cat([t.reshape(-1) for t in bucket])
             dist.all_reduce(flat)
@@ -211,6 +217,9 @@ def _average(tensors: list[torch.Tensor], bucket_size_mb: float, what: str) -> N
             for tensor in bucket:
                 tensor.copy_(flat[offset : offset + tensor.numel()].view_as(tensor))
                 offset += tensor.numel()
+            # Free it before the next bucket's torch.cat: `flat = torch.cat(...)` rebinds only
+            # after the new buffer exists, so two buckets would be alive at the peak.
+            del flat
 
 
 def allreduce_params(
