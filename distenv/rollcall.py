@@ -23,7 +23,7 @@ import time
 from collections import Counter, defaultdict
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from types import FrameType
 from typing import Any
 
@@ -241,7 +241,10 @@ def roll_call(
         store.add("written", 1)  # counted after the write, so rank 0 never reads a missing key
         if info.rank == 0:
             verdict = _gather(store, info, timeout)
-            store.set("verdict", verdict.to_json())
+            # The others need the outcome, not every record: a verdict carrying N check-ins,
+            # read by N - 1 ranks, makes rank 0's store serve O(N^2) bytes (docs/benchmarks.md).
+            # Rank 0 keeps the full verdict (distenv doctor prints its table there).
+            store.set("verdict", replace(verdict, checkins=()).to_json())
             # Rank 0 may exit next (a negative verdict, `distenv doctor`), and its store with it:
             # let the others read first. They poll, so this costs milliseconds.
             arrived = len(verdict.checkins) - 1
