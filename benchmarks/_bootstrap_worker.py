@@ -1,0 +1,140 @@
+"""One rank of the bootstrap benchmark: time one way of reaching a first finished all_reduce.
+
+Started by bench_bootstrap.py / bench_scaling.py under ``srun``, ``torchrun`` or ``distenv run``;
+``--method`` picks the bootstrap:
+
+  distenv   ``distenv.init_dist()`` (launcher auto, backend default: gloo on CPU)
+  bare      a hand-written shim (Slurm variables -> env://, nodelist via hostlist, port from the
+            job id) then ``init_process_group("gloo", init_method="env://")``; under torchrun and
+            distenv run the launcher's contract is used as is
+  mmengine  ``mmengine.dist.init_dist("slurm" | "pytorch", backend="gloo")``
+
+Every library is imported, and every rank has imported torch, before the clock starts: a file
+barrier in $BENCH_SYNC_DIR lines the ranks up, so that one rank's slow ``import torch`` is not
+counted as another rank's bootstrap. The clock stops when the first all_reduce returns. An audit
+hook counts the processes started in between. Rank 0 gathers every rank's numbers and prints one
+JSON line prefixed with ``BENCH``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+from pathlib import Path
+
+EVENTS = ("subprocess.Popen", "os.system", "os.exec", "os.posix_spawn", "os.fork", "os.spawn")
+counting = False
+events: list[str] = []
+
+
+def _audit(event: str, args: tuple[object, ...]) -> None:
+    if counting and event.startswith(EVENTS):
+        detail = ""
+        if event == "subprocess.Popen" and len(args) > 1:
+            detail = f" {args[1]!r}"[:120]
+        events.append(event + detail)
+
+
+sys.addaudithook(_audit)
+
+import torch  # noqa: E402 - after the hook, so the hook sees everything that follows
+import torch.distributed as dist  # noqa: E402
+
+
+def _rank_and_size() -> tuple[int, int]:
+    """This rank's place, read directly from the launcher (benchmark plumbing, not timed)."""
+    env = os.environ
+    if "RANK" in env:
+        return int(env["RANK"]), int(env["WORLD_SIZE"])
+    return int(env["SLURM_PROCID"]), int(env["SLURM_NTASKS"])
+
+
+def _line_up(rank: int, size: int) -> None:
+    """Wait until every rank of this launch has imported torch (files in $BENCH_SYNC_DIR)."""
+    sync = Path(os.environ["BENCH_SYNC_DIR"])
+    sync.mkdir(parents=True, exist_ok=True)
+    (sync / str(rank)).touch()
+    deadline = time.monotonic() + 300
+    while sum(1 for _ in sync.iterdir()) < size:
+        if time.monotonic() > deadline:
+            raise SystemExit(f"rank {rank}: the other ranks never imported torch")
+        time.sleep(0.001)
+
+
+def _bare_shim() -> None:
+    """The minimal hand-written Slurm -> env:// translation a user would write."""
+    env = os.environ
+    if "RANK" not in env:  # under srun; torchrun and distenv run set the contract themselves
+        import hostlist
+
+        env["RANK"] = env["SLURM_PROCID"]
+        env["WORLD_SIZE"] = env["SLURM_NTASKS"]
+        env["LOCAL_RANK"] = env["SLURM_LOCALID"]
+        env["MASTER_ADDR"] = hostlist.expand_hostlist(env["SLURM_STEP_NODELIST"])[0]
+        env["MASTER_PORT"] = str(15000 + int(env["SLURM_JOB_ID"]) % 20000)
+    dist.init_process_group("gloo", init_method="env://")
+
+
+def main() -> int:
+    global counting
+    method = sys.argv[sys.argv.index("--method") + 1]
+    rank, size = _rank_and_size()
+    if method == "distenv":
+        import distenv
+
+        bootstrap = distenv.init_dist
+    elif method == "bare":
+        import hostlist  # noqa: F401 - imported before the clock, like the others
+
+        bootstrap = _bare_shim
+    elif method == "mmengine":
+        import mmengine.dist
+
+        if not torch.cuda.is_available():
+            # mmengine calls torch.cuda.set_device(local_rank) unconditionally, which a CPU-only
+            # torch cannot do (AttributeError: torch._C has no _cuda_setDevice): neutralise it.
+            torch.cuda.set_device = lambda device: None
+        launcher = "pytorch" if "RANK" in os.environ else "slurm"
+        # A port per job, as the shim does: mmengine's default (29500) collides between jobs.
+        port = None if launcher == "pytorch" else 15000 + int(os.environ["SLURM_JOB_ID"]) % 20000
+
+        def bootstrap() -> None:
+            if port is None:
+                mmengine.dist.init_dist(launcher, backend="gloo")
+            else:
+                mmengine.dist.init_dist(launcher, backend="gloo", port=port)
+
+    else:
+        raise SystemExit(f"unknown --method {method!r}")
+
+    _line_up(rank, size)
+    counting = True
+    start = time.perf_counter()
+    bootstrap()
+    dist.all_reduce(torch.ones(1))
+    elapsed = time.perf_counter() - start
+    counting = False
+
+    mine = torch.tensor([elapsed, float(len(events))], dtype=torch.float64)
+    gathered = [torch.zeros_like(mine) for _ in range(dist.get_world_size())]
+    dist.all_gather(gathered, mine)
+    if dist.get_rank() == 0:
+        times = [float(t[0]) for t in gathered]
+        record = {
+            "method": method,
+            "world_size": dist.get_world_size(),
+            "max_s": max(times),
+            "per_rank_s": times,
+            "events_per_rank": [int(t[1]) for t in gathered],
+            "rank0_events": events,
+            "backend": dist.get_backend(),
+        }
+        os.write(1, ("BENCH " + json.dumps(record) + "\n").encode())
+    dist.destroy_process_group()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,218 @@
+"""Benchmarks 2 and 3: bootstrap time to a first all_reduce, and processes started per rank.
+
+Each measurement is one launch (``srun -n 4`` on the test Slurm cluster "one", or ``torchrun
+--nproc-per-node 4``) of _bootstrap_worker.py, whose ranks time themselves from a common start
+line (after ``import torch`` and the library's import) to the first finished all_reduce; rank 0
+reports the maximum over ranks. Methods are interleaved in a shuffled order every round, after a
+warm-up round (first launcher only) that is dropped; 15 pairs + 5 mmengine rounds on 2 launchers
+take about 6 minutes on a 2-core machine. The overhead of distenv over the bare shim is the ratio of medians
+over paired rounds, with a paired bootstrap 95 % interval.
+
+    python benchmarks/bench_bootstrap.py [--rounds 15] [--mmengine-rounds 5] [--smoke] [--out F]
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+from pathlib import Path
+from typing import Any
+
+from _common import (
+    HERE,
+    REPO,
+    SEED,
+    bootstrap_ci,
+    emit,
+    env_sh,
+    installed,
+    machine,
+    median,
+    note,
+    parser,
+    ratio_of_medians,
+    summary,
+)
+
+WORKER = HERE / "_bootstrap_worker.py"
+STEP_TIMEOUT_S = 180
+SCRUB = ("SLURM_", "TORCHELASTIC_", "OMPI_", "PMI_", "PMIX_", "DISTENV_")
+SCRUB_NAMES = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
+
+
+def clean_env() -> dict[str, str]:
+    return {k: v for k, v in os.environ.items() if not k.startswith(SCRUB) and k not in SCRUB_NAMES}
+
+
+def launch(
+    launcher: str, method: str, nprocs: int, slurm_conf: str | None, sync_root: Path
+) -> dict[str, Any]:
+    """Run one launch; return rank 0's record plus the launch's own wall time."""
+    env = clean_env()
+    env["BENCH_SYNC_DIR"] = str(sync_root / uuid.uuid4().hex)
+    worker = [sys.executable, str(WORKER), "--method", method]
+    if launcher == "srun":
+        env["SLURM_CONF"] = str(slurm_conf)
+        argv = ["srun", "-n", str(nprocs), "--job-name", "distenv-bench", "--kill-on-bad-exit=1"]
+        argv += worker
+    elif launcher == "torchrun":
+        torchrun = str(Path(sys.executable).with_name("torchrun"))
+        # An explicit free port: `--master-port 0` makes the workers wait forever (torch 2.13).
+        port = str(free_port())
+        argv = [torchrun, "--nproc-per-node", str(nprocs), "--master-port", port, *worker[1:]]
+    elif launcher == "distenv-run":
+        argv = [sys.executable, "-m", "distenv", "run", "-n", str(nprocs), *worker[1:]]
+    else:
+        raise ValueError(launcher)
+    start = time.perf_counter()
+    # Own session, so that a launch that hangs is killed whole (torchrun's workers included).
+    proc = subprocess.Popen(
+        argv,
+        env=env,
+        cwd=REPO,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
+    try:
+        stdout, stderr = proc.communicate(timeout=STEP_TIMEOUT_S)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        stdout, stderr = proc.communicate()
+        stderr += f"\n(killed after {STEP_TIMEOUT_S} s)"
+    wall = time.perf_counter() - start
+    shutil.rmtree(env["BENCH_SYNC_DIR"], ignore_errors=True)
+    lines = [line for line in stdout.splitlines() if line.startswith("BENCH ")]
+    if proc.returncode != 0 or len(lines) != 1:
+        raise SystemExit(
+            f"bench_bootstrap: {' '.join(argv)} exited {proc.returncode}\n"
+            f"{stdout[-2000:]}\n{stderr[-4000:]}"
+        )
+    record: dict[str, Any] = json.loads(lines[0][len("BENCH ") :])
+    record["launch_wall_s"] = wall
+    return record
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def find_slurm_conf(given: str | None) -> str | None:
+    for candidate in (given, os.environ.get("SLURM_CONF"), env_sh().get("DISTENV_TEST_SLURM_ONE")):
+        if candidate and Path(candidate).is_file():
+            return candidate
+    return None
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = parser(__doc__.splitlines()[0])
+    p.add_argument("--rounds", type=int, default=15, help="paired distenv/bare rounds")
+    p.add_argument("--mmengine-rounds", type=int, default=5, help="rounds that also run mmengine")
+    p.add_argument("--nprocs", type=int, default=4)
+    p.add_argument("--slurm-conf", help="slurm.conf of the test cluster (default: from env.sh)")
+    p.add_argument("--launchers", default="srun,torchrun")
+    args = p.parse_args(argv)
+    rounds, mm_rounds, warmup = (1, 1, 0) if args.smoke else (args.rounds, args.mmengine_rounds, 1)
+    nprocs = 2 if args.smoke else args.nprocs
+
+    methods = ["distenv", "bare"]
+    skipped: dict[str, str] = {}
+    if installed("mmengine"):
+        methods.append("mmengine")
+    else:
+        skipped["mmengine"] = f"mmengine is not installed in {sys.prefix}"
+        note(f"skipping mmengine: {skipped['mmengine']}")
+
+    launchers = args.launchers.split(",")
+    slurm_conf = find_slurm_conf(args.slurm_conf)
+    if "srun" in launchers and (slurm_conf is None or shutil.which("srun") is None):
+        skipped["srun"] = "no srun or no slurm.conf (run tests/harness/setup.sh)"
+        note(f"skipping srun: {skipped['srun']}")
+        launchers.remove("srun")
+
+    rng = random.Random(SEED)
+    results: dict[str, Any] = {}
+    started = time.perf_counter()
+    with tempfile.TemporaryDirectory(prefix="distenv-bench-") as tmp:
+        sync_root = Path(tmp)
+        for index, launcher in enumerate(launchers):
+            records: dict[str, list[dict[str, Any]]] = {m: [] for m in methods}
+            # The warm-up (page cache, .pyc files) serves every launcher: only the first has one.
+            skip = 0 if index else warmup
+            for round_ in range(skip + rounds):
+                order = [m for m in methods if m != "mmengine" or round_ < skip + mm_rounds]
+                rng.shuffle(order)
+                for method in order:
+                    record = launch(launcher, method, nprocs, slurm_conf, sync_root)
+                    if round_ >= skip:
+                        records[method].append(record)
+                    note(f"{launcher} round {round_} {method}: {record['max_s'] * 1000:.1f} ms")
+            results[launcher] = analyse(records)
+    result = {
+        "benchmark": "bootstrap",
+        "smoke": args.smoke,
+        "nprocs": nprocs,
+        "rounds": rounds,
+        "mmengine_rounds": mm_rounds if "mmengine" in methods else 0,
+        "warmup_rounds": warmup,
+        "warmup_before": "the first launcher only",
+        "total_s": time.perf_counter() - started,
+        "machine": machine(),
+        "launchers": results,
+        "skipped": skipped,
+    }
+    emit(result, args.out)
+    return 0
+
+
+def analyse(records: dict[str, list[dict[str, Any]]]) -> dict[str, Any]:
+    out: dict[str, Any] = {"methods": {}}
+    for method, recs in records.items():
+        times = [r["max_s"] for r in recs]
+        out["methods"][method] = {
+            "max_over_ranks_s": summary(times),
+            "launch_wall_s": summary([r["launch_wall_s"] for r in recs]),
+            "processes_per_rank": summary([max(r["events_per_rank"]) for r in recs]),
+            "events_per_rank_max": max((max(r["events_per_rank"]) for r in recs), default=0),
+            "rank0_events_example": recs[0]["rank0_events"] if recs else [],
+            "raw_max_s": times,
+        }
+    # Rounds are paired: distenv's i-th and bare's i-th come from the same round.
+    pairs = list(zip(records["distenv"], records["bare"], strict=False))
+    ab = [(a["max_s"], b["max_s"]) for a, b in pairs]
+    if ab:
+        ratio = ratio_of_medians(ab)
+        low, high = bootstrap_ci(ab, ratio_of_medians)
+        out["distenv_vs_bare"] = {
+            "pairs": len(ab),
+            "ratio": ratio,
+            "overhead_pct": (ratio - 1) * 100,
+            "overhead_ci_pct": [(low - 1) * 100, (high - 1) * 100],
+            "median_paired_diff_ms": median([(a - b) * 1000 for a, b in ab]),
+        }
+    if records.get("mmengine"):
+        mm = list(zip(records["distenv"], records["mmengine"], strict=False))
+        ab = [(a["max_s"], b["max_s"]) for a, b in mm]
+        low, high = bootstrap_ci(ab, ratio_of_medians)
+        out["distenv_vs_mmengine"] = {
+            "pairs": len(ab),
+            "ratio": ratio_of_medians(ab),
+            "ratio_ci": [low, high],
+        }
+    return out
+
+
+if __name__ == "__main__":
+    sys.exit(main())

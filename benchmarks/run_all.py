@@ -1,0 +1,61 @@
+"""Run every benchmark, keep their JSON results in docs/benchmarks/, then write docs/benchmarks.md.
+
+    python benchmarks/run_all.py [--quick] [--only import,bootstrap,allreduce,scaling]
+
+Meant for the bench venv (.venv-bench: torch plus mmengine, lightning-fabric, submitit,
+matplotlib); `bash benchmarks/run.sh` creates it and calls this.
+"""
+
+from __future__ import annotations
+
+import argparse
+import subprocess
+import sys
+import time
+
+from _common import HERE, REPO
+
+RESULTS = REPO / "docs" / "benchmarks"
+# name -> (script, full arguments, --quick arguments)
+BENCHMARKS: dict[str, tuple[str, list[str], list[str]]] = {
+    "import": (
+        "bench_import.py",
+        ["--runs", "15", "--warmup", "2"],
+        ["--runs", "5", "--warmup", "1"],
+    ),
+    "bootstrap": (
+        "bench_bootstrap.py",
+        ["--rounds", "15", "--mmengine-rounds", "5"],
+        ["--rounds", "3", "--mmengine-rounds", "2"],
+    ),
+    "allreduce": ("bench_allreduce.py", ["--iters", "12", "--warmup", "2"], ["--iters", "3"]),
+    "scaling": (
+        "bench_scaling.py",
+        ["--sizes", "2,4,8,16,32", "--repeats", "2"],
+        ["--sizes", "2,4,8", "--repeats", "1", "--rollcall-sizes", "64,256,1024"],
+    ),
+}
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--quick", action="store_true", help="fewer repetitions (not for the page)")
+    p.add_argument("--only", default=",".join(BENCHMARKS), help="comma-separated subset")
+    args = p.parse_args(argv)
+    RESULTS.mkdir(parents=True, exist_ok=True)
+    for name in args.only.split(","):
+        script, full, quick = BENCHMARKS[name]
+        out = RESULTS / f"{name}.json"
+        argv_ = [sys.executable, str(HERE / script), *(quick if args.quick else full)]
+        print(f"== {name}: {' '.join(argv_[1:])}", flush=True)
+        start = time.perf_counter()
+        subprocess.run([*argv_, "--out", str(out)], check=True, stdout=subprocess.DEVNULL)
+        print(
+            f"== {name}: {time.perf_counter() - start:.0f} s -> {out.relative_to(REPO)}", flush=True
+        )
+    subprocess.run([sys.executable, str(HERE / "report.py")], check=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
