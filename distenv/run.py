@@ -104,31 +104,28 @@ def _spellings(flag: str) -> list[str]:
     return [flag] if underscored == flag else [flag, underscored]
 
 
-def _positive_int(text: str) -> int:
+def _bounded_int(text: str, low: int, high: int | None = None) -> int:
+    """Parse an argparse value as an integer in ``[low, high]`` (usage error otherwise)."""
     try:
         value = int(text)
     except ValueError:
         raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a positive integer")
+    if value < low or (high is not None and value > high):
+        bounds = f"[{low}, {high}]" if high is not None else f">= {low}"
+        raise argparse.ArgumentTypeError(f"{text!r} is not an integer {bounds}")
     return value
+
+
+def _positive_int(text: str) -> int:
+    return _bounded_int(text, 1)
 
 
 def _natural(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"{text!r} is negative")
-    return value
+    return _bounded_int(text, 0)
 
 
 def _port(text: str) -> int:
-    value = _positive_int(text)
-    if value > 65535:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a port in [1, 65535]")
-    return value
+    return _bounded_int(text, 1, 65535)
 
 
 def _seconds(text: str) -> float:
