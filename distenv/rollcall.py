@@ -32,7 +32,7 @@ from distenv.rankinfo import RankInfo
 
 __all__ = ["CheckIn", "Verdict", "interruptible", "roll_call", "validate"]
 
-POLL_S = 0.05
+POLL_S = 0.5
 # Rank 0 publishes the verdict only after its own wait; the others allow it this much longer.
 VERDICT_GRACE_S = 10.0
 
@@ -195,22 +195,33 @@ def interruptible(what: str) -> Iterator[None]:
         signal.signal(signal.SIGTERM, previous)
 
 
-def _pauses() -> Iterator[float]:
-    """Yield sleep lengths: 1 ms, doubling up to POLL_S (quick when peers are quick)."""
+def _pauses(cap: float) -> Iterator[float]:
+    """Yield sleep lengths: 1 ms, doubling up to `cap` (quick when peers are quick)."""
     pause = 0.001
     while True:
         yield pause
-        pause = min(pause * 2, POLL_S)
+        pause = min(pause * 2, cap)
+
+
+def _poll_cap(world_size: int) -> float:
+    """How long the N - 1 waiting ranks may sleep between polls of rank 0's store.
+
+    Short for small jobs (every millisecond shows in their start-up), longer for large ones so
+    the store is asked at most about 2000 times a second in all. Store.wait() would avoid polling,
+    but it cannot be interrupted by a signal and logs a warning each time it times out.
+    """
+    return min(max(world_size / 2000, 0.002), POLL_S)
 
 
 def _wait_count(store: Any, key: str, count: int, deadline: float) -> None:
-    pauses = _pauses()
+    # Only rank 0 waits on counts: one poller, so it can afford to look often.
+    pauses = _pauses(0.002)
     while int(store.add(key, 0)) < count and time.monotonic() < deadline:
         time.sleep(next(pauses))
 
 
-def _wait_key(store: Any, key: str, deadline: float) -> bool:
-    pauses = _pauses()
+def _wait_key(store: Any, key: str, deadline: float, cap: float) -> bool:
+    pauses = _pauses(cap)
     while True:
         if store.check([key]):
             return True
@@ -251,7 +262,12 @@ def roll_call(
             _wait_count(store, "read", arrived, time.monotonic() + VERDICT_GRACE_S)
         else:
             try:
-                found = _wait_key(store, "verdict", time.monotonic() + timeout + VERDICT_GRACE_S)
+                found = _wait_key(
+                    store,
+                    "verdict",
+                    time.monotonic() + timeout + VERDICT_GRACE_S,
+                    _poll_cap(info.world_size),
+                )
                 published = Verdict.from_json(store.get("verdict")) if found else None
                 store.add("read", 1)
             except RuntimeError as exc:  # torch's DistError: the store went away
@@ -289,11 +305,13 @@ def _gather(store: Any, info: RankInfo, timeout: float) -> Verdict:
     world = info.world_size
     _wait_count(store, "written", world, deadline)
     count = min(int(store.add("written", 0)), 10 * world)
-    checkins = tuple(
-        CheckIn.from_json(store.get(f"checkin/{i}"))
-        for i in range(1, count + 1)
-        if store.check([f"checkin/{i}"])
-    )
+    keys = [f"checkin/{i}" for i in range(1, count + 1)]
+    if int(store.add("arrived", 0)) == count and hasattr(store, "multi_get"):
+        # Every arrival wrote its record: fetch them all in one round trip.
+        records = store.multi_get(keys)
+    else:
+        records = [store.get(key) for key in keys if store.check([key])]
+    checkins = tuple(CheckIn.from_json(record) for record in records)
     if count < world:
         seen = {c.rank for c in checkins}
         missing = [r for r in range(world) if r not in seen]
