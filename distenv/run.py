@@ -409,18 +409,63 @@ def plan_node(args: argparse.Namespace, env: Mapping[str, str]) -> NodePlan:
             f"--node-rank is {node_rank}, outside [0, {nnodes}) for {nnodes} node(s)",
             hint="number the nodes 0 to nnodes-1",
         )
-    addr = args.master_addr or (layout.master_addr if layout else None)
-    port = args.master_port or (layout.master_port if layout else None)
+    addr, port = node_master(
+        NAME,
+        nnodes,
+        args.master_addr or (layout.master_addr if layout else None),
+        args.master_port or (layout.master_port if layout else None),
+        option="--master-addr",
+        hint="pass --master-addr (the host of node 0) on every node, or run under srun/jsrun",
+    )
+    return NodePlan(nnodes, node_rank, addr, port, source)
+
+
+def node_master(
+    who: str, nnodes: int, addr: str | None, port: int | None, *, option: str, hint: str
+) -> tuple[str, int]:
+    """Return the master of a local launch: given values, else 127.0.0.1 and a free port.
+
+    Several nodes need the master's address given; their port defaults to torchrun's 29500.
+    """
     if nnodes == 1:
         addr = addr or LOCAL_HOST
-        port = port or free_port(addr if addr == LOCAL_HOST else "")
-    elif addr is None:
-        raise ConfigurationError(
-            NAME,
-            f"{nnodes} nodes but no master address",
-            hint="pass --master-addr (the host of node 0) on every node, or run under srun/jsrun",
+        return addr, port or free_port(addr if addr == LOCAL_HOST else "")
+    if addr is None:
+        raise ConfigurationError(who, f"{nnodes} nodes but no {option}", hint=hint)
+    return addr, port or DEFAULT_PORT
+
+
+def local_ranks(
+    launcher: str, nnodes: int, node_rank: int, nproc: int, addr: str, port: int
+) -> list[RankInfo]:
+    """Return the RankInfo of each of the `nproc` ranks a local launcher starts on this node."""
+    return [
+        RankInfo(
+            launcher=launcher,
+            rank=node_rank * nproc + local_rank,
+            world_size=nnodes * nproc,
+            local_rank=local_rank,
+            local_world_size=nproc,
+            node_rank=node_rank,
+            num_nodes=nnodes,
+            master_addr=addr,
+            master_port=port,
         )
-    return NodePlan(nnodes, node_rank, addr, port or DEFAULT_PORT, source)
+        for local_rank in range(nproc)
+    ]
+
+
+def thread_env(who: str, nproc: int, env: Mapping[str, str]) -> dict[str, str]:
+    """Return ``OMP_NUM_THREADS=1`` for several ranks per node unless the user chose (as torchrun)."""
+    if nproc <= 1 or "OMP_NUM_THREADS" in env:
+        return {}
+    # N ranks each starting one OpenMP thread per core would fight over the cores.
+    print(
+        f"distenv {who}: setting OMP_NUM_THREADS=1 for each of the {nproc} ranks to avoid "
+        "oversubscribing the CPUs; set it yourself to tune",
+        file=sys.stderr,
+    )
+    return {"OMP_NUM_THREADS": "1"}
 
 
 def nproc_per_node(spec: str) -> int:
@@ -478,31 +523,15 @@ def build_children(args: argparse.Namespace, env: Mapping[str, str]) -> list[Chi
             f"--ranks names rank {bad[0]}, but the world has {world_size} ranks",
             hint=f"choose among 0 to {world_size - 1}",
         )
-    extra = {}
-    if nproc > 1 and "OMP_NUM_THREADS" not in env:
-        # torchrun does the same: N ranks each starting one OpenMP thread per core would fight.
-        extra["OMP_NUM_THREADS"] = "1"
-        print(
-            f"distenv run: setting OMP_NUM_THREADS=1 for each of the {nproc} ranks to avoid "
-            "oversubscribing the CPUs; set it yourself to tune",
-            file=sys.stderr,
-        )
+    extra = thread_env(NAME, nproc, env)
     # -u as torchrun does: ranks' output must not sit in a buffer when a rank dies.
     python = [sys.executable, "-u", *(["-m"] if args.module else [])]
     program = [*([] if args.no_python else python), args.script]
     children = []
-    for local_rank in range(nproc):
-        info = RankInfo(
-            launcher=NAME,
-            rank=plan.node_rank * nproc + local_rank,
-            world_size=world_size,
-            local_rank=local_rank,
-            local_world_size=nproc,
-            node_rank=plan.node_rank,
-            num_nodes=plan.nnodes,
-            master_addr=plan.master_addr,
-            master_port=plan.master_port,
-        )
+    infos = local_ranks(
+        NAME, plan.nnodes, plan.node_rank, nproc, plan.master_addr, plan.master_port
+    )
+    for local_rank, info in enumerate(infos):
         # torch.distributed.launch without --use-env put it right after the script, before the
         # script's own arguments.
         legacy = [f"{args.local_rank_flag}={local_rank}"] if args.local_rank_flag else []

@@ -34,9 +34,7 @@ from typing import Any, Generic, ParamSpec, TypeVar, overload
 
 from distenv._procs import describe_exit, set_parent_death_signal
 from distenv.errors import ConfigurationError, WorkerFailedError
-from distenv.rankinfo import RankInfo
-from distenv.resolve import free_port
-from distenv.run import DEFAULT_PORT, LOCAL_HOST, is_stale
+from distenv.run import is_stale, local_ranks, node_master, thread_env
 
 __all__ = ["Launched", "launch"]
 
@@ -174,19 +172,6 @@ def _stop(processes: Sequence[BaseProcess], grace_period: float) -> int:
     return len(alive)
 
 
-def _master(options: _Options) -> tuple[str, int]:
-    if options.nnodes == 1:
-        addr = options.master_addr or LOCAL_HOST
-        return addr, options.master_port or free_port(addr if addr == LOCAL_HOST else "")
-    if options.master_addr is None:
-        raise ConfigurationError(
-            NAME,
-            f"nnodes={options.nnodes} but no master_addr",
-            hint="pass master_addr (the host of node 0) on every node",
-        )
-    return options.master_addr, options.master_port or DEFAULT_PORT
-
-
 def _check(options: _Options) -> None:
     for name in ("nprocs", "nnodes"):
         value = getattr(options, name)
@@ -205,28 +190,23 @@ def _run(
 ) -> list[Any]:
     _check(options)
     payload = _payload(fn, args, kwargs)
-    addr, port = _master(options)
+    addr, port = node_master(
+        NAME,
+        options.nnodes,
+        options.master_addr,
+        options.master_port,
+        option="master_addr",
+        hint="pass master_addr (the host of node 0) on every node",
+    )
     nprocs = options.nprocs
-    extra = {}
-    if nprocs > 1 and "OMP_NUM_THREADS" not in os.environ:
-        extra["OMP_NUM_THREADS"] = "1"  # as torchrun: N ranks x one thread per core would fight
+    extra = thread_env(NAME, nprocs, os.environ)
     context = multiprocessing.get_context("spawn")
     processes: list[BaseProcess] = []
     pending: dict[Connection, int] = {}
     results: dict[int, Any] = {}
     try:
-        for local_rank in range(nprocs):
-            info = RankInfo(
-                launcher=NAME,
-                rank=options.node_rank * nprocs + local_rank,
-                world_size=options.nnodes * nprocs,
-                local_rank=local_rank,
-                local_world_size=nprocs,
-                node_rank=options.node_rank,
-                num_nodes=options.nnodes,
-                master_addr=addr,
-                master_port=port,
-            )
+        infos = local_ranks(NAME, options.nnodes, options.node_rank, nprocs, addr, port)
+        for local_rank, info in enumerate(infos):
             receiver, sender = context.Pipe(duplex=False)
             process = context.Process(
                 target=_worker,
