@@ -8,13 +8,13 @@ import shlex
 import sys
 from collections.abc import Sequence
 
-from distenv._master import FORMAT_VAR, SCOPE_VAR
+from distenv._master import SCOPE_VAR
 from distenv.args import add_launcher_option
 from distenv.detect import Detection, explain
 from distenv.doctor import add_doctor_parser
 from distenv.errors import DistEnvError
 from distenv.rankinfo import RankInfo
-from distenv.resolve import resolve
+from distenv.resolve import detect_resolved
 from distenv.run import add_run_parser
 
 __all__ = ["main"]
@@ -22,10 +22,10 @@ __all__ = ["main"]
 
 def _detect(args: argparse.Namespace, *, resolved: bool) -> tuple[Detection, RankInfo]:
     fmt = args.master_addr_format
+    if resolved:
+        return detect_resolved(args.launcher, master_addr_format=fmt)
     detection = explain(args.launcher, master_addr_format=fmt)
-    if not resolved:
-        return detection, detection.info
-    return detection, resolve(detection.info, env=None if fmt is None else {FORMAT_VAR: fmt})
+    return detection, detection.info
 
 
 def _cmd_info(args: argparse.Namespace) -> int:

@@ -14,10 +14,9 @@ import sys
 from typing import TextIO
 
 from distenv.args import add_launcher_option
-from distenv.detect import Detection, explain
 from distenv.errors import DistEnvError
 from distenv.rankinfo import RankInfo
-from distenv.resolve import resolve
+from distenv.resolve import detect_resolved
 from distenv.rollcall import CheckIn, Verdict, roll_call
 
 __all__ = ["add_doctor_parser", "doctor"]
@@ -92,8 +91,7 @@ def doctor(
 
     try:
         seconds = rendezvous_seconds(timeout, DEFAULT_TIMEOUT)
-        detection: Detection = explain(launcher)
-        info = resolve(detection.info)
+        detection, info = detect_resolved(launcher)
     except DistEnvError as exc:
         _explanation(exc.considered, out)
         out.write(f"verdict: FAIL: {exc}\n")

@@ -31,8 +31,8 @@ import socket
 import time
 from typing import TYPE_CHECKING, Any
 
-from distenv._master import FORMAT_VAR, SCOPE_VAR
-from distenv.detect import Detection, explain
+from distenv._master import SCOPE_VAR
+from distenv.detect import Detection
 from distenv.device import choose_backend, device_identity, select_device, visible_device_count
 from distenv.errors import (
     ConfigurationError,
@@ -42,7 +42,7 @@ from distenv.errors import (
     RendezvousTimeoutError,
 )
 from distenv.rankinfo import RankInfo
-from distenv.resolve import resolve
+from distenv.resolve import detect_resolved
 from distenv.rollcall import CheckIn, interruptible, roll_call
 
 if TYPE_CHECKING:
@@ -200,9 +200,7 @@ def _same_job(a: RankInfo, b: RankInfo) -> bool:
 
 
 def _resolve(launcher: str, master_addr_format: str | None) -> tuple[Detection, RankInfo]:
-    detection = explain(launcher, master_addr_format=master_addr_format)
-    formats = None if master_addr_format is None else {FORMAT_VAR: master_addr_format}
-    info = resolve(detection.info, env=formats)
+    detection, info = detect_resolved(launcher, master_addr_format=master_addr_format)
     if _state is not None and _same_job(_state.info, info):
         # A second call keeps the first answer, so MASTER_PORT (a fresh free port for `none`)
         # does not change under a group that already uses it.

@@ -8,11 +8,12 @@ from collections.abc import Mapping
 from typing import Any
 
 from distenv._env import Reader
-from distenv._master import MASTER_VARS, map_master_host
+from distenv._master import FORMAT_VAR, MASTER_VARS, map_master_host
+from distenv.detect import Detection, explain
 from distenv.errors import MasterResolutionError
 from distenv.rankinfo import RankInfo
 
-__all__ = ["free_port", "resolve"]
+__all__ = ["detect_resolved", "free_port", "resolve"]
 
 ABI_HINT = (
     "mpi4py is talking to a different MPI library than the one that started the ranks: under "
@@ -79,3 +80,16 @@ def resolve(info: RankInfo, *, env: Mapping[str, str] | None = None, comm: Any =
         payload = (host, info.master_port or free_port())
     host, port = comm.bcast(payload, root=0)
     return info.replace(master_addr=host, master_port=port)
+
+
+def detect_resolved(
+    launcher: str = "auto", *, master_addr_format: str | None = None
+) -> tuple[Detection, RankInfo]:
+    """Detect from os.environ and resolve the master, as `init_dist` and the CLI do.
+
+    Returns:
+        The detection (with its reasons) and the resolved `RankInfo`.
+    """
+    detection = explain(launcher, master_addr_format=master_addr_format)
+    formats = None if master_addr_format is None else {FORMAT_VAR: master_addr_format}
+    return detection, resolve(detection.info, env=formats)
