@@ -36,9 +36,8 @@ def select_device(local_rank: int, local_world_size: int, visible: int) -> int |
             f"visible={visible!r} do not describe a rank on a node",
             hint="pass 0 <= local_rank < local_world_size and visible >= 0",
         )
-    if visible == 0:
-        return None
-    return local_rank if local_rank < visible else local_rank % visible
+    # local_rank itself when visible, else wrapped: both are local_rank % visible.
+    return local_rank % visible if visible else None
 
 
 def choose_backend(*, cuda_available: bool, has_device: bool, explicit: str | None = None) -> str:
