@@ -190,7 +190,12 @@ def interruptible(what: str) -> Iterator[None]:
         yield
     except (_InterruptedError, KeyboardInterrupt) as exc:
         name = str(exc) or "SIGINT"
-        raise RendezvousError("distenv", f"interrupted by {name} during {what}") from None
+        raise RendezvousError(
+            "distenv",
+            f"interrupted by {name} during {what}",
+            hint="the job was stopped (a scheduler time limit, scancel, Ctrl-C); nothing to fix "
+            "here unless that was not intended",
+        ) from None
     finally:
         signal.signal(signal.SIGTERM, previous)
 

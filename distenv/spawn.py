@@ -176,7 +176,11 @@ def _check(options: _Options) -> None:
     for name in ("nprocs", "nnodes"):
         value = getattr(options, name)
         if type(value) is not int or value < 1:
-            raise ConfigurationError(NAME, f"{name}={value!r}, expected a positive int")
+            raise ConfigurationError(
+                NAME,
+                f"{name}={value!r}, expected a positive int",
+                hint=f"pass {name} as a whole number of processes/nodes, e.g. {name}=2",
+            )
     if type(options.node_rank) is not int or not 0 <= options.node_rank < options.nnodes:
         raise ConfigurationError(
             NAME,
