@@ -4,7 +4,7 @@ Part A starts ``distenv run -n N`` (N = 2, 4, ... 32 local ranks: oversubscribed
 of _bootstrap_worker.py, for distenv's ``init_dist`` and for a bare ``init_process_group`` under
 the same contract, interleaved; it stops after the first size whose launch took more than 60 s.
 
-Part B times `distenv.rollcall.roll_call` on rank 0 of N simulated ranks (64 .. 4096) over one
+Part B times `distenv.rendezvous.roll_call` on rank 0 of N simulated ranks (64 .. 4096) over one
 real TCPStore on loopback: ranks 1..N-1 check in first (a loop making the same three store calls
 a rank makes), then rank 0's whole roll call is timed (its check-in, the gather of N records,
 `validate`, publishing the verdict). Also timed: `validate` alone, one ``multi_get`` of all N
@@ -65,7 +65,7 @@ def init_scaling(sizes: list[int], repeats: int, methods: tuple[str, ...]) -> di
 
 
 def _checkin(rank: int, world: int) -> Any:
-    from distenv.rollcall import CheckIn
+    from distenv.rendezvous import CheckIn
 
     return CheckIn(
         rank=rank,
@@ -87,9 +87,9 @@ def rollcall(sizes: list[int], repeats: int) -> dict[str, Any]:
     import torch
     from torch.distributed import PrefixStore, TCPStore
 
-    from distenv import rollcall as rollcall_module
+    from distenv import rendezvous as rollcall_module
     from distenv.rankinfo import RankInfo
-    from distenv.rollcall import roll_call, validate
+    from distenv.rendezvous import roll_call, validate
 
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))

@@ -507,7 +507,7 @@ torch on 2 cores.
 
 ### The roll call with many simulated ranks
 
-One real TCPStore (loopback) and rank 0's `distenv.rollcall.roll_call`; ranks 1..N-1 are simulated by a
+One real TCPStore (loopback) and rank 0's `distenv.rendezvous.roll_call`; ranks 1..N-1 are simulated by a
 loop making the same three store calls a rank makes. Times are medians of {rc_repeats} repetitions
 (store: {store}). "multi_get" is one `store.multi_get` of all N records: what a one-round-trip gather
 would cost. "verdict KiB" is the size of the verdict every other rank reads; "all verdict reads" is

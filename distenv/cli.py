@@ -8,28 +8,23 @@ import shlex
 import sys
 from collections.abc import Sequence
 
-from distenv._master import SCOPE_VAR
 from distenv.args import add_launcher_option
-from distenv.detect import Detection, explain
 from distenv.doctor import add_doctor_parser
 from distenv.errors import DistEnvError
-from distenv.rankinfo import RankInfo
-from distenv.resolve import detect_resolved
+from distenv.master import SCOPE_VAR
+from distenv.pipeline import Detection, locate
 from distenv.run import add_run_parser
 
 __all__ = ["main"]
 
 
-def _detect(args: argparse.Namespace, *, resolved: bool) -> tuple[Detection, RankInfo]:
-    fmt = args.master_addr_format
-    if resolved:
-        return detect_resolved(args.launcher, master_addr_format=fmt)
-    detection = explain(args.launcher, master_addr_format=fmt)
-    return detection, detection.info
+def _detect(args: argparse.Namespace, *, resolved: bool) -> Detection:
+    return locate(args.launcher, master_addr_format=args.master_addr_format, runtime=resolved)
 
 
 def _cmd_info(args: argparse.Namespace) -> int:
-    detection, info = _detect(args, resolved=not args.no_resolve)
+    detection = _detect(args, resolved=not args.no_resolve)
+    info = detection.info
     if args.json:
         print(json.dumps(info.to_dict()))
         return 0
@@ -44,8 +39,8 @@ def _cmd_info(args: argparse.Namespace) -> int:
 
 
 def _cmd_export(args: argparse.Namespace) -> int:
-    detection, info = _detect(args, resolved=True)
-    for name, value in {**info.to_env(), SCOPE_VAR: detection.scope}.items():
+    detection = _detect(args, resolved=True)
+    for name, value in {**detection.info.to_env(), SCOPE_VAR: detection.scope}.items():
         print(f"export {name}={shlex.quote(value)}")
     return 0
 

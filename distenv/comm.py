@@ -12,7 +12,7 @@ from collections.abc import Callable, Hashable, Iterable, Sequence
 from typing import TYPE_CHECKING, ParamSpec, TypeVar
 
 from distenv.errors import ConfigurationError, InitError
-from distenv.init import current_info
+from distenv.state import current_info
 
 if TYPE_CHECKING:
     import torch

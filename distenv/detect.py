@@ -1,22 +1,24 @@
 """Choosing among launcher backends: ``auto`` detection and explicit names.
 
+`choose` answers which launcher's layout describes this process, and what encloses it; where the
+master is, is `distenv.master`'s question (`distenv.pipeline` asks both). Detection asks the
+launchers' types, never their names: a `Scheduler` is an outer layer, and a launcher with
+`Launcher.tasks_of_scheduler` (MPI) consults every scheduler that encloses it.
+
 Reads the environment only: no torch, no mpi4py, no subprocess.
 """
 
 from __future__ import annotations
 
-import os
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
-from distenv._master import FORMAT_VAR
 from distenv.errors import DistEnvError, LauncherMismatchError, LauncherNotFoundError
 from distenv.launchers import (
-    LSF,
-    MPI,
     NONE,
-    SLURM,
+    Default,
     Launcher,
+    Scheduler,
     World,
     auto_candidates,
     canonical_name,
@@ -24,25 +26,27 @@ from distenv.launchers import (
 )
 from distenv.rankinfo import RankInfo
 
-__all__ = ["Detection", "detect", "explain"]
-
-SCHEDULERS = (SLURM, LSF)
+__all__ = ["Choice", "choose"]
 
 
 @dataclass(frozen=True)
-class Detection:
-    """The outcome of detection, with the reasons, for `distenv info` and `distenv doctor`.
+class Choice:
+    """Which launcher describes this process, and what it found.
 
     Attributes:
-        info: The answer.
-        launcher: The backend whose answer it is (the explicit name, or what auto chose).
-        scope: The job/step identity distenv tags its exports with.
+        launcher: The backend chosen (the explicit name, or what auto chose).
+        info: The `RankInfo` of the layout used; its master fields hold only what the layout's
+            owner states.
+        owner: The backend whose layout `info` is: `launcher`, or the scheduler whose tasks the
+            MPI ranks are (``srun --mpi=pmix`` with ``--launcher mpi``). Its master rules apply.
+        allocation: The enclosing scheduler's master, for a launcher started inside it (MPI).
         considered: One ``(launcher, verdict)`` line per backend looked at, innermost first.
     """
 
-    info: RankInfo
     launcher: Launcher
-    scope: str
+    info: RankInfo
+    owner: Launcher
+    allocation: Default | None
     considered: tuple[tuple[str, str], ...]
 
 
@@ -65,54 +69,44 @@ def _describe(world: World | None) -> str:
     return f"rank {world[0]} of {world[1] if world[1] is not None else '?'}"
 
 
-def _mpi_answer(env: Mapping[str, str], notes: list[tuple[str, str]]) -> tuple[Launcher, RankInfo]:
-    """Answer for MPI ranks: the scheduler's layout when it agrees, else MPI's own."""
-    mpi_world = MPI.world(env)
-    outer = [s for s in SCHEDULERS if s.detect(env)]
+def _enclosed(
+    inner: Launcher,
+    env: Mapping[str, str],
+    detected: Sequence[Launcher],
+    notes: list[tuple[str, str]],
+) -> Choice:
+    """Answer for ranks of `inner` (MPI): a scheduler's layout when it agrees, else its own."""
+    inner_world = inner.world(env)
+    outer = [s for s in detected if isinstance(s, Scheduler)]
     for scheduler in outer:
         world = scheduler.world(env)
-        if _agrees(mpi_world, world):
+        if _agrees(inner_world, world):
             notes.append(
-                (scheduler.name, f"agrees with mpi ({_describe(world)}): its layout and hosts used")
+                (
+                    scheduler.name,
+                    f"agrees with {inner.name} ({_describe(world)}): its layout and hosts used",
+                )
             )
-            return scheduler, scheduler.rank_info(env)
+            return Choice(scheduler, scheduler.rank_info(env), scheduler, None, tuple(notes))
         notes.append(
-            (scheduler.name, f"outer layer: {_describe(world)} vs mpi's {_describe(mpi_world)}")
+            (
+                scheduler.name,
+                f"outer layer: {_describe(world)} vs {inner.name}'s {_describe(inner_world)}",
+            )
         )
     nodes = next((n for s in outer if (n := s.daemon_nodes(env)) is not None), None)
-    info = MPI.rank_info(env, nodes)
-    if info.master_addr is None:
-        for scheduler in outer:
-            found = scheduler.allocation_master(env)
-            if found is not None:
-                port = found[1] if info.master_port is None else info.master_port
-                info = info.replace(master_addr=found[0], master_port=port)
-                notes.append((scheduler.name, f"master taken from its allocation: {found[0]}"))
-                break
-    return MPI, info
+    info = inner.placed_rank_info(env, nodes)
+    allocation = next((a for s in outer if (a := s.allocation_master(env)) is not None), None)
+    return Choice(inner, info, inner, allocation, tuple(notes))
 
 
-def explain(
-    launcher: str = "auto",
-    env: Mapping[str, str] | None = None,
-    *,
-    master_addr_format: str | None = None,
-) -> Detection:
-    """Detect this process's place in the job and say why.
-
-    Args:
-        launcher: ``auto`` or a launcher name (``pytorch``/``torchrun``, ``mpi``, ``slurm``,
-            ``lsf``, ``none``, or a plug-in's name).
-        env: The environment to read; `os.environ` by default.
-        master_addr_format: Maps the default master host to the address to use, e.g.
-            ``"{host}-ib"``; overrides ``$DISTENV_MASTER_ADDR_FORMAT``.
+def choose(launcher: str, env: Mapping[str, str]) -> Choice:
+    """Choose the launcher named (``auto``: the innermost detected) and read its layout.
 
     Raises:
-        DistEnvError: If the environment is incomplete, malformed, or contradicts the name given.
+        DistEnvError: If the environment is incomplete, malformed, or contradicts the name given;
+            its ``considered`` lists what detection looked at.
     """
-    env = os.environ if env is None else env
-    if master_addr_format is not None:
-        env = {**env, FORMAT_VAR: master_addr_format}
     name = canonical_name(launcher)
     candidates = auto_candidates(env)
     detected = [c for c in candidates if c.detect(env)]
@@ -120,7 +114,6 @@ def explain(
         (c.name, f"detected ({_seen(c, env)})" if c in detected else "not detected: no variables")
         for c in candidates
     ]
-
     try:
         return _choose(name, env, detected, notes)
     except DistEnvError as exc:
@@ -133,25 +126,21 @@ def _choose(
     env: Mapping[str, str],
     detected: list[Launcher],
     notes: list[tuple[str, str]],
-) -> Detection:
+) -> Choice:
     """Pick the launcher named (or auto's choice) among those `detected`, innermost first."""
-    chosen: Launcher
     if name == "auto":
         if not detected:
-            chosen, info = NONE, NONE.rank_info(env)
             notes.append(("none", "chosen: no launcher detected, running as a single process"))
-        else:
-            chosen = detected[0]
-            notes.append((chosen.name, "chosen: innermost launcher detected"))
-            if chosen is MPI:
-                chosen, info = _mpi_answer(env, notes)
-            else:
-                info = chosen.rank_info(env)
-        return Detection(info, chosen, chosen.scope(env), tuple(notes))
+            return Choice(NONE, NONE.rank_info(env), NONE, None, tuple(notes))
+        chosen = detected[0]
+        notes.append((chosen.name, "chosen: innermost launcher detected"))
+        if chosen.tasks_of_scheduler:
+            return _enclosed(chosen, env, detected[1:], notes)
+        return Choice(chosen, chosen.rank_info(env), chosen, None, tuple(notes))
 
     chosen = get_launcher(name)
     if chosen is NONE:
-        return Detection(NONE.rank_info(env), NONE, NONE.scope(env), tuple(notes))
+        return Choice(NONE, NONE.rank_info(env), NONE, None, tuple(notes))
     if not chosen.detect(env):
         found = detected[0].name if detected else "none"
         raise LauncherNotFoundError(
@@ -161,19 +150,24 @@ def _choose(
             hint=f"use --launcher {found} (or auto), or start the job with {chosen.name}'s launcher",
         )
     if chosen not in detected or detected[0] is chosen:  # a plug-in not opted in, or innermost
-        if chosen is MPI:
-            _, info = _mpi_answer(env, notes)
-            info = info.replace(launcher=MPI.name)
-        else:
-            info = chosen.rank_info(env)
-        return Detection(info, chosen, chosen.scope(env), tuple(notes))
+        if chosen.tasks_of_scheduler:
+            # The name asked for wins over an agreeing scheduler's: its layout, labelled as asked.
+            outer = [d for d in detected if d is not chosen]
+            answer = _enclosed(chosen, env, outer, notes)
+            info = answer.info.replace(launcher=chosen.name)
+            return Choice(chosen, info, answer.owner, answer.allocation, answer.considered)
+        return Choice(chosen, chosen.rank_info(env), chosen, None, tuple(notes))
 
-    # The named launcher is an outer layer: acceptable only where MPI ranks are the scheduler's own
-    # tasks (srun --mpi=pmix / pmi2, jsrun), which is when both layers agree.
+    # The named launcher is an outer layer: acceptable only where the inner launcher's ranks are
+    # the scheduler's own tasks (srun --mpi=pmix / pmi2, jsrun), which is when both layers agree.
     innermost = detected[0]
     inner_world, outer_world = innermost.world(env), chosen.world(env)
-    if innermost is MPI and chosen in SCHEDULERS and _agrees(inner_world, outer_world):
-        return Detection(chosen.rank_info(env), chosen, chosen.scope(env), tuple(notes))
+    if (
+        innermost.tasks_of_scheduler
+        and isinstance(chosen, Scheduler)
+        and _agrees(inner_world, outer_world)
+    ):
+        return Choice(chosen, chosen.rank_info(env), chosen, None, tuple(notes))
     raise LauncherMismatchError(
         chosen.name,
         f"its variables ({_seen(chosen, env, 4)}: {_describe(outer_world)}) describe an outer "
@@ -181,25 +175,3 @@ def _choose(
         f"{_describe(inner_world)})",
         hint=f"use --launcher {innermost.name} or --launcher auto",
     )
-
-
-def detect(
-    launcher: str = "auto",
-    env: Mapping[str, str] | None = None,
-    *,
-    master_addr_format: str | None = None,
-) -> RankInfo:
-    """Return this process's `RankInfo`, from the environment alone.
-
-    No torch, no mpi4py, no subprocess: safe on a login node. The master of an MPI job may be
-    unresolved (``master_addr is None``); `distenv.resolve` fills it.
-
-    Args:
-        launcher: ``auto`` (the innermost launcher detected, else ``none``) or a launcher name.
-        env: The environment to read; `os.environ` by default.
-        master_addr_format: Maps the default master host, e.g. ``"{host}-ib"`` (see `explain`).
-
-    Raises:
-        DistEnvError: If the environment is incomplete, malformed, or contradicts the name given.
-    """
-    return explain(launcher, env, master_addr_format=master_addr_format).info

@@ -1,14 +1,24 @@
 """Which CUDA device a rank uses, and which process-group backend follows from it.
 
-The rules are pure functions of plain numbers so that a table tests them; only `visible_device_count`
-and `device_identity` ask torch (imported lazily: `import distenv` never loads it).
+The rules are pure functions of plain numbers so that a table tests them; `rank_device` and
+`rank_backend` apply them to this process (the one rule `init_dist`, `setup` and `distenv doctor`
+share), and only they, `visible_device_count` and `device_identity` ask torch (imported lazily:
+`import distenv` never loads it).
 """
 
 from __future__ import annotations
 
 from distenv.errors import ConfigurationError
+from distenv.rankinfo import RankInfo
 
-__all__ = ["choose_backend", "device_identity", "select_device", "visible_device_count"]
+__all__ = [
+    "choose_backend",
+    "device_identity",
+    "rank_backend",
+    "rank_device",
+    "select_device",
+    "visible_device_count",
+]
 
 
 def select_device(local_rank: int, local_world_size: int, visible: int) -> int | None:
@@ -61,6 +71,20 @@ def choose_backend(*, cuda_available: bool, has_device: bool, explicit: str | No
             )
         return explicit.strip()
     return "nccl" if cuda_available and has_device else "gloo"
+
+
+def rank_device(info: RankInfo) -> int | None:
+    """Return the CUDA device index of this rank (`select_device` over the visible devices)."""
+    return select_device(info.local_rank, info.local_world_size, visible_device_count())
+
+
+def rank_backend(device: int | None, explicit: str | None = None) -> str:
+    """Return this rank's process-group backend (`choose_backend` with torch's CUDA state)."""
+    import torch
+
+    return choose_backend(
+        cuda_available=torch.cuda.is_available(), has_device=device is not None, explicit=explicit
+    )
 
 
 def visible_device_count() -> int:

@@ -13,11 +13,14 @@ import os
 import sys
 from typing import TextIO
 
+from distenv import state
 from distenv.args import add_launcher_option
+from distenv.device import rank_backend, rank_device
 from distenv.errors import DistEnvError
+from distenv.pipeline import locate
 from distenv.rankinfo import RankInfo
-from distenv.resolve import detect_resolved
-from distenv.rollcall import CheckIn, Verdict, roll_call
+from distenv.rendezvous import DOCTOR_PREFIX, CheckIn, Verdict, make_checkin, meet
+from distenv.settings import Settings
 
 __all__ = ["add_doctor_parser", "doctor"]
 
@@ -62,16 +65,12 @@ def _table(info: RankInfo, verdict: Verdict, out: TextIO) -> None:
 
 
 def _checkin(info: RankInfo) -> tuple[CheckIn, str]:
-    import torch
-
-    from distenv.device import choose_backend, select_device, visible_device_count
-    from distenv.init import make_checkin
-
-    device = select_device(info.local_rank, info.local_world_size, visible_device_count())
-    backend = choose_backend(
-        cuda_available=torch.cuda.is_available(), has_device=device is not None, explicit=None
-    )
-    return make_checkin(info, backend, device), backend
+    # The same device and backend rule as init_dist's, never a copy of it.
+    device = rank_device(info)
+    backend = rank_backend(device)
+    return make_checkin(
+        info, backend, device, allow_gpu_sharing=state.gpu_sharing_allowed()
+    ), backend
 
 
 def doctor(
@@ -87,11 +86,11 @@ def doctor(
     Returns:
         0 when every rank checked in and nothing is wrong, else 1.
     """
-    from distenv.init import rendezvous_seconds
-
     try:
-        seconds = rendezvous_seconds(timeout, DEFAULT_TIMEOUT)
-        detection, info = detect_resolved(launcher)
+        settings = Settings.read(os.environ)
+        seconds = settings.rendezvous_seconds(timeout, DEFAULT_TIMEOUT)
+        detection = locate(launcher)
+        info = detection.info
     except DistEnvError as exc:
         _explanation(exc.considered, out)
         out.write(f"verdict: FAIL: {exc}\n")
@@ -101,15 +100,9 @@ def doctor(
     if info.world_size == 1:
         verdict = Verdict(True, (), (checkin,))
     else:
-        from torch._C._distributed_c10d import PrefixStore
-
-        from distenv.init import AGENT_STORE_VAR, connect_store
-
         try:
-            agent = os.environ.get(AGENT_STORE_VAR) == str(True)
-            store = connect_store(info, seconds, agent_store=agent)
-            verdict = roll_call(
-                PrefixStore("distenv/doctor", store), info, checkin, timeout=seconds, check=False
+            _, verdict = meet(
+                info, checkin, seconds=seconds, settings=settings, prefix=DOCTOR_PREFIX, check=False
             )
         except DistEnvError as exc:
             if info.rank == 0:

@@ -5,7 +5,9 @@ about which variable, what it held, and what to do::
 
     slurm: $SLURM_PROCID is 'x', expected an integer. Hint: start one task per GPU with srun
 
-The attributes (`launcher`, `variable`, `value`, `hint`) carry the same facts for programs.
+The attributes (`source`, `variable`, `value`, `hint`) carry the same facts for programs. `source`
+is the launcher backend that found the problem (``slurm``, ``mpi``, ...) or the component
+(``init``, ``run``, ``launch``, ``rendezvous``, ...); `launcher` is its older, read-only alias.
 """
 
 from __future__ import annotations
@@ -31,7 +33,8 @@ class DistEnvError(Exception):
     """Base of every error distenv raises on purpose.
 
     Attributes:
-        launcher: The launcher backend (or component) that found the problem.
+        source: The launcher backend (``slurm``, ``mpi``, ...) or the component (``init``,
+            ``run``, ...) that found the problem; it starts the message.
         variable: The environment variable at fault, if one is.
         value: The offending value, verbatim, if there is one.
         hint: The fix, in one sentence.
@@ -39,41 +42,46 @@ class DistEnvError(Exception):
 
     def __init__(
         self,
-        launcher: str,
+        source: str,
         problem: str,
         *,
         hint: str | None = None,
         variable: str | None = None,
         value: str | None = None,
     ) -> None:
-        self.launcher = launcher
+        self.source = source
         self.problem = problem
         self.hint = hint
         self.variable = variable
         self.value = value
         #: ``(launcher, verdict)`` lines of the detection that failed, for `distenv doctor`.
         self.considered: tuple[tuple[str, str], ...] = ()
-        message = f"{launcher}: {problem}"
+        message = f"{source}: {problem}"
         if hint:
             message += f". Hint: {hint}"
         super().__init__(message)
+
+    @property
+    def launcher(self) -> str:
+        """The older name of `source`, kept for programs written against 0.1 (read-only)."""
+        return self.source
 
 
 class MissingVariableError(DistEnvError):
     """A variable the launcher needs is unset (or empty, which counts as unset)."""
 
-    def __init__(self, launcher: str, variable: str, *, hint: str | None = None) -> None:
-        super().__init__(launcher, f"${variable} is not set", hint=hint, variable=variable)
+    def __init__(self, source: str, variable: str, *, hint: str | None = None) -> None:
+        super().__init__(source, f"${variable} is not set", hint=hint, variable=variable)
 
 
 class InvalidVariableError(DistEnvError):
     """A variable is set but its value cannot be right (not an integer, malformed list, ...)."""
 
     def __init__(
-        self, launcher: str, variable: str, value: str, expected: str, *, hint: str | None = None
+        self, source: str, variable: str, value: str, expected: str, *, hint: str | None = None
     ) -> None:
         super().__init__(
-            launcher,
+            source,
             f"${variable} is {value!r}, expected {expected}",
             hint=hint,
             variable=variable,
@@ -132,7 +140,7 @@ class WorkerFailedError(DistEnvError):
 
     def __init__(
         self,
-        launcher: str,
+        source: str,
         rank: int,
         problem: str,
         *,
@@ -140,7 +148,7 @@ class WorkerFailedError(DistEnvError):
         traceback: str | None = None,
         hint: str | None = None,
     ) -> None:
-        super().__init__(launcher, problem, hint=hint)
+        super().__init__(source, problem, hint=hint)
         self.rank = rank
         self.exitcode = exitcode
         self.traceback = traceback

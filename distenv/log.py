@@ -5,6 +5,8 @@ from __future__ import annotations
 import logging
 from collections.abc import Iterable
 
+from distenv import comm
+
 __all__ = ["FORMAT", "RankFilter", "get_logger"]
 
 FORMAT = "%(asctime)s rank%(rank)s %(levelname)s %(name)s: %(message)s"
@@ -25,9 +27,7 @@ class RankFilter(logging.Filter):
 
     def filter(self, record: logging.LogRecord) -> bool:
         """Return whether `record` is on a chosen rank, after stamping its ``rank``."""
-        from distenv.comm import known_rank
-
-        rank = known_rank()
+        rank = comm.known_rank()
         record.rank = rank
         return self.ranks is None or rank in self.ranks
 

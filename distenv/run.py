@@ -4,7 +4,9 @@
     srun --ntasks-per-node=1 distenv run -n 4 train.py     # one launcher per node, nodes from Slurm
 
 Every child gets torchrun's environment contract (`RankInfo.to_env`), so it detects as the
-``pytorch`` launcher. Supervision (fail-fast, signal forwarding, no orphans) is in `distenv._procs`.
+``pytorch`` launcher. This module is the command line; what the ranks are is `distenv.plan`'s
+decision (shared with `distenv.launch`), and supervision (fail-fast, signal forwarding, no
+orphans, the stop policy) is `distenv.supervise`'s.
 """
 
 from __future__ import annotations
@@ -16,32 +18,31 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from distenv._master import SCOPE_VAR
-from distenv._procs import Child, Supervisor
-from distenv.detect import detect
-from distenv.errors import ConfigurationError, NotLaunchedError
-from distenv.rankinfo import RankInfo
-from distenv.resolve import free_port
+from distenv.errors import ConfigurationError
+from distenv.master import DEFAULT_PORT, LOCAL_HOST
+from distenv.plan import (
+    LaunchOptions,
+    NodePlan,
+    child_env,
+    local_ranks,
+    nproc_per_node,
+    scheduler_layout,
+    thread_env,
+)
+from distenv.plan import plan_node as plan_from_options
+from distenv.settings import Settings
+from distenv.supervise import DEFAULT_GRACE_PERIOD, Child, StopPolicy, Supervisor
 
 __all__ = [
     "REFUSED_FLAGS",
     "RefusedFlag",
     "add_run_parser",
-    "child_env",
-    "is_stale",
+    "build_children",
     "plan_node",
     "run",
 ]
 
 NAME = "run"
-LOCAL_HOST = "127.0.0.1"
-# torchrun's default for --master-port; used when several nodes are given by hand.
-DEFAULT_PORT = 29500
-SCHEDULERS = ("slurm", "lsf")
-PER_NODE_HINT = (
-    "start one distenv run per node (srun --ntasks-per-node=1, jsrun --tasks_per_rs 1 "
-    "--rs_per_host 1) and let it start the ranks with --nproc-per-node"
-)
 LOG_HINT = (
     "redirect distenv run's own output instead (e.g. `2>&1 | tee run.log`); --prefix-output marks "
     "each line with its rank and --ranks chooses whose output is shown"
@@ -270,9 +271,10 @@ def add_run_parser(subparsers: Any) -> argparse.ArgumentParser:
         *_spellings("--shutdown-timeout"),
         dest="grace_period",
         type=_seconds,
-        default=5.0,
+        default=DEFAULT_GRACE_PERIOD,
         metavar="SECONDS",
-        help="wait between SIGTERM and SIGKILL when stopping ranks (default 5)",
+        help=f"wait between SIGTERM and SIGKILL when stopping ranks (default "
+        f"{DEFAULT_GRACE_PERIOD:g})",
     )
     add(
         *_spellings("--monitor-interval"),
@@ -330,178 +332,28 @@ def check_refused(args: argparse.Namespace) -> None:
             )
 
 
-@dataclass(frozen=True)
-class NodePlan:
-    """Where this node stands: what every local rank's `RankInfo` shares.
-
-    Attributes:
-        nnodes: Number of nodes (one ``distenv run`` each).
-        node_rank: This node's index.
-        master_addr: Rank 0's host.
-        master_port: Rank 0's store port.
-        source: Where the layout came from (``flags``, ``slurm``, ``lsf``, ``local``).
-    """
-
-    nnodes: int
-    node_rank: int
-    master_addr: str
-    master_port: int
-    source: str
-
-
-def _scheduler_layout(env: Mapping[str, str]) -> RankInfo | None:
-    """Return the scheduler's view of this launcher task, or None to run as a single node."""
-    try:
-        info = detect("auto", env)
-    except NotLaunchedError:
-        # A batch script or salloc shell, not an srun step: this node alone, like torchrun would.
-        print(
-            "distenv run: not started by srun/jsrun: running on this node only (for several "
-            "nodes, start one distenv run per node with srun --ntasks-per-node=1)",
-            file=sys.stderr,
-        )
-        return None
-    if info.world_size == 1:
-        return None
-    if info.launcher not in SCHEDULERS:
-        raise ConfigurationError(
-            NAME,
-            f"this distenv run is itself rank {info.rank} of {info.world_size} started by "
-            f"{info.launcher}; it takes the nodes only from Slurm or LSF",
-            hint=f"{PER_NODE_HINT}, or pass --nnodes, --node-rank and --master-addr",
-        )
-    if info.local_world_size != 1:
-        raise ConfigurationError(
-            NAME,
-            f"{info.launcher} started {info.local_world_size} tasks on this node (task "
-            f"{info.rank} of {info.world_size}); distenv run starts the ranks itself and needs "
-            "exactly one task per node",
-            hint=PER_NODE_HINT,
-        )
-    return info
-
-
 def plan_node(args: argparse.Namespace, env: Mapping[str, str]) -> NodePlan:
-    """Return this node's layout: explicit flags first, then Slurm/LSF, then one local node.
+    """Return this node's layout from the parsed options: flags, then Slurm/LSF, then one node.
 
     Raises:
         ConfigurationError: For contradictory flags or a scheduler layout distenv run cannot use.
     """
     manual = args.nnodes is not None and args.node_rank is not None
-    if args.standalone:
-        if (args.nnodes or 1) > 1:
-            raise ConfigurationError(
-                NAME, f"--standalone is one node, but --nnodes is {args.nnodes}", hint="drop one"
-            )
-        layout = None
-    else:
-        layout = None if manual else _scheduler_layout(env)
-    source = layout.launcher if layout is not None else "local"
-    nnodes = args.nnodes or (layout.num_nodes if layout else 1)
-    node_rank = (
-        args.node_rank if args.node_rank is not None else (layout.node_rank if layout else 0)
-    )
-    if args.nnodes is not None or args.node_rank is not None:
-        source = "flags"
-    if not 0 <= node_rank < nnodes:
+    if args.standalone and (args.nnodes or 1) > 1:
         raise ConfigurationError(
-            NAME,
-            f"--node-rank is {node_rank}, outside [0, {nnodes}) for {nnodes} node(s)",
-            hint="number the nodes 0 to nnodes-1",
+            NAME, f"--standalone is one node, but --nnodes is {args.nnodes}", hint="drop one"
         )
-    addr, port = node_master(
-        NAME,
-        nnodes,
-        args.master_addr or (layout.master_addr if layout else None),
-        args.master_port or (layout.master_port if layout else None),
+    layout = None if args.standalone or manual else scheduler_layout(NAME, env)
+    options = LaunchOptions(
+        who=NAME,
+        nnodes=args.nnodes,
+        node_rank=args.node_rank,
+        master_addr=args.master_addr,
+        master_port=args.master_port,
         option="--master-addr",
         hint="pass --master-addr (the host of node 0) on every node, or run under srun/jsrun",
     )
-    return NodePlan(nnodes, node_rank, addr, port, source)
-
-
-def node_master(
-    who: str, nnodes: int, addr: str | None, port: int | None, *, option: str, hint: str
-) -> tuple[str, int]:
-    """Return the master of a local launch: given values, else 127.0.0.1 and a free port.
-
-    Several nodes need the master's address given; their port defaults to torchrun's 29500.
-    """
-    if nnodes == 1:
-        addr = addr or LOCAL_HOST
-        return addr, port or free_port(addr if addr == LOCAL_HOST else "")
-    if addr is None:
-        raise ConfigurationError(who, f"{nnodes} nodes but no {option}", hint=hint)
-    return addr, port or DEFAULT_PORT
-
-
-def local_ranks(
-    launcher: str, nnodes: int, node_rank: int, nproc: int, addr: str, port: int
-) -> list[RankInfo]:
-    """Return the RankInfo of each of the `nproc` ranks a local launcher starts on this node."""
-    return [
-        RankInfo(
-            launcher=launcher,
-            rank=node_rank * nproc + local_rank,
-            world_size=nnodes * nproc,
-            local_rank=local_rank,
-            local_world_size=nproc,
-            node_rank=node_rank,
-            num_nodes=nnodes,
-            master_addr=addr,
-            master_port=port,
-        )
-        for local_rank in range(nproc)
-    ]
-
-
-def thread_env(who: str, nproc: int, env: Mapping[str, str]) -> dict[str, str]:
-    """Return ``OMP_NUM_THREADS=1`` for several ranks per node unless the user chose (as torchrun)."""
-    if nproc <= 1 or "OMP_NUM_THREADS" in env:
-        return {}
-    # N ranks each starting one OpenMP thread per core would fight over the cores.
-    print(
-        f"distenv {who}: setting OMP_NUM_THREADS=1 for each of the {nproc} ranks to avoid "
-        "oversubscribing the CPUs; set it yourself to tune",
-        file=sys.stderr,
-    )
-    return {"OMP_NUM_THREADS": "1"}
-
-
-def nproc_per_node(spec: str) -> int:
-    """Return the number of ranks for ``--nproc-per-node`` (a number, auto, gpu or cpu)."""
-    if spec.isdigit():
-        return int(spec)
-    if spec in ("auto", "gpu"):
-        try:
-            import torch
-
-            gpus = int(torch.cuda.device_count())
-        except ImportError:
-            gpus = 0
-        if gpus or spec == "gpu":
-            if not gpus:
-                raise ConfigurationError(
-                    NAME, "--nproc-per-node is 'gpu' but no GPU is visible", hint="use a number"
-                )
-            return gpus
-    # The CPUs this process may run on (a Slurm step or taskset narrows them), not the machine's.
-    return len(os.sched_getaffinity(0))
-
-
-def is_stale(name: str) -> bool:
-    """Return whether an inherited variable must not reach a rank this module starts."""
-    # Without the export tag, the rank's RANK/... count as a launch (see launchers/torchrun.py);
-    # inherited TORCHELASTIC_* would describe some other torchrun's job.
-    return name == SCOPE_VAR or name.startswith("TORCHELASTIC_")
-
-
-def child_env(base: Mapping[str, str], info: RankInfo, extra: Mapping[str, str]) -> dict[str, str]:
-    """Return a rank's environment: `base`, minus stale launcher state, plus its contract."""
-    env = {key: value for key, value in base.items() if not is_stale(key)}
-    env.update(info.to_env())
-    env.update(extra)
-    return env
+    return plan_from_options(options, layout)
 
 
 def build_children(args: argparse.Namespace, env: Mapping[str, str]) -> list[Child]:
@@ -513,7 +365,7 @@ def build_children(args: argparse.Namespace, env: Mapping[str, str]) -> list[Chi
     check_refused(args)
     if args.no_python and args.module:
         raise ConfigurationError(NAME, "--no-python and -m contradict each other", hint="drop one")
-    nproc = nproc_per_node(args.nproc_per_node)
+    nproc = nproc_per_node(NAME, args.nproc_per_node)
     plan = plan_node(args, env)
     world_size = plan.nnodes * nproc
     bad = sorted(r for r in args.ranks or () if r >= world_size)
@@ -523,15 +375,12 @@ def build_children(args: argparse.Namespace, env: Mapping[str, str]) -> list[Chi
             f"--ranks names rank {bad[0]}, but the world has {world_size} ranks",
             hint=f"choose among 0 to {world_size - 1}",
         )
-    extra = thread_env(NAME, nproc, env)
+    extra = thread_env(NAME, nproc, Settings.read(env))
     # -u as torchrun does: ranks' output must not sit in a buffer when a rank dies.
     python = [sys.executable, "-u", *(["-m"] if args.module else [])]
     program = [*([] if args.no_python else python), args.script]
     children = []
-    infos = local_ranks(
-        NAME, plan.nnodes, plan.node_rank, nproc, plan.master_addr, plan.master_port
-    )
-    for local_rank, info in enumerate(infos):
+    for local_rank, info in enumerate(local_ranks(NAME, plan, nproc)):
         # torch.distributed.launch without --use-env put it right after the script, before the
         # script's own arguments.
         legacy = [f"{args.local_rank_flag}={local_rank}"] if args.local_rank_flag else []
@@ -555,6 +404,6 @@ def run(args: argparse.Namespace) -> int:
     """
     children = build_children(args, os.environ)
     supervisor = Supervisor(
-        children, grace_period=args.grace_period, poll_interval=args.monitor_interval
+        children, policy=StopPolicy(args.grace_period), poll_interval=args.monitor_interval
     )
     return supervisor.run()

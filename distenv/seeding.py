@@ -5,6 +5,7 @@ from __future__ import annotations
 import importlib
 import random
 
+from distenv import comm
 from distenv.errors import ConfigurationError
 
 __all__ = ["check_seed", "seed_everything"]
@@ -42,11 +43,9 @@ def seed_everything(seed: int, per_rank: bool = False) -> int:
     Raises:
         ConfigurationError: If `seed` is not an int in range.
     """
-    from distenv.comm import known_rank
-
     seed = check_seed(seed)
     if per_rank:
-        seed = (seed + known_rank()) % SEED_SPAN
+        seed = (seed + comm.known_rank()) % SEED_SPAN
     random.seed(seed)
     try:
         numpy = importlib.import_module("numpy")

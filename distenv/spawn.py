@@ -32,9 +32,15 @@ from multiprocessing.connection import Connection, wait
 from multiprocessing.process import BaseProcess
 from typing import Any, Generic, ParamSpec, TypeVar, overload
 
-from distenv._procs import describe_exit, set_parent_death_signal
 from distenv.errors import ConfigurationError, WorkerFailedError
-from distenv.run import is_stale, local_ranks, node_master, thread_env
+from distenv.plan import LaunchOptions, child_env, is_stale, local_ranks, plan_node, thread_env
+from distenv.settings import Settings
+from distenv.supervise import (
+    DEFAULT_GRACE_PERIOD,
+    StopPolicy,
+    describe_exit,
+    set_parent_death_signal,
+)
 
 __all__ = ["Launched", "launch"]
 
@@ -137,7 +143,7 @@ def _worker(
         import torch
         import torch.distributed as dist
 
-        if env.get("OMP_NUM_THREADS") == "1":
+        if Settings.read(env).omp_num_threads == "1":
             # torch may have read the inherited value when the main module was re-imported.
             torch.set_num_threads(1)
         try:
@@ -154,22 +160,6 @@ def _worker(
         raise SystemExit(1) from None
     conn.send_bytes(data)
     conn.close()
-
-
-def _stop(processes: Sequence[BaseProcess], grace_period: float) -> int:
-    """Terminate the live processes, SIGKILL them after the grace period; return how many."""
-    alive = [p for p in processes if p.is_alive()]
-    for process in alive:
-        process.terminate()
-    if alive:
-        wait([p.sentinel for p in alive], timeout=grace_period)
-        # wait() returns when the first one exits: wait for the rest within the same period.
-        for process in alive:
-            process.join(timeout=grace_period)
-            if process.is_alive():
-                process.kill()
-                process.join(timeout=grace_period)
-    return len(alive)
 
 
 def _check(options: _Options) -> None:
@@ -194,29 +184,33 @@ def _run(
 ) -> list[Any]:
     _check(options)
     payload = _payload(fn, args, kwargs)
-    addr, port = node_master(
-        NAME,
-        options.nnodes,
-        options.master_addr,
-        options.master_port,
-        option="master_addr",
-        hint="pass master_addr (the host of node 0) on every node",
+    plan = plan_node(
+        LaunchOptions(
+            who=NAME,
+            nnodes=options.nnodes,
+            node_rank=options.node_rank,
+            master_addr=options.master_addr,
+            master_port=options.master_port,
+            option="master_addr",
+            hint="pass master_addr (the host of node 0) on every node",
+        ),
+        None,  # launch() takes the nodes from its arguments, never from a scheduler
     )
     nprocs = options.nprocs
-    extra = thread_env(NAME, nprocs, os.environ)
+    extra = thread_env(NAME, nprocs, Settings.read(os.environ))
+    policy = StopPolicy(options.grace_period)
     context = multiprocessing.get_context("spawn")
     processes: list[BaseProcess] = []
     pending: dict[Connection, int] = {}
     results: dict[int, Any] = {}
     try:
-        infos = local_ranks(NAME, options.nnodes, options.node_rank, nprocs, addr, port)
-        for local_rank, info in enumerate(infos):
+        for local_rank, info in enumerate(local_ranks(NAME, plan, nprocs)):
             receiver, sender = context.Pipe(duplex=False)
             process = context.Process(
                 target=_worker,
                 args=(
                     sender,
-                    {**info.to_env(), **extra},
+                    child_env({}, info, extra),
                     payload,
                     options.backend,
                     options.timeout,
@@ -247,43 +241,42 @@ def _run(
                 if message is not None and message[0] == "ok":
                     results[local_rank] = message[1]
                 else:
-                    _fail(processes, local_rank, message, options)
+                    _fail(processes, local_rank, message, options, policy)
         for worker in processes:
             worker.join(timeout=options.grace_period)
     finally:
-        _stop(processes, options.grace_period)
+        policy.stop(processes)
         for conn in pending:
             conn.close()
     return [results[i] for i in range(nprocs)]
 
 
 def _fail(
-    processes: Sequence[BaseProcess], local_rank: int, message: Any, options: _Options
+    processes: Sequence[BaseProcess],
+    local_rank: int,
+    message: Any,
+    options: _Options,
+    policy: StopPolicy,
 ) -> None:
     """Stop every worker and raise for the one at `local_rank`, which failed."""
     process = processes[local_rank]
     rank = options.node_rank * options.nprocs + local_rank
-    others = _stop([p for p in processes if p is not process], options.grace_period)
+    others = policy.stop([p for p in processes if p is not process])
     process.join(timeout=options.grace_period)  # it exits by itself after reporting
-    _stop([process], options.grace_period)
-    stopped = (
-        f"stopped the other {others} rank{'s' * (others != 1)}"
-        if others
-        else "no other rank was running"
-    )
+    policy.stop([process])
     if message is None:  # died without a word (a signal, os._exit, a crash in C)
         code = process.exitcode
         how = "did not exit" if code is None else describe_exit(code)
         raise WorkerFailedError(
             NAME,
             rank,
-            f"rank {rank} (pid {process.pid}) {how} without a result; {stopped}",
+            policy.failure(rank, process.pid, f"{how} without a result", others),
             exitcode=code,
         )
     raise WorkerFailedError(
         NAME,
         rank,
-        f"rank {rank} (pid {process.pid}) raised {message[1]}; {stopped}",
+        policy.failure(rank, process.pid, f"raised {message[1]}", others),
         traceback=message[2],
         exitcode=process.exitcode,
     )
@@ -302,7 +295,7 @@ def launch(
     master_port: int | None = None,
     backend: str | None = None,
     timeout: Any = None,
-    grace_period: float = 5.0,
+    grace_period: float = DEFAULT_GRACE_PERIOD,
 ) -> list[R]: ...
 
 
@@ -317,7 +310,7 @@ def launch(
     master_port: int | None = None,
     backend: str | None = None,
     timeout: Any = None,
-    grace_period: float = 5.0,
+    grace_period: float = DEFAULT_GRACE_PERIOD,
 ) -> _Decorator: ...
 
 
@@ -333,7 +326,7 @@ def launch(
     master_port: int | None = None,
     backend: str | None = None,
     timeout: Any = None,
-    grace_period: float = 5.0,
+    grace_period: float = DEFAULT_GRACE_PERIOD,
 ) -> list[Any] | _Decorator:
     """Run `fn` on `nprocs` local ranks, each in the process group, and return their results.
 

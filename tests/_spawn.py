@@ -19,7 +19,7 @@ from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from distenv.resolve import free_port as free_port  # re-exported for the tests
+from distenv.master import free_port as free_port  # re-exported for the tests
 from tests.conftest import scrubbed_environ
 
 WORKERS = Path(__file__).with_name("_workers.py")
@@ -35,19 +35,19 @@ def clean_process() -> Iterator[None]:
     import torch.distributed as dist
 
     import distenv.comm
-    import distenv.init
+    import distenv.state
 
     environ = dict(os.environ)
     method = multiprocessing.get_start_method(allow_none=True)
     multiprocessing.set_start_method(None, force=True)
-    distenv.init._state = None
+    distenv.state.remember(None)
     distenv.comm._local_group = None
     try:
         yield
     finally:
         if dist.is_initialized():
             dist.destroy_process_group()
-        distenv.init._state = None
+        distenv.state.remember(None)
         distenv.comm._local_group = None
         multiprocessing.set_start_method(method, force=True)
         os.environ.clear()

@@ -7,8 +7,8 @@ from collections.abc import Mapping
 import pytest
 
 from distenv import DistEnvError, RankInfo, detect
-from distenv._master import scheduler_port
 from distenv.errors import LauncherMismatchError, LauncherNotFoundError, NotLaunchedError
+from distenv.master import scheduler_port
 from tests.envs import mpi, slurm, torchrun
 
 Layout = tuple[int, int, int, int, int, int]  # rank, world, local rank, local size, node, nodes

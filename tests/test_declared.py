@@ -57,6 +57,7 @@ def test_backend_reads_only_declared_variables(launcher: Launcher) -> None:
             launcher.world,
             launcher.scope,
             launcher.allocation_master,
+            launcher.default_master,
             launcher.daemon_nodes,
         ):
             with contextlib.suppress(DistEnvError):

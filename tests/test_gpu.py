@@ -16,7 +16,7 @@ with warnings.catch_warnings():
     import torch.distributed as dist
 
 import distenv
-import distenv.init
+import distenv.state
 from distenv.device import device_identity
 from tests._spawn import clean_process, contract_env, free_port, run_workers
 
@@ -79,7 +79,7 @@ def test_set_device_false_leaves_device():
     """set_device=False calls no set_device and passes no device_id (nccl is still chosen)."""
     distenv.init_dist(set_device=False)
     assert dist.get_backend() == "nccl"
-    assert distenv.init.current_device() == 0
+    assert distenv.state.current_device() == 0
 
 
 def test_device_identity_is_stable():

@@ -27,7 +27,7 @@ from distenv.errors import (
     InitError,
     RendezvousTimeoutError,
 )
-from distenv.init import host_port, tcp_url
+from distenv.master import host_port, tcp_url
 from distenv.rankinfo import ENV_CONTRACT
 from tests._spawn import REPO, clean_process, contract_env, free_port, ipv6_loopback, run_workers
 from tests.conftest import scrubbed_environ

@@ -8,7 +8,6 @@ from pathlib import Path
 import pytest
 
 from distenv import RankInfo, detect
-from distenv._master import SCOPE_VAR, scheduler_port
 from distenv.errors import (
     ConfigurationError,
     InconsistentEnvironmentError,
@@ -16,6 +15,7 @@ from distenv.errors import (
     MissingVariableError,
     NotLaunchedError,
 )
+from distenv.master import SCOPE_VAR, scheduler_port
 from tests.envs import lsf, slurm, torchrun
 
 SRUN_STEP = {

@@ -10,8 +10,8 @@ import pytest
 
 from distenv import RankInfo
 from distenv.errors import RendezvousError, RendezvousTimeoutError
-from distenv.resolve import free_port
-from distenv.rollcall import CheckIn, Verdict, roll_call, validate
+from distenv.master import free_port
+from distenv.rendezvous import CheckIn, Verdict, roll_call, validate
 
 
 def checkin(rank: int, world: int = 4, per_node: int = 2, **change: object) -> CheckIn:

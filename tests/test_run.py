@@ -20,8 +20,8 @@ from pathlib import Path
 import pytest
 
 from distenv.cli import build_parser, main
-from distenv.detect import detect
 from distenv.errors import ConfigurationError
+from distenv.pipeline import detect
 from distenv.run import REFUSED_FLAGS, RefusedFlag, build_children, plan_node
 from tests.conftest import scrubbed_environ
 from tests.envs import lsf, mpi, slurm

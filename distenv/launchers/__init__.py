@@ -1,33 +1,51 @@
-"""Launcher backends and the registry that finds them by name."""
+"""Launcher backends, the registry that finds them by name, and the public plug-in contract.
+
+A third-party backend imports only from here (plus `distenv.RankInfo` and `distenv.errors`):
+`Launcher` (or `Scheduler` for a launcher that owns an allocation), `Var` and `Reader` to declare
+and read its variables, `MASTER_VARS` to honour the user's MASTER_ADDR/MASTER_PORT, `Default`,
+`scheduler_port` and `scope_tag` for its master and export tag, `Nodes` and `World`; and registers
+under the `PLUGIN_GROUP` entry-point group (docs/plugins.md).
+"""
 
 from __future__ import annotations
 
 from collections.abc import Mapping
 
 from distenv.errors import ConfigurationError, LauncherNotFoundError
-from distenv.launchers.base import Launcher, World
+from distenv.launchers.base import Default, Launcher, Nodes, Scheduler, World
 from distenv.launchers.lsf import LsfLauncher
 from distenv.launchers.mpi import MpiLauncher
 from distenv.launchers.none import NoneLauncher
 from distenv.launchers.slurm import SlurmLauncher
 from distenv.launchers.torchrun import TorchrunLauncher
+from distenv.master import MASTER_VARS, scheduler_port, scope_tag
+from distenv.settings import PLUGINS_VAR, Settings
+from distenv.variables import Reader, Var
 
 __all__ = [
     "BUILTIN",
     "DETECTION_ORDER",
     "LSF",
+    "MASTER_VARS",
     "MPI",
     "NONE",
     "PLUGINS_VAR",
     "PLUGIN_GROUP",
     "SLURM",
     "TORCHRUN",
+    "Default",
     "Launcher",
+    "Nodes",
+    "Reader",
+    "Scheduler",
+    "Var",
     "World",
     "auto_candidates",
     "canonical_name",
     "checked_name",
     "get_launcher",
+    "scheduler_port",
+    "scope_tag",
 ]
 
 TORCHRUN, MPI, SLURM, LSF, NONE = (
@@ -44,7 +62,9 @@ ALIASES = {alias: launcher.name for launcher in BUILTIN.values() for alias in la
 
 # The innermost launcher wins: the one that spawned this process beats the scheduler that granted
 # its nodes (torchrun or mpirun inside an srun step or an LSF job is the common case, never the
-# reverse). `none` is not in the order: it is what remains when nothing is detected.
+# reverse). `none` is not in the order: it is what remains when nothing is detected. Opted-in
+# plug-ins follow the same principle by type: a plain Launcher before every built-in, a Scheduler
+# after the built-in launchers and before the built-in schedulers.
 DETECTION_ORDER = ("pytorch", "mpi", "slurm", "lsf")
 
 # Third-party backends register under this entry-point group. Scanning entry points costs tens of
@@ -52,7 +72,6 @@ DETECTION_ORDER = ("pytorch", "mpi", "slurm", "lsf")
 # DISTENV_PLUGINS (comma-separated); those are tried *before* the built-ins during auto detection,
 # because a site-specific launcher is always the innermost layer.
 PLUGIN_GROUP = "distenv.launchers"
-PLUGINS_VAR = "DISTENV_PLUGINS"
 
 CHOICES = ("auto", *BUILTIN, *ALIASES)
 
@@ -73,7 +92,7 @@ def _load_plugin(name: str) -> Launcher | None:
             raise ConfigurationError(
                 "distenv",
                 f"entry point {entry.value!r} of {PLUGIN_GROUP!r} is not a distenv Launcher",
-                hint="subclass distenv.launchers.Launcher",
+                hint="subclass distenv.launchers.Launcher (or Scheduler)",
             )
         return launcher
     return None
@@ -118,5 +137,8 @@ def checked_name(name: str) -> str:
 
 def auto_candidates(env: Mapping[str, str]) -> list[Launcher]:
     """Return the launchers auto detection tries, innermost first (plug-ins opted in first)."""
-    opted = [n for n in (env.get(PLUGINS_VAR) or "").split(",") if n.strip()]
-    return [get_launcher(n) for n in opted] + [BUILTIN[n] for n in DETECTION_ORDER]
+    opted = [get_launcher(n) for n in Settings.read(env).plugins]
+    # A stable sort by type: launchers that spawn processes first, schedulers after them.
+    return sorted(
+        [*opted, *(BUILTIN[n] for n in DETECTION_ORDER)], key=lambda c: isinstance(c, Scheduler)
+    )

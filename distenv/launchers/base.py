@@ -1,18 +1,45 @@
-"""The interface every launcher backend implements."""
+"""The public plug-in contract: `Launcher`, and `Scheduler` for launchers that own an allocation.
+
+A launcher backend is a stateless object whose methods are pure functions of an environment
+mapping, read through `Launcher.reader` (which refuses undeclared variables). Detection asks the
+type, never the name: a `Scheduler` (Slurm, LSF, or a plug-in for PBS or Flux) is an outer layer
+that may enclose an MPI job, and a launcher with `Launcher.tasks_of_scheduler` (MPI) consults every
+enclosing scheduler. Where rank 0's store listens is decided by `distenv.master` from what the
+launcher states (`Launcher.rank_info`) and its `Launcher.default_master`.
+"""
 
 from __future__ import annotations
 
 import abc
 from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import ClassVar
 
-from distenv._env import Reader, Var
+from distenv.master import Default
 from distenv.rankinfo import RankInfo
+from distenv.variables import Reader, Var
 
-__all__ = ["Launcher", "World"]
+__all__ = ["Default", "Launcher", "Nodes", "Scheduler", "World"]
 
 # (rank, world size) as one launcher layer sees them; the size is None where the layer does not say.
 World = tuple[int, int | None]
+
+
+@dataclass(frozen=True)
+class Nodes:
+    """This rank's node as an enclosing scheduler's daemon step numbers it.
+
+    Attributes:
+        node_rank: Index of this node.
+        num_nodes: Number of nodes.
+        node_var: The variable `node_rank` was read from (named in errors).
+        count_var: The variable `num_nodes` was read from.
+    """
+
+    node_rank: int
+    num_nodes: int
+    node_var: str
+    count_var: str
 
 
 class Launcher(abc.ABC):
@@ -26,12 +53,23 @@ class Launcher(abc.ABC):
     name: ClassVar[str]
     #: Other accepted spellings of `name`.
     aliases: ClassVar[tuple[str, ...]] = ()
-    #: Every variable the backend reads; the docs render this table.
+    #: Every variable the backend reads; the docs render this table. Declaring ``MASTER_ADDR``
+    #: and ``MASTER_PORT`` (`distenv.master.MASTER_VARS`) lets the user's values win.
     variables: ClassVar[tuple[Var, ...]]
+    #: Whether this launcher's ranks may be an enclosing scheduler's own tasks (``srun
+    #: --mpi=pmix``, ``jsrun``) or be started by daemons running as a scheduler step (mpirun
+    #: inside ``salloc``). MPI sets it: detection then takes the scheduler's layout when both
+    #: layers agree, else its daemon step's node numbering and its allocation's master.
+    tasks_of_scheduler: ClassVar[bool] = False
 
     def reader(self, env: Mapping[str, str]) -> Reader:
         """Return a `Reader` over `env` limited to this backend's declared variables."""
         return Reader(self.name, env, self.variables)
+
+    @property
+    def honours_master_vars(self) -> bool:
+        """Whether the user's ``MASTER_ADDR``/``MASTER_PORT`` count (this launcher declares them)."""
+        return any(var.name == "MASTER_ADDR" for var in self.variables)
 
     @abc.abstractmethod
     def detect(self, env: Mapping[str, str]) -> bool:
@@ -39,7 +77,22 @@ class Launcher(abc.ABC):
 
     @abc.abstractmethod
     def rank_info(self, env: Mapping[str, str]) -> RankInfo:
-        """Return this process's `RankInfo`, or raise a `DistEnvError` saying what is wrong."""
+        """Return this process's `RankInfo`, or raise a `DistEnvError` saying what is wrong.
+
+        Its master fields are what the launcher's own contract states (torchrun's MASTER_*), used
+        as given; leave them None to let `distenv.master` decide (from `default_master`).
+        """
+
+    def placed_rank_info(self, env: Mapping[str, str], nodes: Nodes | None) -> RankInfo:
+        """Return the `RankInfo` when an enclosing scheduler's daemon step numbers the nodes.
+
+        Only launchers with `tasks_of_scheduler` are asked; by default `nodes` changes nothing.
+        """
+        return self.rank_info(env)
+
+    def default_master(self, env: Mapping[str, str]) -> Default | None:
+        """Return where this launcher puts rank 0's store when nobody says, or None if it can't."""
+        return None
 
     def world(self, env: Mapping[str, str]) -> World | None:
         """Return ``(rank, size)`` as this layer states them, or None if it states no rank.
@@ -49,22 +102,44 @@ class Launcher(abc.ABC):
         return None
 
     def scope(self, env: Mapping[str, str]) -> str:
-        """Return the job/step identity that tags distenv's exports (see `distenv._master`)."""
+        """Return the job/step identity that tags distenv's exports (`distenv.master.scope_tag`)."""
         return f"{self.name}/-/-"
 
-    def daemon_nodes(self, env: Mapping[str, str]) -> tuple[int, int] | None:
-        """Return ``(node_rank, num_nodes)`` when an MPI launcher's daemons run as this layer's tasks.
+    def daemon_nodes(self, env: Mapping[str, str]) -> Nodes | None:
+        """Return this node's numbering when an MPI launcher's daemons run as this layer's tasks.
+
+        Only a `Scheduler` answers; others return None.
+        """
+        return None
+
+    def allocation_master(self, env: Mapping[str, str]) -> Default | None:
+        """Return the master for a launcher started *inside* this layer's allocation.
+
+        Only a `Scheduler` answers; others return None.
+        """
+        return None
+
+
+class Scheduler(Launcher):
+    """A launcher that owns an allocation of nodes (Slurm, LSF; PBS or Flux as plug-ins).
+
+    Besides its own tasks' `RankInfo`, a scheduler tells an MPI job started inside its allocation
+    how the nodes are numbered and where the master is.
+    """
+
+    @abc.abstractmethod
+    def daemon_nodes(self, env: Mapping[str, str]) -> Nodes | None:
+        """Return this node's numbering when this process runs in a step spanning the allocation.
 
         mpiexec.hydra (and Open MPI's mpirun inside salloc) start one daemon per node as the tasks
         of one step spanning the allocation, so that step's node index is the MPI rank's node,
-        even when nodes hold different numbers of ranks. Others return None.
+        even when nodes hold different numbers of ranks. Return None when unknown.
         """
-        return None
 
-    def allocation_master(self, env: Mapping[str, str]) -> tuple[str, int] | None:
-        """Return the master a launcher started *inside* this scheduler's allocation should use.
+    @abc.abstractmethod
+    def allocation_master(self, env: Mapping[str, str]) -> Default | None:
+        """Return the allocation's first host (unmapped) and a port derived from the job alone.
 
-        Schedulers (Slurm, LSF) answer with the first host of the allocation and a port derived from
-        the job id; others return None.
+        Ranks of one MPI job see different steps (mpirun's own node has none), so the port must
+        not depend on the step. Return None outside an allocation.
         """
-        return None

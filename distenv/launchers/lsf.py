@@ -9,18 +9,12 @@ from __future__ import annotations
 import logging
 from collections.abc import Mapping
 
-from distenv._env import Reader, Var
 from distenv._hosts import check_hostname
-from distenv._master import (
-    MASTER_VARS,
-    map_master_host,
-    master_from_env,
-    scheduler_port,
-    scope_tag,
-)
 from distenv.errors import InconsistentEnvironmentError, InvalidVariableError, NotLaunchedError
-from distenv.launchers.base import Launcher, World
+from distenv.launchers.base import Nodes, Scheduler, World
+from distenv.master import LOCAL_HOST, MASTER_VARS, Default, scheduler_port, scope_tag
 from distenv.rankinfo import RankInfo
+from distenv.variables import Reader, Var
 
 __all__ = ["LsfLauncher"]
 
@@ -31,7 +25,7 @@ JSRUN_HINT = "start the ranks with jsrun (e.g. `jsrun -r 4 -g 1 python train.py`
 MAX_RANKFILE_BYTES = 16 * 1024 * 1024
 
 
-class LsfLauncher(Launcher):
+class LsfLauncher(Scheduler):
     """Ranks started by ``jsrun`` in an LSF job.
 
     | variable | fills | required |
@@ -129,24 +123,41 @@ class LsfLauncher(Launcher):
             raise InvalidVariableError(self.name, var, value, "at least one host")
         return pairs
 
-    def allocation_master(self, env: Mapping[str, str]) -> tuple[str, int] | None:
+    def daemon_nodes(self, env: Mapping[str, str]) -> Nodes | None:
+        # No LSF variable numbers the nodes of a daemon step (none was recorded).
+        return None
+
+    def allocation_master(self, env: Mapping[str, str]) -> Default | None:
         reader = self.reader(env)
         if not reader.has("LSB_JOBID"):
             return None
-        return map_master_host(reader, self._slots(reader)[0][0]), self._port(reader)
+        return Default(self._slots(reader)[0][0], self._port(reader), source=self.name)
+
+    def default_master(self, env: Mapping[str, str]) -> Default | None:
+        reader = self.reader(env)
+        if not reader.has("LSB_JOBID"):
+            return None
+        if not reader.has("JSM_NAMESPACE_RANK"):  # a 1-slot batch script (a larger one is refused)
+            return Default(LOCAL_HOST, self._port(reader), source=self.name)
+        return Default(self._rank_hosts(reader)[0][0], self._port(reader), source=self.name)
+
+    def _rank_hosts(self, reader: Reader) -> list[tuple[str, int]]:
+        """Return the hosts that run jsrun's ranks, with their slot counts."""
+        slots = self._slots(reader)
+        if len(slots) > 1 and slots[0][1] == 1:
+            slots = slots[1:]  # the launch node of CORAL systems (Summit, Sierra) runs no rank
+        return slots
 
     def rank_info(self, env: Mapping[str, str]) -> RankInfo:
         reader = self.reader(env)
         job_id = reader.require("LSB_JOBID", hint="run inside an LSF job (bsub)")[1]
-        slots = self._slots(reader)
         if not reader.has("JSM_NAMESPACE_RANK"):
-            return self._outside_jsrun(reader, job_id, slots)
+            return self._outside_jsrun(reader, job_id, self._slots(reader))
+        self._rank_hosts(reader)  # validates the host list before the layout is trusted
         rank = reader.integer("JSM_NAMESPACE_RANK", hint=JSRUN_HINT)
         world_size = reader.integer("JSM_NAMESPACE_SIZE", hint=JSRUN_HINT, minimum=1)
         local_rank = reader.integer("JSM_NAMESPACE_LOCAL_RANK", hint=JSRUN_HINT)
         local_size = reader.integer("JSM_NAMESPACE_LOCAL_SIZE", hint=JSRUN_HINT, minimum=1)
-        if len(slots) > 1 and slots[0][1] == 1:
-            slots = slots[1:]  # the launch node of CORAL systems (Summit, Sierra) runs no rank
         if world_size % local_size:
             raise InconsistentEnvironmentError(
                 self.name,
@@ -154,9 +165,6 @@ class LsfLauncher(Launcher):
                 f"$JSM_NAMESPACE_LOCAL_SIZE={local_size}, so the node layout is unknown",
                 hint="give every node the same number of resource sets (jsrun -r N)",
             )
-        addr, port = master_from_env(
-            reader, scope=self.scope(env), default_host=slots[0][0], default_port=self._port(reader)
-        )
         return RankInfo.checked(
             self.name,
             {
@@ -171,8 +179,8 @@ class LsfLauncher(Launcher):
             local_world_size=local_size,
             node_rank=rank // local_size,
             num_nodes=world_size // local_size,
-            master_addr=addr,
-            master_port=port,
+            master_addr=None,
+            master_port=None,
             job_id=job_id,
         )
 
@@ -187,10 +195,4 @@ class LsfLauncher(Launcher):
                 variable="JSM_NAMESPACE_RANK",
             )
         logger.warning("lsf: job %s has one slot; running as rank 0 of 1", job_id)
-        addr, port = master_from_env(
-            reader,
-            scope=self.scope(reader.env),
-            default_host="127.0.0.1",
-            default_port=self._port(reader),
-        )
-        return RankInfo.single(self.name, master_addr=addr, master_port=port, job_id=job_id)
+        return RankInfo.single(self.name, master_addr=None, job_id=job_id)

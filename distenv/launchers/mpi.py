@@ -5,11 +5,11 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from distenv._env import Reader, Var
-from distenv._master import MASTER_VARS, master_from_env, scope_tag
 from distenv.errors import InconsistentEnvironmentError, MissingVariableError
-from distenv.launchers.base import Launcher, World
+from distenv.launchers.base import Launcher, Nodes, World
+from distenv.master import MASTER_VARS, scope_tag
 from distenv.rankinfo import RankInfo
+from distenv.variables import Reader, Var
 
 __all__ = ["FLAVORS", "Flavor", "MpiLauncher"]
 
@@ -97,12 +97,14 @@ class MpiLauncher(Launcher):
     ``rank // local_world_size`` and num_nodes ``world_size // local_world_size``: this assumes
     by-node placement (the default of mpirun and mpiexec), and it is refused when the world size is
     not a multiple of the local size. ``OMPI_COMM_WORLD_NODE_RANK`` is *not* a node index (it is the
-    rank among the processes on the node). The master comes from MASTER_ADDR / MASTER_PORT, else an
-    enclosing scheduler's allocation, else `distenv.resolve` finds it over MPI (mpi4py).
+    rank among the processes on the node). Inside a scheduler's step that spans the allocation, that
+    step numbers the nodes (`placed_rank_info`). The master comes from MASTER_ADDR / MASTER_PORT,
+    else an enclosing scheduler's allocation, else `distenv.resolve` finds it over MPI (mpi4py).
     """
 
     name = "mpi"
     variables = (*_declare(), *MASTER_VARS)
+    tasks_of_scheduler = True
 
     def _flavor(self, reader: Reader) -> Flavor | None:
         for flavor in FLAVORS:
@@ -121,8 +123,10 @@ class MpiLauncher(Launcher):
         size = reader.optional_int(*flavor.size, minimum=1) if flavor.size else None
         return reader.integer(flavor.rank), size
 
-    def rank_info(self, env: Mapping[str, str], nodes: tuple[int, int] | None = None) -> RankInfo:
-        """Return the RankInfo; `nodes` is ``(node_rank, num_nodes)`` from an enclosing step."""
+    def rank_info(self, env: Mapping[str, str]) -> RankInfo:
+        return self.placed_rank_info(env, None)
+
+    def placed_rank_info(self, env: Mapping[str, str], nodes: Nodes | None) -> RankInfo:
         reader = self.reader(env)
         flavor = self._flavor(reader)
         if flavor is None:
@@ -156,8 +160,8 @@ class MpiLauncher(Launcher):
         }
         node = reader.first(*flavor.node)
         if nodes is not None:
-            node_rank, num_nodes = nodes
-            sources.update(node_rank="SLURM_NODEID", num_nodes="SLURM_STEP_NUM_NODES")
+            node_rank, num_nodes = nodes.node_rank, nodes.num_nodes
+            sources.update(node_rank=nodes.node_var, num_nodes=nodes.count_var)
         elif world_size % local_size:
             raise InconsistentEnvironmentError(
                 self.name,
@@ -170,9 +174,6 @@ class MpiLauncher(Launcher):
             node_rank = reader.parse_int(*node) if node is not None else rank // local_size
             if node is not None:
                 sources["node_rank"] = node[0]
-        addr, port = master_from_env(
-            reader, scope=self.scope(env), default_host=None, default_port=None
-        )
         return RankInfo.checked(
             self.name,
             sources,
@@ -182,8 +183,8 @@ class MpiLauncher(Launcher):
             local_world_size=local_size,
             node_rank=node_rank,
             num_nodes=num_nodes,
-            master_addr=addr,
-            master_port=port,
+            master_addr=None,
+            master_port=None,
             job_id=None,
         )
 

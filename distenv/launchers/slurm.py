@@ -5,18 +5,12 @@ from __future__ import annotations
 import logging
 from collections.abc import Mapping
 
-from distenv._env import Reader, Var
 from distenv._hosts import expand_nodelist, expand_tasks_per_node
-from distenv._master import (
-    MASTER_VARS,
-    map_master_host,
-    master_from_env,
-    scheduler_port,
-    scope_tag,
-)
-from distenv.errors import InconsistentEnvironmentError, MissingVariableError, NotLaunchedError
-from distenv.launchers.base import Launcher, World
+from distenv.errors import InconsistentEnvironmentError, NotLaunchedError
+from distenv.launchers.base import Nodes, Scheduler, World
+from distenv.master import LOCAL_HOST, MASTER_VARS, Default, scheduler_port, scope_tag
 from distenv.rankinfo import RankInfo
+from distenv.variables import Reader, Var
 
 __all__ = ["SlurmLauncher"]
 
@@ -41,7 +35,7 @@ NODELIST = ("SLURM_STEP_NODELIST", "SLURM_NODELIST", "SLURM_JOB_NODELIST")
 JOB_ID = ("SLURM_JOB_ID", "SLURM_JOBID")
 
 
-class SlurmLauncher(Launcher):
+class SlurmLauncher(Scheduler):
     """Tasks started by ``srun`` in a Slurm job (srun(1), "OUTPUT ENVIRONMENT VARIABLES").
 
     | variable | fills | required |
@@ -58,7 +52,8 @@ class SlurmLauncher(Launcher):
     | SLURM_DISTRIBUTION | arbitrary/plane need MASTER_ADDR | no |
     | MASTER_ADDR, MASTER_PORT, DISTENV_SCOPE, DISTENV_MASTER_ADDR_FORMAT | master | no |
 
-    A batch script or salloc shell (no srun step) of a job with more than one task is refused: it
+    The master (`default_master`) is the step's first host and `scheduler_port` of the job and step;
+    inside a batch script 127.0.0.1. A batch script or salloc shell (no srun step) of a job with more than one task is refused: it
     would be rank 0 of N and wait forever. With one task, or none stated, it is rank 0 of 1.
     """
 
@@ -117,7 +112,7 @@ class SlurmLauncher(Launcher):
         job = reader.first(*JOB_ID)
         return scope_tag(self.name, job and job[1], reader.get("SLURM_STEP_ID"))
 
-    def daemon_nodes(self, env: Mapping[str, str]) -> tuple[int, int] | None:
+    def daemon_nodes(self, env: Mapping[str, str]) -> Nodes | None:
         reader = self.reader(env)
         if self._step_id(reader) is None:
             return None
@@ -129,9 +124,9 @@ class SlurmLauncher(Launcher):
         # spans the whole allocation numbers the nodes as the MPI job sees them.
         if node is None or step_nodes is None or step_nodes != job_nodes or node >= step_nodes:
             return None
-        return node, step_nodes
+        return Nodes(node, step_nodes, "SLURM_NODEID", "SLURM_STEP_NUM_NODES")
 
-    def allocation_master(self, env: Mapping[str, str]) -> tuple[str, int] | None:
+    def allocation_master(self, env: Mapping[str, str]) -> Default | None:
         reader = self.reader(env)
         job = reader.first(*JOB_ID)
         nodelist = reader.first("SLURM_JOB_NODELIST", "SLURM_NODELIST")
@@ -139,8 +134,31 @@ class SlurmLauncher(Launcher):
             return None
         # Ranks of one MPI job see different step ids (mpirun's own node has none), so the port
         # depends on the job alone.
-        host = map_master_host(reader, expand_nodelist(self.name, *nodelist)[0])
-        return host, scheduler_port(job[1], "mpi")
+        host = expand_nodelist(self.name, *nodelist)[0]
+        return Default(host, scheduler_port(job[1], "mpi"), source=self.name)
+
+    def default_master(self, env: Mapping[str, str]) -> Default | None:
+        reader = self.reader(env)
+        job = reader.first(*JOB_ID)
+        if job is None:
+            return None
+        step = self._step_id(reader)
+        if step is None:  # a 1-task batch script or salloc shell (a larger one is refused)
+            return Default(LOCAL_HOST, scheduler_port(job[1], "batch"), source=self.name)
+        port = scheduler_port(job[1], str(step))
+        distribution = (reader.get("SLURM_DISTRIBUTION") or "").split(",")[0]
+        if distribution.startswith(("arbitrary", "plane")):
+            # Rank 0 is not known to sit on the first host of the step.
+            return Default(
+                None,
+                port,
+                missing=f"with --distribution={distribution} rank 0's host is not the step's "
+                "first host; export MASTER_ADDR (rank 0's host name) before srun",
+                source=self.name,
+            )
+        found = reader.first(*NODELIST)
+        host = expand_nodelist(self.name, *found)[0] if found is not None else None
+        return Default(host, port, source=self.name)
 
     def rank_info(self, env: Mapping[str, str]) -> RankInfo:
         reader = self.reader(env)
@@ -177,26 +195,6 @@ class SlurmLauncher(Launcher):
                 hint="do not override SLURM_* variables by hand; let srun set them",
             )
         local_world_size = tasks_per_node[node_rank] if node_rank < num_nodes else 0
-
-        scope = scope_tag(self.name, job_id, str(step))
-        distribution = (reader.get("SLURM_DISTRIBUTION") or "").split(",")[0]
-        first_host: str | None = hosts[0]
-        if distribution.startswith(("arbitrary", "plane")):
-            # Rank 0 is not known to sit on the first host of the step.
-            first_host = None
-        addr, port = master_from_env(
-            reader,
-            scope=scope,
-            default_host=first_host,
-            default_port=scheduler_port(job_id, str(step)),
-        )
-        if addr is None:
-            raise MissingVariableError(
-                self.name,
-                "MASTER_ADDR",
-                hint=f"with --distribution={distribution} rank 0's host is not the step's first "
-                "host; export MASTER_ADDR (rank 0's host name) before srun",
-            )
         return RankInfo.checked(
             self.name,
             {
@@ -213,8 +211,8 @@ class SlurmLauncher(Launcher):
             local_world_size=local_world_size,
             node_rank=node_rank,
             num_nodes=num_nodes,
-            master_addr=addr,
-            master_port=port,
+            master_addr=None,
+            master_port=None,
             job_id=job_id,
         )
 
@@ -238,10 +236,4 @@ class SlurmLauncher(Launcher):
             job_id,
             ntasks or "no stated",
         )
-        addr, port = master_from_env(
-            reader,
-            scope=scope_tag(self.name, job_id, None),
-            default_host="127.0.0.1",
-            default_port=scheduler_port(job_id, "batch"),
-        )
-        return RankInfo.single(self.name, master_addr=addr, master_port=port, job_id=job_id)
+        return RankInfo.single(self.name, master_addr=None, job_id=job_id)

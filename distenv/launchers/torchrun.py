@@ -4,11 +4,11 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-from distenv._env import Reader, Var
-from distenv._master import SCOPE_VAR, explicit_master, scope_tag
 from distenv.errors import InconsistentEnvironmentError, MissingVariableError
 from distenv.launchers.base import Launcher, World
+from distenv.master import SCOPE_VAR, explicit_master, scope_tag
 from distenv.rankinfo import RankInfo
+from distenv.variables import Reader, Var
 
 __all__ = ["TorchrunLauncher"]
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from distenv.resolve import free_port
+from distenv.master import free_port
 from tests.integration.helpers import (
     HARNESS,
     JOB_NAME,

@@ -1,7 +1,12 @@
-"""Supervising local worker processes: start them, forward signals, fail fast, leave no orphan.
+"""Supervising local ranks: one stop policy, signal forwarding, fail fast, no orphan.
 
-`distenv run` hands a `Supervisor` one `Child` per local rank. Three mechanisms keep any process
-from outliving the launcher:
+`StopPolicy` is the one way both local launchers stop ranks (in the spirit of torch elastic's
+``PContext``): the first failure is named with how it ended and how many others were stopped;
+the others get SIGTERM (or the stopping signal received), then SIGKILL after the grace period.
+`distenv.launch` applies it with `StopPolicy.stop` to its multiprocessing workers; ``distenv run``
+hands a `Supervisor` one `Child` per local rank, which applies it to their process groups without
+blocking, so that a second stopping signal kills at once. Three mechanisms keep any process
+from outliving ``distenv run``:
 
 1. Each child runs in its own session (so its process group id is its pid) and is always signalled
    through its whole group (`os.killpg`), which reaches the grandchildren it started (data loader
@@ -26,11 +31,21 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from types import FrameType
-from typing import IO, Any
+from typing import IO, Any, Protocol
 
-__all__ = ["Child", "Supervisor", "exit_status", "set_parent_death_signal"]
+__all__ = [
+    "Child",
+    "StopPolicy",
+    "Stoppable",
+    "Supervisor",
+    "describe_exit",
+    "exit_status",
+    "set_parent_death_signal",
+]
 
 NAME = "distenv run"
+#: Seconds between SIGTERM and SIGKILL, when the user does not choose (torchrun's default too).
+DEFAULT_GRACE_PERIOD = 5.0
 
 # Executed by `python -I -S -c` before the real command: argv is [parent pid, command...].
 # PR_SET_PDEATHSIG (prctl(2)) = 1 survives execve(2). The parent may have died before prctl took
@@ -93,6 +108,68 @@ def describe_exit(returncode: int) -> str:
     except ValueError:
         name = f"signal {-returncode}"
     return f"was killed by {name}"
+
+
+class Stoppable(Protocol):
+    """A rank as `StopPolicy.stop` sees it (a multiprocessing ``Process`` is one)."""
+
+    def is_alive(self) -> bool: ...
+
+    def terminate(self) -> None: ...
+
+    def kill(self) -> None: ...
+
+    def join(self, timeout: float | None = None) -> None: ...
+
+
+@dataclass(frozen=True)
+class StopPolicy:
+    """How a local launcher stops its ranks, and how it says so.
+
+    Attributes:
+        grace_period: Seconds between SIGTERM (or the stopping signal) and SIGKILL.
+    """
+
+    grace_period: float = DEFAULT_GRACE_PERIOD
+
+    @staticmethod
+    def stopped(others: int) -> str:
+        """Return ``stopped the other 3 ranks`` (or that none was running)."""
+        if not others:
+            return "no other rank was running"
+        return f"stopped the other {others} rank{'s' * (others != 1)}"
+
+    def failure(self, rank: int, pid: int | None, how: str, others: int) -> str:
+        """Return the message that names the first failure and whom it stopped."""
+        return f"rank {rank} (pid {pid}) {how}; {self.stopped(others)}"
+
+    def killed(self, stragglers: Sequence[str]) -> str:
+        """Return the message for ranks still running at the end of the grace period."""
+        ranks = "ranks" if len(stragglers) > 1 else "rank"
+        return (
+            f"{ranks} {', '.join(stragglers)} still running {self.grace_period:g}s after the "
+            "stop signal; sent SIGKILL"
+        )
+
+    def stop(self, ranks: Sequence[Stoppable]) -> int:
+        """Send SIGTERM to the live `ranks`, SIGKILL those alive after the grace period.
+
+        Blocks until every one has exited (or KILL_WAIT more seconds passed after SIGKILL).
+
+        Returns:
+            How many were alive.
+        """
+        alive = [rank for rank in ranks if rank.is_alive()]
+        for rank in alive:
+            rank.terminate()
+        deadline = time.monotonic() + self.grace_period
+        for rank in alive:
+            rank.join(timeout=max(0.0, deadline - time.monotonic()))
+        for rank in alive:
+            if rank.is_alive():
+                rank.kill()
+                rank.join(timeout=KILL_WAIT)
+        return len(alive)
 
 
 def set_parent_death_signal(parent: int) -> None:
@@ -184,15 +261,15 @@ class Supervisor:
 
     Args:
         children: The local ranks to start, in rank order.
-        grace_period: Seconds between SIGTERM (or the forwarded stopping signal) and SIGKILL.
+        policy: How ranks are stopped, and the messages that say so.
         poll_interval: Seconds between checks of the children's state.
     """
 
     def __init__(
-        self, children: Sequence[Child], *, grace_period: float, poll_interval: float = 0.1
+        self, children: Sequence[Child], *, policy: StopPolicy, poll_interval: float = 0.1
     ) -> None:
         self.children = list(children)
-        self.grace_period = grace_period
+        self.policy = policy
         self.poll_interval = poll_interval
         self._signals: list[int] = []
         self._threads: list[threading.Thread] = []
@@ -291,15 +368,12 @@ class Supervisor:
             self._kill_all()
             return
         self._signal_all(signum)
-        self._deadline = time.monotonic() + self.grace_period
+        self._deadline = time.monotonic() + self.policy.grace_period
 
     def _kill_all(self) -> None:
         stragglers = [f"{c.rank} (pid {c.process.pid})" for c in self._running() if c.process]
         if stragglers:
-            self._say(
-                f"{'ranks' if len(stragglers) > 1 else 'rank'} {', '.join(stragglers)} still "
-                f"running {self.grace_period:g}s after the stop signal; sent SIGKILL"
-            )
+            self._say(self.policy.killed(stragglers))
         self._signal_all(signal.SIGKILL)
         self._killed = True
 
@@ -328,15 +402,8 @@ class Supervisor:
                 continue
             self.status = exit_status(process.returncode)
             others = sum(c is not child for c in running)
-            stopped = (
-                f"stopped the other {others} rank{'s' * (others != 1)}"
-                if others
-                else "no other rank was running"
-            )
-            self._say(
-                f"rank {child.rank} (pid {process.pid}) {describe_exit(process.returncode)}; "
-                f"{stopped}"
-            )
+            how = describe_exit(process.returncode)
+            self._say(self.policy.failure(child.rank, process.pid, how, others))
             self._begin_stop(signal.SIGTERM)
 
     def _loop(self) -> None:

@@ -1,8 +1,9 @@
-"""Typed, declared reads of environment variables.
+"""Typed, declared reads of environment variables: part of the public plug-in contract.
 
-Each launcher declares the variables it reads as `Var` records. `Reader` is the only way a launcher
-looks at its mapping, and it refuses names that were not declared, so the declaration (which the docs
-render) cannot drift from what the parser does.
+Each launcher declares the variables it reads as `Var` records, and so do distenv's own runtime
+settings (`distenv.settings`). `Reader` is the only way a launcher looks at its mapping, and it
+refuses names that were not declared, so the declaration (which the docs render) cannot drift from
+what the parser does. Plug-ins import both from `distenv.launchers`.
 """
 
 from __future__ import annotations
@@ -37,20 +38,20 @@ class Var:
 
 
 class Reader:
-    """Read declared variables of one launcher from an environment mapping.
+    """Read the declared variables of one launcher (or component) from an environment mapping.
 
-    Empty values count as unset, everywhere.
+    Errors name `source` (the launcher's name). Empty values count as unset, everywhere.
     """
 
-    def __init__(self, launcher: str, env: Mapping[str, str], variables: Sequence[Var]) -> None:
-        self.launcher = launcher
+    def __init__(self, source: str, env: Mapping[str, str], variables: Sequence[Var]) -> None:
+        self.source = source
         self.env = env
         self._declared = frozenset(v.name for v in variables)
 
     def _check_declared(self, name: str) -> None:
         if name not in self._declared:
             # A programming error in distenv itself, not a user error.
-            raise AssertionError(f"{self.launcher} reads undeclared variable {name}")
+            raise AssertionError(f"{self.source} reads undeclared variable {name}")
 
     def get(self, name: str) -> str | None:
         """Return the variable's value, or None when it is unset or empty."""
@@ -74,7 +75,7 @@ class Reader:
         """Return ``(name, value)`` of the first of `names` that is set, or raise naming the first."""
         found = self.first(*names)
         if found is None:
-            raise MissingVariableError(self.launcher, names[0], hint=hint)
+            raise MissingVariableError(self.source, names[0], hint=hint)
         return found
 
     def integer(
@@ -112,10 +113,10 @@ class Reader:
         # int() also accepts '+5', '1_000' and non-ASCII digits; a scheduler writes none of those.
         if not (text.isascii() and text.isdigit()) or len(text) > len(str(maximum)):
             expected = "a non-negative integer" if minimum == 0 else f"an integer >= {minimum}"
-            raise InvalidVariableError(self.launcher, name, value, expected, hint=hint)
+            raise InvalidVariableError(self.source, name, value, expected, hint=hint)
         number = int(text)
         if not minimum <= number <= maximum:
             raise InvalidVariableError(
-                self.launcher, name, value, f"an integer in [{minimum}, {maximum}]", hint=hint
+                self.source, name, value, f"an integer in [{minimum}, {maximum}]", hint=hint
             )
         return number

@@ -1,6 +1,8 @@
-"""The roll call: every rank checks in before the process group exists, so nobody hangs silently.
+"""The rendezvous: rank 0's store, the keys distenv writes there, the records, and the roll call.
 
-Over the job's one store (rank 0's TCPStore, or torchrun's agent store), under a prefix:
+Every rank reaches the job's one store (rank 0's TCPStore, or torchrun's agent store) within the
+rendezvous timeout (`connect_store`), then the roll call runs over it under a prefix, before the
+process group exists, so nobody hangs silently:
 
 1. every rank writes its `CheckIn` under a key numbered by its arrival (``store.add``), so two
    processes that both claim rank 3 are both seen, then counts itself as written;
@@ -11,13 +13,17 @@ Over the job's one store (rank 0's TCPStore, or torchrun's agent store), under a
    raises what it says.
 
 Rank 0 reads N records and every rank reads one verdict: O(N) store traffic, not O(N^2).
-Waits poll in short slices so that SIGINT/SIGTERM end the process promptly.
+Waits poll in short slices so that SIGINT/SIGTERM end the process promptly. `meet` runs the whole
+sequence for `init_dist` and `distenv doctor`; torch is imported inside the functions.
 """
 
 from __future__ import annotations
 
+import datetime
 import json
+import os
 import signal
+import socket
 import threading
 import time
 from collections import Counter, defaultdict
@@ -25,12 +31,58 @@ from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass, replace
 from types import FrameType
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from distenv.errors import RendezvousError, RendezvousTimeoutError
+from distenv.device import device_identity
+from distenv.errors import (
+    DistEnvError,
+    InitError,
+    MasterResolutionError,
+    RendezvousError,
+    RendezvousTimeoutError,
+)
+from distenv.master import host_port
 from distenv.rankinfo import RankInfo
+from distenv.settings import TIMEOUT_VAR, Settings
 
-__all__ = ["CheckIn", "Verdict", "interruptible", "roll_call", "validate"]
+if TYPE_CHECKING:
+    from torch._C._distributed_c10d import Store
+
+__all__ = [
+    "DOCTOR_PREFIX",
+    "CheckIn",
+    "Verdict",
+    "connect_store",
+    "group_prefix",
+    "interruptible",
+    "make_checkin",
+    "master_address",
+    "meet",
+    "roll_call",
+    "validate",
+]
+
+# Key prefixes in the store. torchrun's agent store outlives a worker restart; keys of one attempt
+# must not be read by the next (torch prefixes "/worker/attempt_N" for the same reason).
+ROLLCALL_PREFIX = "distenv/rollcall"
+GROUP_PREFIX = "distenv/pg"
+DOCTOR_PREFIX = "distenv/doctor"
+
+
+def rollcall_prefix(settings: Settings) -> str:
+    """Return the prefix of `init_dist`'s roll call for this torchrun attempt."""
+    return f"{ROLLCALL_PREFIX}/{settings.restart}"
+
+
+def group_prefix(settings: Settings) -> str:
+    """Return the prefix under which torch's process group keeps its keys, for this attempt."""
+    return f"{GROUP_PREFIX}/{settings.restart}"
+
+
+def master_address(info: RankInfo) -> str:
+    """Return ``host:port`` of rank 0's store."""
+    return host_port(str(info.master_addr), int(info.master_port or 0))
+
 
 POLL_S = 0.5
 # Rank 0 publishes the verdict only after its own wait; the others allow it this much longer.
@@ -332,3 +384,161 @@ def _gather(store: Any, info: RankInfo, timeout: float) -> Verdict:
         return Verdict(False, (problem,), checkins)
     problems = validate(checkins, world)
     return Verdict(not problems, tuple(problems), checkins)
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip()
+    return text.splitlines()[0] if text else type(exc).__name__
+
+
+def _check_resolvable(info: RankInfo, host: str, port: int) -> None:
+    """Raise at once, naming MASTER_ADDR, when the master's name does not resolve here."""
+    try:
+        socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
+    except socket.gaierror as exc:
+        raise MasterResolutionError(
+            info.launcher,
+            f"rank {info.rank} cannot resolve the master address {host!r} "
+            f"($MASTER_ADDR={host!r}): {exc.strerror}",
+            hint="use a name every node resolves (or its IP address); on clusters whose fast "
+            "network has other names, set DISTENV_MASTER_ADDR_FORMAT, e.g. '{host}-ib'",
+            variable="MASTER_ADDR",
+            value=host,
+        ) from None
+
+
+def _wait_reachable(info: RankInfo, host: str, port: int, deadline: float, limit: float) -> None:
+    """Return once ``host:port`` accepts a TCP connection; raise at `deadline`.
+
+    Probing with a plain socket first keeps torch's C++ retry logs and stack dumps out of the
+    user's first message, and bounds the wait exactly.
+    """
+    # Start at 1 ms: rank 0 usually listens within milliseconds of the others' first probe, and
+    # a 50 ms first pause cost every srun bootstrap ~100 ms (docs/benchmarks.md).
+    delay, last = 0.001, ""
+    while True:
+        remaining = deadline - time.monotonic()
+        try:
+            with socket.create_connection((host, port), timeout=max(min(remaining, 5.0), 0.1)):
+                return
+        except OSError as exc:
+            last = str(exc) or type(exc).__name__
+        remaining = deadline - time.monotonic()
+        if remaining <= 0:
+            raise RendezvousTimeoutError(
+                info.launcher,
+                f"rank {info.rank} of {info.world_size} could not reach rank 0's store at "
+                f"{host_port(host, port)} within {limit:g} s (last error: {last})",
+                hint="check that rank 0 is running and that MASTER_ADDR/MASTER_PORT name a host "
+                "and port this node can reach (a firewall, or DISTENV_MASTER_ADDR_FORMAT for the "
+                f"right interface); raise the limit with rendezvous_timeout= or ${TIMEOUT_VAR}",
+                variable="MASTER_ADDR",
+                value=host,
+            )
+        # Back off: rank 0 may still be importing torch.
+        time.sleep(min(delay, remaining))
+        delay = min(delay * 2, 1.0)
+
+
+def connect_store(info: RankInfo, seconds: float, *, agent_store: bool) -> Store:
+    """Create (rank 0) or reach (others) the TCPStore at the master within `seconds`.
+
+    Under torchrun's agent store (`agent_store`) every rank, rank 0 included, is a client.
+    """
+    import torch.distributed as dist
+
+    # The classes' home; torch.distributed re-exports them without declaring it to type checkers.
+    from torch._C._distributed_c10d import TCPStore
+
+    host, port = str(info.master_addr), int(info.master_port or 0)
+    _check_resolvable(info, host, port)
+    timeout = datetime.timedelta(seconds=seconds)
+    if info.rank == 0 and not agent_store:
+        try:
+            return TCPStore(
+                host, port, info.world_size, is_master=True, timeout=timeout, wait_for_workers=False
+            )
+        except dist.DistError as exc:
+            text = str(exc)
+            if "EADDRINUSE" in text or "address already in use" in text.lower():
+                raise DistEnvError(
+                    info.launcher,
+                    f"rank 0 cannot listen on port {port} ($MASTER_PORT={port!r}) for the "
+                    "store: the port is already in use",
+                    hint="another process on this node holds it; export MASTER_PORT=<another "
+                    "port>, or unset it where the launcher derives one",
+                    variable="MASTER_PORT",
+                    value=str(port),
+                ) from None
+            raise InitError(
+                info.launcher,
+                f"rank 0 cannot start the store on {host_port(host, port)}: {_first_line(exc)}",
+                hint="check MASTER_ADDR names this host and MASTER_PORT is a usable port",
+            ) from None
+    deadline = time.monotonic() + seconds
+    _wait_reachable(info, host, port, deadline, seconds)
+    remaining = max(deadline - time.monotonic(), 1.0)
+    try:
+        return TCPStore(
+            host,
+            port,
+            info.world_size,
+            is_master=False,
+            timeout=datetime.timedelta(seconds=remaining),
+        )
+    except dist.DistError as exc:
+        raise RendezvousTimeoutError(
+            info.launcher,
+            f"rank {info.rank} of {info.world_size} reached {host_port(host, port)} but could not "
+            f"join its store within {seconds:g} s: {_first_line(exc)}",
+            hint="is another job's store on that port? give each job its own MASTER_PORT",
+            variable="MASTER_PORT",
+            value=str(port),
+        ) from None
+
+
+def make_checkin(
+    info: RankInfo, backend: str, device: int | None, *, allow_gpu_sharing: bool
+) -> CheckIn:
+    """Return what this rank reports in the roll call."""
+    import torch
+
+    return CheckIn(
+        rank=info.rank,
+        world_size=info.world_size,
+        local_rank=info.local_rank,
+        local_world_size=info.local_world_size,
+        node_rank=info.node_rank,
+        hostname=socket.gethostname(),
+        pid=os.getpid(),
+        launcher=info.launcher,
+        master=master_address(info),
+        backend=backend,
+        torch_version=str(torch.__version__),
+        device=None if device is None else device_identity(device),
+        allow_gpu_sharing=allow_gpu_sharing,
+    )
+
+
+def meet(
+    info: RankInfo,
+    checkin: CheckIn,
+    *,
+    seconds: float,
+    settings: Settings,
+    prefix: str,
+    check: bool = True,
+) -> tuple[Store, Verdict]:
+    """Reach rank 0's store and hold the roll call under `prefix`; return the store and verdict.
+
+    Raises:
+        RendezvousTimeoutError: The store was not reached, or ranks are missing.
+        RendezvousError: The verdict found problems (with `check`), or a signal interrupted.
+        DistEnvError: Rank 0 cannot listen on the port, or the master does not resolve.
+    """
+    from torch._C._distributed_c10d import PrefixStore
+
+    with interruptible("the connection to rank 0's store"):
+        store = connect_store(info, seconds, agent_store=settings.agent_store)
+    verdict = roll_call(PrefixStore(prefix, store), info, checkin, timeout=seconds, check=check)
+    return store, verdict

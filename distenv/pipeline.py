@@ -1,0 +1,170 @@
+"""From the environment to a resolved `RankInfo`: the one pipeline every entry point calls.
+
+    choose the launcher (distenv.detect) -> its layout -> the master (distenv.master) -> RankInfo
+
+`locate` is that pipeline; `init_dist`, `setup`, ``distenv info/export/doctor`` and
+``distenv run`` all call it. `explain` and `detect` are its pure part (the environment only: no
+torch, no mpi4py, no subprocess, no socket); `resolve` completes a `RankInfo` whose master is
+still unknown (a free port, or rank 0's host over MPI).
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from distenv.detect import Choice, choose
+from distenv.launchers import Launcher
+from distenv.master import FORMAT_VAR, Exchange, MasterQuery, find_master
+from distenv.rankinfo import RankInfo
+
+__all__ = ["Detection", "detect", "explain", "locate", "master_query", "resolve"]
+
+
+@dataclass(frozen=True)
+class Detection:
+    """The outcome of detection, with the reasons, for `distenv info` and `distenv doctor`.
+
+    Attributes:
+        info: The answer.
+        launcher: The backend whose answer it is (the explicit name, or what auto chose).
+        scope: The job/step identity distenv tags its exports with.
+        considered: One ``(launcher, verdict)`` line per backend looked at, innermost first.
+    """
+
+    info: RankInfo
+    launcher: Launcher
+    scope: str
+    considered: tuple[tuple[str, str], ...]
+
+
+def master_query(choice: Choice, env: Mapping[str, str]) -> MasterQuery:
+    """Return what detection knows that bears on the master (`distenv.master.find_master`)."""
+    owner, info = choice.owner, choice.info
+    return MasterQuery(
+        source=owner.name,
+        env=env,
+        scope=owner.scope(env),
+        explicit=owner.honours_master_vars,
+        stated=(info.master_addr, info.master_port),
+        default=owner.default_master(env),
+        allocation=choice.allocation,
+        world_size=info.world_size,
+    )
+
+
+def _mpi(info: RankInfo, comm: Any) -> Exchange:
+    from distenv.exchange import mpi_exchange  # only a job with no master gets here
+
+    return mpi_exchange(info, comm)
+
+
+def locate(
+    launcher: str = "auto",
+    env: Mapping[str, str] | None = None,
+    *,
+    master_addr_format: str | None = None,
+    runtime: bool = True,
+    comm: Any = None,
+) -> Detection:
+    """Run the pipeline: choose the launcher, read its layout, find the master.
+
+    Args:
+        launcher: ``auto`` or a launcher name (``pytorch``/``torchrun``, ``mpi``, ``slurm``,
+            ``lsf``, ``none``, or a plug-in's name).
+        env: The environment to read; `os.environ` by default.
+        master_addr_format: Maps the default master host to the address to use, e.g.
+            ``"{host}-ib"``; overrides ``$DISTENV_MASTER_ADDR_FORMAT``.
+        runtime: Also pick a free port (one node) or ask rank 0 over MPI; False reads the
+            environment only, and an MPI job's master may stay unresolved.
+        comm: An mpi4py communicator to use instead of ``MPI.COMM_WORLD``.
+
+    Raises:
+        DistEnvError: If the environment is incomplete, malformed, or contradicts the name given,
+            or (runtime) the master cannot be found.
+    """
+    env = os.environ if env is None else env
+    if master_addr_format is not None:
+        env = {**env, FORMAT_VAR: master_addr_format}
+    choice = choose(launcher, env)
+    query = master_query(choice, env)
+    exchange = _mpi(choice.info, comm) if runtime else None
+    master = find_master(query, runtime=runtime, exchange=exchange)
+    notes = choice.considered
+    if master.addr_rule == "allocation" and choice.allocation is not None:
+        notes += ((choice.allocation.source, f"master taken from its allocation: {master.addr}"),)
+    info = choice.info.replace(master_addr=master.addr, master_port=master.port)
+    return Detection(info, choice.launcher, choice.launcher.scope(env), notes)
+
+
+def explain(
+    launcher: str = "auto",
+    env: Mapping[str, str] | None = None,
+    *,
+    master_addr_format: str | None = None,
+) -> Detection:
+    """Detect this process's place in the job and say why (the environment only).
+
+    Args:
+        launcher: ``auto`` or a launcher name (``pytorch``/``torchrun``, ``mpi``, ``slurm``,
+            ``lsf``, ``none``, or a plug-in's name).
+        env: The environment to read; `os.environ` by default.
+        master_addr_format: Maps the default master host to the address to use, e.g.
+            ``"{host}-ib"``; overrides ``$DISTENV_MASTER_ADDR_FORMAT``.
+
+    Raises:
+        DistEnvError: If the environment is incomplete, malformed, or contradicts the name given.
+    """
+    return locate(launcher, env, master_addr_format=master_addr_format, runtime=False)
+
+
+def detect(
+    launcher: str = "auto",
+    env: Mapping[str, str] | None = None,
+    *,
+    master_addr_format: str | None = None,
+) -> RankInfo:
+    """Return this process's `RankInfo`, from the environment alone.
+
+    No torch, no mpi4py, no subprocess: safe on a login node. The master of an MPI job may be
+    unresolved (``master_addr is None``); `distenv.resolve` fills it.
+
+    Args:
+        launcher: ``auto`` (the innermost launcher detected, else ``none``) or a launcher name.
+        env: The environment to read; `os.environ` by default.
+        master_addr_format: Maps the default master host, e.g. ``"{host}-ib"`` (see `explain`).
+
+    Raises:
+        DistEnvError: If the environment is incomplete, malformed, or contradicts the name given.
+    """
+    return explain(launcher, env, master_addr_format=master_addr_format).info
+
+
+def resolve(info: RankInfo, *, env: Mapping[str, str] | None = None, comm: Any = None) -> RankInfo:
+    """Return `info` with its master address and port known.
+
+    A resolved `info` is returned as is. A single process gets 127.0.0.1 and a free port. An MPI
+    job without MASTER_ADDR gets rank 0's host name (mapped by DISTENV_MASTER_ADDR_FORMAT) and a
+    free port picked on rank 0, broadcast over MPI with mpi4py (``pip install 'distenv[mpi]'``).
+    This is a collective call for MPI jobs: every rank must make it.
+
+    Args:
+        info: What detection found.
+        env: The environment (for DISTENV_MASTER_ADDR_FORMAT); `os.environ` by default.
+        comm: An mpi4py communicator to use instead of ``MPI.COMM_WORLD``.
+
+    Raises:
+        MasterResolutionError: If mpi4py is missing or sees a different world than the launcher.
+    """
+    if info.is_resolved:
+        return info
+    query = MasterQuery(
+        source=info.launcher,
+        env=os.environ if env is None else env,
+        stated=(info.master_addr, info.master_port),
+        world_size=info.world_size,
+    )
+    master = find_master(query, runtime=True, exchange=_mpi(info, comm))
+    return info.replace(master_addr=master.addr, master_port=master.port)

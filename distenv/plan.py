@@ -1,0 +1,222 @@
+"""The local launcher's plan: this node's place, its ranks, and each rank's environment.
+
+``distenv run`` (`distenv.run`) and `distenv.launch` (`distenv.spawn`) both start N ranks on this
+node with torchrun's environment contract; this module decides for both what those ranks are:
+
+- `plan_node`: the number of nodes, this node's index and the master, from the options given,
+  else the scheduler's layout (one ``distenv run`` per node under ``srun``/``jsrun``), else one
+  local node; the master itself is `distenv.master`'s decision;
+- `local_ranks`: one `RankInfo` per rank of this node;
+- `child_env`: a rank's environment (inherited, minus stale launcher state, plus its contract),
+  and `thread_env`: ``OMP_NUM_THREADS=1`` for several ranks per node, as torchrun does.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+from distenv.errors import ConfigurationError, NotLaunchedError
+from distenv.launchers import Scheduler, get_launcher
+from distenv.master import SCOPE_VAR, Default, LocalLaunch, MasterQuery, find_master
+from distenv.pipeline import locate
+from distenv.rankinfo import RankInfo
+from distenv.settings import OMP_VAR, Settings
+
+__all__ = [
+    "LaunchOptions",
+    "NodePlan",
+    "child_env",
+    "is_stale",
+    "local_ranks",
+    "nproc_per_node",
+    "plan_node",
+    "scheduler_layout",
+    "thread_env",
+]
+
+PER_NODE_HINT = (
+    "start one distenv run per node (srun --ntasks-per-node=1, jsrun --tasks_per_rs 1 "
+    "--rs_per_host 1) and let it start the ranks with --nproc-per-node"
+)
+
+
+@dataclass(frozen=True)
+class LaunchOptions:
+    """What the user said about the nodes of a local launch (None: not said).
+
+    Attributes:
+        who: The launcher's name in messages (``run``, ``launch``).
+        nnodes: Number of nodes.
+        node_rank: This node's index.
+        master_addr: Rank 0's host.
+        master_port: Rank 0's store port.
+        option: How the user gives the master's address (``--master-addr``, ``master_addr``).
+        hint: What to do when several nodes have no master address.
+    """
+
+    who: str
+    nnodes: int | None
+    node_rank: int | None
+    master_addr: str | None
+    master_port: int | None
+    option: str
+    hint: str
+
+
+@dataclass(frozen=True)
+class NodePlan:
+    """Where this node stands: what every local rank's `RankInfo` shares.
+
+    Attributes:
+        nnodes: Number of nodes (one local launcher each).
+        node_rank: This node's index.
+        master_addr: Rank 0's host.
+        master_port: Rank 0's store port.
+        source: Where the layout came from (``flags``, ``slurm``, ``lsf``, ``local``).
+    """
+
+    nnodes: int
+    node_rank: int
+    master_addr: str
+    master_port: int
+    source: str
+
+
+def scheduler_layout(who: str, env: Mapping[str, str]) -> RankInfo | None:
+    """Return the scheduler's view of this launcher task, or None to run as a single node.
+
+    Raises:
+        ConfigurationError: If this process is not alone on its node or not a scheduler's task.
+    """
+    try:
+        detection = locate("auto", env, runtime=False)
+    except NotLaunchedError:
+        # A batch script or salloc shell, not an srun step: this node alone, like torchrun would.
+        print(
+            f"distenv {who}: not started by srun/jsrun: running on this node only (for several "
+            "nodes, start one distenv run per node with srun --ntasks-per-node=1)",
+            file=sys.stderr,
+        )
+        return None
+    info = detection.info
+    if info.world_size == 1:
+        return None
+    if not isinstance(get_launcher(info.launcher), Scheduler):
+        raise ConfigurationError(
+            who,
+            f"this distenv run is itself rank {info.rank} of {info.world_size} started by "
+            f"{info.launcher}; it takes the nodes only from a scheduler (Slurm, LSF)",
+            hint=f"{PER_NODE_HINT}, or pass --nnodes, --node-rank and --master-addr",
+        )
+    if info.local_world_size != 1:
+        raise ConfigurationError(
+            who,
+            f"{info.launcher} started {info.local_world_size} tasks on this node (task "
+            f"{info.rank} of {info.world_size}); distenv run starts the ranks itself and needs "
+            "exactly one task per node",
+            hint=PER_NODE_HINT,
+        )
+    return info
+
+
+def plan_node(options: LaunchOptions, layout: RankInfo | None) -> NodePlan:
+    """Return this node's layout: the options first, then the scheduler's `layout`, then one node.
+
+    Raises:
+        ConfigurationError: For a node rank outside the nodes, or several nodes with no master.
+    """
+    source = layout.launcher if layout is not None else "local"
+    if options.nnodes is not None or options.node_rank is not None:
+        source = "flags"
+    nnodes = options.nnodes or (layout.num_nodes if layout else 1)
+    node_rank = options.node_rank
+    if node_rank is None:
+        node_rank = layout.node_rank if layout else 0
+    if not 0 <= node_rank < nnodes:
+        raise ConfigurationError(
+            options.who,
+            f"--node-rank is {node_rank}, outside [0, {nnodes}) for {nnodes} node(s)",
+            hint="number the nodes 0 to nnodes-1",
+        )
+    query = MasterQuery(
+        source=options.who,
+        env={},  # the scheduler's layout already applied MASTER_* and the address format
+        flags=(options.master_addr, options.master_port),
+        default=None if layout is None else Default(layout.master_addr, layout.master_port),
+        local=LocalLaunch(nnodes, options.option, options.hint),
+    )
+    master = find_master(query, runtime=True)
+    # Rule 6 of distenv.master always answers a local launch.
+    assert master.addr is not None
+    assert master.port is not None
+    return NodePlan(nnodes, node_rank, master.addr, master.port, source)
+
+
+def local_ranks(launcher: str, plan: NodePlan, nproc: int) -> list[RankInfo]:
+    """Return the RankInfo of each of the `nproc` ranks a local launcher starts on this node."""
+    return [
+        RankInfo(
+            launcher=launcher,
+            rank=plan.node_rank * nproc + local_rank,
+            world_size=plan.nnodes * nproc,
+            local_rank=local_rank,
+            local_world_size=nproc,
+            node_rank=plan.node_rank,
+            num_nodes=plan.nnodes,
+            master_addr=plan.master_addr,
+            master_port=plan.master_port,
+        )
+        for local_rank in range(nproc)
+    ]
+
+
+def thread_env(who: str, nproc: int, settings: Settings) -> dict[str, str]:
+    """Return ``OMP_NUM_THREADS=1`` for several ranks per node unless the user chose (as torchrun)."""
+    if nproc <= 1 or settings.omp_num_threads is not None:
+        return {}
+    # N ranks each starting one OpenMP thread per core would fight over the cores.
+    print(
+        f"distenv {who}: setting {OMP_VAR}=1 for each of the {nproc} ranks to avoid "
+        "oversubscribing the CPUs; set it yourself to tune",
+        file=sys.stderr,
+    )
+    return {OMP_VAR: "1"}
+
+
+def nproc_per_node(who: str, spec: str) -> int:
+    """Return the number of ranks for ``--nproc-per-node`` (a number, auto, gpu or cpu)."""
+    if spec.isdigit():
+        return int(spec)
+    if spec in ("auto", "gpu"):
+        try:
+            import torch
+
+            gpus = int(torch.cuda.device_count())
+        except ImportError:
+            gpus = 0
+        if gpus or spec == "gpu":
+            if not gpus:
+                raise ConfigurationError(
+                    who, "--nproc-per-node is 'gpu' but no GPU is visible", hint="use a number"
+                )
+            return gpus
+    # The CPUs this process may run on (a Slurm step or taskset narrows them), not the machine's.
+    return len(os.sched_getaffinity(0))
+
+
+def is_stale(name: str) -> bool:
+    """Return whether an inherited variable must not reach a rank a local launcher starts."""
+    # Without the export tag, the rank's RANK/... count as a launch (see launchers/torchrun.py);
+    # inherited TORCHELASTIC_* would describe some other torchrun's job.
+    return name == SCOPE_VAR or name.startswith("TORCHELASTIC_")
+
+
+def child_env(base: Mapping[str, str], info: RankInfo, extra: Mapping[str, str]) -> dict[str, str]:
+    """Return a rank's environment: `base`, minus stale launcher state, plus its contract."""
+    env = {key: value for key, value in base.items() if not is_stale(key)}
+    env.update(info.to_env())
+    env.update(extra)
+    return env

@@ -1,0 +1,155 @@
+"""distenv's runtime settings: declared like the launchers' variables, read once per entry point.
+
+Each entry point (`init_dist`, `setup`, `distenv doctor`, `distenv run`, `launch`, detection) reads
+a `Settings` from its environment once and hands it down; nothing below it looks at os.environ for
+these names. The docs render `SETTINGS` (docs/contract.md), so the table cannot drift from the code.
+"""
+
+from __future__ import annotations
+
+import datetime
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+from distenv.errors import ConfigurationError
+from distenv.variables import Reader, Var
+
+__all__ = [
+    "AGENT_STORE_VAR",
+    "DEFAULT_RENDEZVOUS_TIMEOUT",
+    "OMP_VAR",
+    "PLUGINS_VAR",
+    "RESTART_VAR",
+    "SETTINGS",
+    "TIMEOUT_VAR",
+    "Settings",
+    "Timeout",
+    "seconds",
+]
+
+TIMEOUT_VAR = "DISTENV_TIMEOUT"
+PLUGINS_VAR = "DISTENV_PLUGINS"
+# torchrun's agent hosts the store on MASTER_PORT itself when this is "True" (torch compares it to
+# str(True): torch/distributed/rendezvous.py, _create_c10d_store); workers then only connect.
+AGENT_STORE_VAR = "TORCHELASTIC_USE_AGENT_STORE"
+RESTART_VAR = "TORCHELASTIC_RESTART_COUNT"
+OMP_VAR = "OMP_NUM_THREADS"
+
+#: Seconds every rank may take to reach rank 0's store, when neither the argument nor
+#: ``DISTENV_TIMEOUT`` says otherwise (TCPStore's own default).
+DEFAULT_RENDEZVOUS_TIMEOUT = 300.0
+
+SETTINGS = (
+    Var(
+        TIMEOUT_VAR,
+        "rendezvous timeout",
+        "no",
+        "seconds a rank may take to reach rank 0's store and check in (init_dist: 300; "
+        "doctor: 60); the rendezvous_timeout= argument wins",
+    ),
+    Var(
+        PLUGINS_VAR,
+        "auto detection",
+        "no",
+        "comma-separated plug-in launchers to try first (docs: detection, plug-ins)",
+    ),
+    Var(
+        AGENT_STORE_VAR,
+        "the store",
+        "no",
+        "'True' under torchrun: its agent hosts the store and every rank, rank 0 included, connects",
+    ),
+    Var(
+        RESTART_VAR,
+        "store keys",
+        "no",
+        "torchrun's restart number: the keys of one attempt are never read by the next",
+    ),
+    Var(
+        OMP_VAR,
+        "distenv run, launch()",
+        "no",
+        "set to 1 for each rank when a node runs several, unless you set it (as torchrun does)",
+    ),
+)
+
+Timeout = float | datetime.timedelta
+
+
+def seconds(value: object, name: str) -> float:
+    """Return `value` (seconds or a timedelta) as positive finite seconds, or raise naming it."""
+    if isinstance(value, datetime.timedelta):
+        result = value.total_seconds()
+    elif isinstance(value, (int, float)) and not isinstance(value, bool):
+        result = float(value)
+    else:
+        result = math.nan
+    if not (math.isfinite(result) and result > 0):
+        raise ConfigurationError(
+            "init",
+            f"{name}={value!r} is invalid, expected a positive number of seconds",
+            hint=f"pass {name} as seconds (e.g. 600) or a datetime.timedelta",
+        )
+    return result
+
+
+@dataclass(frozen=True)
+class Settings:
+    """The runtime settings of one entry point, as read from its environment.
+
+    Values are kept as read; each is validated where it is used, so that a bad
+    ``DISTENV_TIMEOUT`` is an error only when no ``rendezvous_timeout=`` overrides it.
+
+    Attributes:
+        timeout: ``DISTENV_TIMEOUT`` as written, or None.
+        plugins: The plug-in names of ``DISTENV_PLUGINS``, in order.
+        agent_store: Whether torchrun's agent hosts the store (``TORCHELASTIC_USE_AGENT_STORE``).
+        restart: torchrun's restart count (``TORCHELASTIC_RESTART_COUNT``), ``"0"`` when unset.
+        omp_num_threads: ``OMP_NUM_THREADS`` as written, or None.
+    """
+
+    timeout: str | None = None
+    plugins: tuple[str, ...] = ()
+    agent_store: bool = False
+    restart: str = "0"
+    omp_num_threads: str | None = None
+
+    @classmethod
+    def read(cls, env: Mapping[str, str]) -> Settings:
+        """Read every setting from `env` (empty values count as unset)."""
+        reader = Reader("distenv", env, SETTINGS)
+        plugins = (reader.get(PLUGINS_VAR) or "").split(",")
+        return cls(
+            timeout=reader.get(TIMEOUT_VAR),
+            plugins=tuple(name.strip() for name in plugins if name.strip()),
+            agent_store=reader.get(AGENT_STORE_VAR) == str(True),
+            restart=reader.get(RESTART_VAR) or "0",
+            omp_num_threads=reader.get(OMP_VAR),
+        )
+
+    def rendezvous_seconds(
+        self, argument: Timeout | None, default: float = DEFAULT_RENDEZVOUS_TIMEOUT
+    ) -> float:
+        """Return the rendezvous timeout: `argument`, else ``$DISTENV_TIMEOUT``, else `default`.
+
+        Raises:
+            ConfigurationError: If the one that applies is not a positive number of seconds.
+        """
+        if argument is not None:
+            return seconds(argument, "rendezvous_timeout")
+        if self.timeout is None:
+            return default
+        try:
+            value = float(self.timeout)
+        except ValueError:
+            value = math.nan
+        if not (math.isfinite(value) and value > 0):
+            raise ConfigurationError(
+                "init",
+                f"${TIMEOUT_VAR} is {self.timeout!r}, expected a positive number of seconds",
+                hint=f"export {TIMEOUT_VAR}=600, or unset it for {default:g} s",
+                variable=TIMEOUT_VAR,
+                value=self.timeout,
+            )
+        return value
