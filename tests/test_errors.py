@@ -1,0 +1,34 @@
+"""DistEnvError names its source (a launcher or a component); `launcher` is a read-only alias."""
+
+from __future__ import annotations
+
+import pytest
+
+from distenv import DistEnvError, detect
+from distenv.errors import ConfigurationError, MissingVariableError, WorkerFailedError
+
+
+@pytest.mark.parametrize(
+    "error",
+    [
+        DistEnvError("init", "went wrong", hint="fix it"),
+        MissingVariableError("slurm", "SLURM_PROCID"),
+        ConfigurationError("run", "bad flag"),
+        WorkerFailedError("launch", 3, "rank 3 raised"),
+    ],
+    ids=["base", "missing", "configuration", "worker"],
+)
+def test_source_starts_the_message_and_launcher_is_its_alias(error: DistEnvError) -> None:
+    """`source` is what the message starts with; `launcher` reads the same and cannot be set."""
+    assert str(error).startswith(f"{error.source}: ")
+    assert error.launcher == error.source
+    with pytest.raises(AttributeError):
+        error.launcher = "other"  # type: ignore[misc]
+
+
+def test_a_launchers_error_names_it_as_source() -> None:
+    """An error found in a launcher's variables has that launcher as its source."""
+    with pytest.raises(DistEnvError) as info:
+        detect("slurm", {"SLURM_JOB_ID": "1", "SLURM_STEP_ID": "0", "SLURM_PROCID": "x"})
+    assert info.value.source == "slurm"
+    assert info.value.variable == "SLURM_PROCID"
