@@ -12,9 +12,12 @@ from __future__ import annotations
 
 import argparse
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from distenv.variables import Var
 
 __all__ = [
     "MARKER",
@@ -24,9 +27,11 @@ __all__ = [
     "render_detection_order",
     "render_env_exports",
     "render_env_table",
+    "render_layers",
     "render_mpi_flavors",
     "render_refused_flags",
     "render_scripts",
+    "render_settings_table",
     "subcommands",
 ]
 
@@ -44,6 +49,20 @@ def _cell(text: str) -> str:
     return "`".join(p if i % 2 else p.replace("|", "\\|") for i, p in enumerate(parts))
 
 
+def _var_table(variables: Sequence[Var], what: str = "fills") -> str:
+    """Return the Markdown table of `Var` declarations, in declaration order."""
+    rows = [
+        f"| variable | {what} | required | meaning |",
+        "|---|---|---|---|",
+    ]
+    for var in variables:
+        field = var.field if var.field.startswith("(") or " " in var.field else f"`{var.field}`"
+        rows.append(
+            f"| `{var.name}` | {_cell(field)} | {_cell(var.required)} | {_cell(var.meaning)} |"
+        )
+    return "\n".join(rows) + "\n"
+
+
 def render_env_table(name: str) -> str:
     """Return the Markdown table of the variables launcher `name` declares, in declaration order."""
     from distenv.launchers import get_launcher
@@ -51,21 +70,21 @@ def render_env_table(name: str) -> str:
     launcher = get_launcher(name)
     if not launcher.variables:
         return f"The `{launcher.name}` launcher reads no environment variable.\n"
-    rows = [
-        "| variable | fills | required | meaning |",
-        "|---|---|---|---|",
-    ]
-    for var in launcher.variables:
-        field = var.field if var.field.startswith("(") else f"`{var.field}`"
-        rows.append(
-            f"| `{var.name}` | {_cell(field)} | {_cell(var.required)} | {_cell(var.meaning)} |"
-        )
-    return "\n".join(rows) + "\n"
+    return _var_table(launcher.variables)
+
+
+def render_settings_table() -> str:
+    """Return the table of distenv's own settings: the master's DISTENV_* and `SETTINGS`."""
+    from distenv.master import MASTER_VARS
+    from distenv.settings import SETTINGS
+
+    own = [var for var in MASTER_VARS if var.name.startswith("DISTENV_")]
+    return _var_table([*own, *SETTINGS], what="affects")
 
 
 def render_env_exports() -> str:
     """Return the table of what `RankInfo.to_env` exports, each key with its RankInfo field."""
-    from distenv._master import SCOPE_VAR
+    from distenv.master import SCOPE_VAR
     from distenv.rankinfo import RankInfo
 
     # Distinct values for every field, so each exported value names the field it came from.
@@ -113,13 +132,37 @@ def render_mpi_flavors() -> str:
 
 
 def render_detection_order() -> str:
-    """Return the auto-detection order as an ordered list."""
-    from distenv.launchers import DETECTION_ORDER, PLUGINS_VAR
+    """Return the auto-detection order as an ordered list (launchers, then schedulers)."""
+    from distenv.launchers import BUILTIN, DETECTION_ORDER, PLUGINS_VAR, Scheduler
 
-    lines = [f"1. plug-ins named in `{PLUGINS_VAR}` (in the order given)"]
-    lines += [f"1. `{name}`" for name in DETECTION_ORDER]
+    spawners = [n for n in DETECTION_ORDER if not isinstance(BUILTIN[n], Scheduler)]
+    schedulers = [n for n in DETECTION_ORDER if isinstance(BUILTIN[n], Scheduler)]
+    lines = [f"1. plug-in launchers named in `{PLUGINS_VAR}` (in the order given)"]
+    lines += [f"1. `{name}`" for name in spawners]
+    lines.append(f"1. plug-in schedulers (`Scheduler`) named in `{PLUGINS_VAR}`")
+    lines += [f"1. `{name}`" for name in schedulers]
     lines.append("1. `none`: nothing detected, a single process")
     return "\n".join(lines) + "\n"
+
+
+def render_layers() -> str:
+    """Return the layers of pyproject.toml's import-linter contract, each module with its summary."""
+    import ast
+    import importlib.util
+    import tomllib
+
+    config = tomllib.loads((REPO / "pyproject.toml").read_text())
+    (contract,) = [c for c in config["tool"]["importlinter"]["contracts"] if c["type"] == "layers"]
+    rows = ["| layer (imports point down) | module | what it holds |", "|---|---|---|"]
+    for index, layer in enumerate(contract["layers"], start=1):
+        for name in re.split(r"\s*[|:]\s*", layer):
+            spec = importlib.util.find_spec(name)  # read, not imported: __main__ would run
+            origin = spec.origin if spec is not None else None
+            tree = ast.parse(Path(origin).read_text()) if origin else None
+            doc = (ast.get_docstring(tree) if tree else None) or ""
+            summary = doc.strip().splitlines()[0] if doc.strip() else ""
+            rows.append(f"| {index} | `{name}` | {_cell(summary)} |")
+    return "\n".join(rows) + "\n"
 
 
 def subcommands() -> dict[str, argparse.ArgumentParser]:
@@ -184,6 +227,8 @@ RENDERERS: dict[str, Callable[[str], str]] = {
     "env-exports": lambda _: render_env_exports(),
     "mpi-flavors": lambda _: render_mpi_flavors(),
     "detection-order": lambda _: render_detection_order(),
+    "settings-table": lambda _: render_settings_table(),
+    "layers": lambda _: render_layers(),
     "cli-help": render_cli_help,
     "run-refused-flags": lambda _: render_refused_flags(),
     "scripts": render_scripts,

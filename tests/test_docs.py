@@ -11,8 +11,8 @@ from types import ModuleType
 import pytest
 
 import distenv.errors
-from distenv._master import PORT_HIGH, PORT_LOW, PORT_STRIDE
 from distenv.launchers import BUILTIN
+from distenv.master import PORT_HIGH, PORT_LOW, PORT_STRIDE
 
 DOCS = Path(__file__).resolve().parent.parent / "docs"
 
@@ -114,3 +114,12 @@ def test_port_formula_page_matches_constants() -> None:
     for number in (PORT_LOW, PORT_HIGH, PORT_STRIDE, PORT_HIGH - PORT_LOW):
         assert str(number) in page
     assert str((PORT_HIGH - PORT_LOW) // PORT_STRIDE) in page
+
+
+def test_settings_table_lists_every_setting() -> None:
+    """docs/contract.md's settings table is rendered from distenv.settings.SETTINGS."""
+    from distenv.settings import SETTINGS
+
+    names = _table_names(hooks.render_settings_table())
+    assert [v.name for v in SETTINGS] == names[-len(SETTINGS) :]
+    assert names[:2] == ["DISTENV_SCOPE", "DISTENV_MASTER_ADDR_FORMAT"]
