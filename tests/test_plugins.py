@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import ast
 import json
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -12,7 +14,7 @@ import pytest
 from tests.conftest import scrubbed_environ
 
 PLUGIN = '''
-from distenv._env import Var
+from distenv.variables import Var
 from distenv.launchers.base import Launcher
 from distenv.rankinfo import RankInfo
 
@@ -95,3 +97,105 @@ def test_opted_in_plugin_is_tried_before_builtins(plugin_path: Path) -> None:
     """Plug-ins listed in DISTENV_PLUGINS come first in auto detection."""
     out = probe(plugin_path, "auto", DISTENV_PLUGINS="flux", SLURM_JOB_ID="5", SLURM_NTASKS="1")
     assert out["info"]["launcher"] == "flux"  # type: ignore[index]
+
+
+# The PBS Pro scheduler of docs/plugins.md, a distribution of its own in examples/plugin, written
+# against the public contract only. PBS and Cray PALS cannot be installed here: the environments
+# below follow PBS Pro's and PALS's documentation (variables named in docs/plugins.md).
+PBS_PLUGIN = Path(__file__).resolve().parent.parent / "examples" / "plugin"
+PALS_RANK5_OF_8 = {
+    "PALS_RANKID": "5",
+    "PMI_RANK": "5",
+    "PMI_SIZE": "8",
+    "PALS_LOCAL_RANKID": "1",
+    "PALS_LOCAL_SIZE": "4",
+    "PALS_NODEID": "1",
+}
+PBS_PROBE = """
+import json, sys, distenv
+from distenv import DistEnvError
+try:
+    detection = distenv.explain(sys.argv[1])
+except DistEnvError as exc:
+    print(json.dumps({"error": type(exc).__name__, "source": exc.source, "message": str(exc)}))
+else:
+    print(json.dumps({"info": detection.info.to_dict(), "considered": detection.considered}))
+"""
+
+
+@pytest.fixture(scope="module")
+def pbs_installed(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The PBS plug-in, built and installed by pip into a directory of its own."""
+    work = tmp_path_factory.mktemp("pbs")
+    source = work / "src"
+    shutil.copytree(PBS_PLUGIN, source)  # building writes build/ and *.egg-info beside the code
+    target = work / "site"
+    pip = [sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--no-build-isolation"]
+    subprocess.run(
+        [*pip, "--no-index", "--target", str(target), str(source)],
+        check=True,
+        capture_output=True,
+        timeout=300,
+    )
+    assert (target / "distenv_pbs-1.0.dist-info" / "entry_points.txt").is_file()
+    return target
+
+
+def pbs_probe(site: Path, launcher: str, env: dict[str, str]) -> dict[str, object]:
+    result = subprocess.run(
+        [sys.executable, "-c", PBS_PROBE, launcher],
+        env={**scrubbed_environ(), "PYTHONPATH": str(site), **env},
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert result.returncode == 0, result.stderr
+    return json.loads(result.stdout)  # type: ignore[no-any-return]
+
+
+def nodefile(tmp_path: Path, *hosts: str) -> str:
+    path = tmp_path / "nodefile"
+    path.write_text("".join(f"{host}\n" for host in hosts))
+    return str(path)
+
+
+def test_pbs_scheduler_plugin_gives_mpi_ranks_the_allocation_master(
+    pbs_installed: Path, tmp_path: Path
+) -> None:
+    """PALS ranks in a PBS job take the master from the plug-in's allocation, like Slurm's."""
+    from distenv.launchers import scheduler_port
+
+    job = {"PBS_JOBID": "812.pbs01", "PBS_NODEFILE": nodefile(tmp_path, *["x1", "x2"] * 4)}
+    out = pbs_probe(pbs_installed, "auto", {**PALS_RANK5_OF_8, **job, "DISTENV_PLUGINS": "pbs"})
+    info = out["info"]
+    assert info["launcher"] == "mpi"  # type: ignore[index]
+    assert (info["rank"], info["node_rank"], info["num_nodes"]) == (5, 1, 2)  # type: ignore[index]
+    assert info["master_addr"] == "x1"  # type: ignore[index]
+    assert info["master_port"] == scheduler_port("812.pbs01", "mpi")  # type: ignore[index]
+    assert ["pbs", "master taken from its allocation: x1"] in out["considered"]  # type: ignore[operator]
+    # Not opted in: no entry-point scan, so MPI's master stays for mpi4py to find.
+    alone = pbs_probe(pbs_installed, "auto", {**PALS_RANK5_OF_8, **job})
+    assert alone["info"]["master_addr"] is None  # type: ignore[index]
+
+
+def test_pbs_scheduler_plugin_refuses_the_batch_script(pbs_installed: Path, tmp_path: Path) -> None:
+    """The job script of a multi-slot PBS job is refused as rank 0 of N; one slot is rank 0 of 1."""
+    job = {"PBS_JOBID": "813.pbs01", "DISTENV_PLUGINS": "pbs"}
+    many = pbs_probe(pbs_installed, "auto", {**job, "PBS_NODEFILE": nodefile(tmp_path, "x1", "x2")})
+    assert (many["error"], many["source"]) == ("NotLaunchedError", "pbs")
+    assert "rank 0 of 2" in str(many["message"])
+    one = pbs_probe(pbs_installed, "pbs", {**job, "PBS_NODEFILE": nodefile(tmp_path, "x1")})
+    assert one["info"]["world_size"] == 1  # type: ignore[index]
+    assert one["info"]["master_addr"] == "127.0.0.1"  # type: ignore[index]
+
+
+def test_pbs_plugin_uses_the_public_contract_only() -> None:
+    """The plug-in imports distenv's public modules only: no private module, no internal one."""
+    tree = ast.parse((PBS_PLUGIN / "distenv_pbs.py").read_text())
+    imported = {
+        node.module
+        for node in ast.walk(tree)
+        if isinstance(node, ast.ImportFrom) and node.module and node.module.startswith("distenv")
+    }
+    assert imported == {"distenv", "distenv.errors", "distenv.launchers"}
