@@ -11,6 +11,8 @@ bash tests/harness/setup.sh
 echo "== ruff"
 .venv/bin/ruff check .
 .venv/bin/ruff format --check .
+echo "== lint-imports (layering: pyproject.toml [tool.importlinter])"
+.venv/bin/lint-imports --no-cache
 echo "== mypy --strict distenv/"
 .venv/bin/mypy
 if [[ -f mkdocs.yml ]]; then
