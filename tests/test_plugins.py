@@ -60,16 +60,11 @@ def plugin_path(tmp_path: Path) -> Path:
     return tmp_path
 
 
-def probe(path: Path, launcher: str, **env: str) -> dict[str, object]:
+def run_probe(code: str, path: Path, launcher: str, env: dict[str, str]) -> dict[str, object]:
+    """Run `code` in a clean interpreter that finds the plug-ins under `path`; return its JSON."""
     result = subprocess.run(
-        [sys.executable, "-c", PROBE, launcher],
-        env={
-            **scrubbed_environ(),
-            "PYTHONPATH": str(path),
-            "FLUX_TASK_RANK": "1",
-            "FLUX_JOB_SIZE": "2",
-            **env,
-        },
+        [sys.executable, "-c", code, launcher],
+        env={**scrubbed_environ(), "PYTHONPATH": str(path), **env},
         capture_output=True,
         text=True,
         timeout=60,
@@ -77,6 +72,10 @@ def probe(path: Path, launcher: str, **env: str) -> dict[str, object]:
     )
     assert result.returncode == 0, result.stderr
     return json.loads(result.stdout)  # type: ignore[no-any-return]
+
+
+def probe(path: Path, launcher: str, **env: str) -> dict[str, object]:
+    return run_probe(PROBE, path, launcher, {"FLUX_TASK_RANK": "1", "FLUX_JOB_SIZE": "2", **env})
 
 
 def test_plugin_by_explicit_name(plugin_path: Path) -> None:
@@ -142,16 +141,7 @@ def pbs_installed(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 def pbs_probe(site: Path, launcher: str, env: dict[str, str]) -> dict[str, object]:
-    result = subprocess.run(
-        [sys.executable, "-c", PBS_PROBE, launcher],
-        env={**scrubbed_environ(), "PYTHONPATH": str(site), **env},
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=False,
-    )
-    assert result.returncode == 0, result.stderr
-    return json.loads(result.stdout)  # type: ignore[no-any-return]
+    return run_probe(PBS_PROBE, site, launcher, env)
 
 
 def nodefile(tmp_path: Path, *hosts: str) -> str:
