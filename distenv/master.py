@@ -325,7 +325,8 @@ def find_master(
         answer.offer("default", host, default.port)
     allocation = query.allocation
     if answer.addr is None and allocation is not None and allocation.host is not None:
-        host = map_master_host(query.source, query.env, allocation.host)
+        # The allocation's scheduler names the error: the host came from its variables.
+        host = map_master_host(allocation.source or query.source, query.env, allocation.host)
         answer.offer("allocation", host, allocation.port)
     if not runtime or (answer.addr is not None and answer.port is not None):
         return answer.master()

@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from distenv.detect import Choice, choose
+from distenv.errors import DistEnvError
 from distenv.launchers import Launcher
 from distenv.master import FORMAT_VAR, Exchange, MasterQuery, find_master
 from distenv.rankinfo import RankInfo
@@ -89,9 +90,14 @@ def locate(
     if master_addr_format is not None:
         env = {**env, FORMAT_VAR: master_addr_format}
     choice = choose(launcher, env)
-    query = master_query(choice, env)
-    exchange = _mpi(choice.info, comm) if runtime else None
-    master = find_master(query, runtime=runtime, exchange=exchange)
+    try:
+        query = master_query(choice, env)
+        exchange = _mpi(choice.info, comm) if runtime else None
+        master = find_master(query, runtime=runtime, exchange=exchange)
+    except DistEnvError as exc:
+        # The reasons of the choice explain a master error too (distenv doctor prints them).
+        exc.considered = exc.considered or choice.considered
+        raise
     notes = choice.considered
     if master.addr_rule == "allocation" and choice.allocation is not None:
         notes += ((choice.allocation.source, f"master taken from its allocation: {master.addr}"),)

@@ -183,3 +183,14 @@ def test_exchange_publishes_rank0_host_mapped_and_a_free_port() -> None:
     assert sent == [(found.addr, found.port)]
     with_port = master({**mpi.HYDRA_4[0], "MASTER_PORT": "4711"}, runtime=True, exchange=transport)
     assert (with_port.port, with_port.port_rule) == (4711, "explicit")
+
+
+def test_master_errors_carry_the_reasons_of_the_choice() -> None:
+    """A master rule's error keeps detection's reasons (distenv doctor prints them) and names
+    the layer whose variables are at fault (the allocation's scheduler, for MPI ranks)."""
+    from distenv import DistEnvError, explain
+
+    with pytest.raises(DistEnvError) as info:
+        explain("auto", {**mpi.HYDRA_IN_SALLOC_2N[0], "DISTENV_MASTER_ADDR_FORMAT": "bad"})
+    assert info.value.source == "slurm"
+    assert ("mpi", "chosen: innermost launcher detected") in info.value.considered
