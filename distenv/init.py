@@ -36,7 +36,14 @@ from distenv.errors import ConfigurationError, InitError, RendezvousTimeoutError
 from distenv.master import SCOPE_VAR
 from distenv.pipeline import Detection, locate
 from distenv.rankinfo import RankInfo
-from distenv.rendezvous import group_prefix, make_checkin, master_address, meet, rollcall_prefix
+from distenv.rendezvous import (
+    first_line,
+    group_prefix,
+    make_checkin,
+    master_address,
+    meet,
+    rollcall_prefix,
+)
 from distenv.seeding import check_seed, seed_everything
 from distenv.settings import Settings, Timeout, seconds
 
@@ -149,11 +156,6 @@ def setup(
     return info
 
 
-def _first_line(exc: BaseException) -> str:
-    text = str(exc).strip()
-    return text.splitlines()[0] if text else type(exc).__name__
-
-
 def _init_process_group(
     info: RankInfo,
     backend: str,
@@ -189,13 +191,13 @@ def _init_process_group(
     except dist.DistStoreError as exc:
         raise RendezvousTimeoutError(
             info.launcher,
-            f"{where}: not every rank checked in: {_first_line(exc)}",
+            f"{where}: not every rank checked in: {first_line(exc)}",
             hint="a rank did not start or crashed before init_dist; check every rank's log",
         ) from None
     except (RuntimeError, ValueError) as exc:  # DistError is a RuntimeError
         raise InitError(
             info.launcher,
-            f"{where}: init_process_group(backend={backend!r}) failed: {_first_line(exc)}",
+            f"{where}: init_process_group(backend={backend!r}) failed: {first_line(exc)}",
             hint="check that the backend is available in this torch build (nccl needs CUDA)",
         ) from None
     # From here on the store serves new_group and barriers: give it the group's patience, not the

@@ -53,6 +53,7 @@ __all__ = [
     "CheckIn",
     "Verdict",
     "connect_store",
+    "first_line",
     "group_prefix",
     "interruptible",
     "make_checkin",
@@ -386,7 +387,8 @@ def _gather(store: Any, info: RankInfo, timeout: float) -> Verdict:
     return Verdict(not problems, tuple(problems), checkins)
 
 
-def _first_line(exc: BaseException) -> str:
+def first_line(exc: BaseException) -> str:
+    """Return the first line of an exception's text (torch's carry C++ stack dumps after it)."""
     text = str(exc).strip()
     return text.splitlines()[0] if text else type(exc).__name__
 
@@ -472,7 +474,7 @@ def connect_store(info: RankInfo, seconds: float, *, agent_store: bool) -> Store
                 ) from None
             raise InitError(
                 info.launcher,
-                f"rank 0 cannot start the store on {host_port(host, port)}: {_first_line(exc)}",
+                f"rank 0 cannot start the store on {host_port(host, port)}: {first_line(exc)}",
                 hint="check MASTER_ADDR names this host and MASTER_PORT is a usable port",
             ) from None
     deadline = time.monotonic() + seconds
@@ -490,7 +492,7 @@ def connect_store(info: RankInfo, seconds: float, *, agent_store: bool) -> Store
         raise RendezvousTimeoutError(
             info.launcher,
             f"rank {info.rank} of {info.world_size} reached {host_port(host, port)} but could not "
-            f"join its store within {seconds:g} s: {_first_line(exc)}",
+            f"join its store within {seconds:g} s: {first_line(exc)}",
             hint="is another job's store on that port? give each job its own MASTER_PORT",
             variable="MASTER_PORT",
             value=str(port),
