@@ -11,7 +11,7 @@ Reads the environment only: no torch, no mpi4py, no subprocess.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from typing import NamedTuple
 
 from distenv.errors import DistEnvError, LauncherMismatchError, LauncherNotFoundError
 from distenv.launchers import (
@@ -29,8 +29,7 @@ from distenv.rankinfo import RankInfo
 __all__ = ["Choice", "choose"]
 
 
-@dataclass(frozen=True)
-class Choice:
+class Choice(NamedTuple):
     """Which launcher describes this process, and what it found.
 
     Attributes:

@@ -28,7 +28,7 @@ from __future__ import annotations
 import datetime
 import logging
 import os
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from distenv import state
 from distenv.device import choose_backend, rank_backend, rank_device
@@ -45,7 +45,10 @@ from distenv.rendezvous import (
     rollcall_prefix,
 )
 from distenv.seeding import check_seed, seed_everything
-from distenv.settings import Settings, Timeout, seconds
+from distenv.settings import Settings, seconds
+
+if TYPE_CHECKING:
+    from distenv.settings import Timeout
 
 __all__ = ["init_dist", "setup"]
 

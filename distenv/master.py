@@ -28,13 +28,13 @@ stops there (it reads the environment only). `find_master` with ``runtime=True``
 
 from __future__ import annotations
 
-import logging
 import zlib
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from typing import NamedTuple
 
 from distenv._hosts import check_hostname
 from distenv.errors import ConfigurationError, InvalidVariableError, MissingVariableError
+from distenv.notice import warn
 from distenv.variables import Reader, Var
 
 __all__ = [
@@ -60,8 +60,6 @@ __all__ = [
     "scope_tag",
     "tcp_url",
 ]
-
-logger = logging.getLogger("distenv")
 
 SCOPE_VAR = "DISTENV_SCOPE"
 FORMAT_VAR = "DISTENV_MASTER_ADDR_FORMAT"
@@ -152,8 +150,7 @@ def map_master_host(source: str, env: Mapping[str, str], host: str) -> str:
     return check_hostname(source, FORMAT_VAR, template.replace("{host}", host))
 
 
-@dataclass(frozen=True)
-class Default:
+class Default(NamedTuple):
     """A launcher layer's own answer for the master, when nobody states one.
 
     Attributes:
@@ -170,8 +167,7 @@ class Default:
     source: str = ""
 
 
-@dataclass(frozen=True)
-class LocalLaunch:
+class LocalLaunch(NamedTuple):
     """A local launcher (``distenv run``, `distenv.launch`) asking for its ranks' master.
 
     Attributes:
@@ -185,8 +181,7 @@ class LocalLaunch:
     hint: str
 
 
-@dataclass(frozen=True)
-class MasterQuery:
+class MasterQuery(NamedTuple):
     """What one caller knows that bears on the master.
 
     Attributes:
@@ -215,8 +210,7 @@ class MasterQuery:
     local: LocalLaunch | None = None
 
 
-@dataclass(frozen=True)
-class Master:
+class Master(NamedTuple):
     """`find_master`'s answer, with the rule that gave each part.
 
     Attributes:
@@ -249,7 +243,7 @@ def _explicit(query: MasterQuery) -> tuple[str | None, int | None]:
     addr, port_text = reader.get("MASTER_ADDR"), reader.get("MASTER_PORT")
     tag = reader.get(SCOPE_VAR)
     if tag is not None and tag != query.scope and (addr is not None or port_text is not None):
-        logger.warning(
+        warn(
             "%s: ignoring MASTER_ADDR=%s MASTER_PORT=%s: distenv exported them for %s, this is %s",
             query.source,
             addr,

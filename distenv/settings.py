@@ -7,13 +7,18 @@ these names. The docs render `SETTINGS` (docs/contract.md), so the table cannot 
 
 from __future__ import annotations
 
-import datetime
-import math
 from collections.abc import Mapping
-from dataclasses import dataclass
+from typing import TYPE_CHECKING, NamedTuple
 
 from distenv.errors import ConfigurationError
 from distenv.variables import Reader, Var
+
+if TYPE_CHECKING:
+    import datetime
+    from typing import TypeAlias
+
+    #: A timeout argument: seconds, or a timedelta.
+    Timeout: TypeAlias = float | datetime.timedelta
 
 __all__ = [
     "AGENT_STORE_VAR",
@@ -24,7 +29,6 @@ __all__ = [
     "SETTINGS",
     "TIMEOUT_VAR",
     "Settings",
-    "Timeout",
     "seconds",
 ]
 
@@ -74,11 +78,13 @@ SETTINGS = (
     ),
 )
 
-Timeout = float | datetime.timedelta
-
 
 def seconds(value: object, name: str) -> float:
     """Return `value` (seconds or a timedelta) as positive finite seconds, or raise naming it."""
+    # Imported here: detection imports this module, and never needs them (3 ms of start-up).
+    import datetime
+    import math
+
     if isinstance(value, datetime.timedelta):
         result = value.total_seconds()
     elif isinstance(value, (int, float)) and not isinstance(value, bool):
@@ -94,8 +100,7 @@ def seconds(value: object, name: str) -> float:
     return result
 
 
-@dataclass(frozen=True)
-class Settings:
+class Settings(NamedTuple):
     """The runtime settings of one entry point, as read from its environment.
 
     Values are kept as read; each is validated where it is used, so that a bad
@@ -140,6 +145,8 @@ class Settings:
             return seconds(argument, "rendezvous_timeout")
         if self.timeout is None:
             return default
+        import math
+
         try:
             value = float(self.timeout)
         except ValueError:

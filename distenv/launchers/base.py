@@ -12,8 +12,7 @@ from __future__ import annotations
 
 import abc
 from collections.abc import Mapping
-from dataclasses import dataclass
-from typing import ClassVar
+from typing import ClassVar, NamedTuple
 
 from distenv.master import Default
 from distenv.rankinfo import RankInfo
@@ -25,8 +24,7 @@ __all__ = ["Default", "Launcher", "Nodes", "Scheduler", "World"]
 World = tuple[int, int | None]
 
 
-@dataclass(frozen=True)
-class Nodes:
+class Nodes(NamedTuple):
     """This rank's node as an enclosing scheduler's daemon step numbers it.
 
     Attributes:

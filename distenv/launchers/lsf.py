@@ -6,19 +6,17 @@ IBM's documentation (LSF 10.1 "Environment variables", jsrun(1)), and the docs s
 
 from __future__ import annotations
 
-import logging
 from collections.abc import Mapping
 
 from distenv._hosts import check_hostname
 from distenv.errors import InconsistentEnvironmentError, InvalidVariableError, NotLaunchedError
 from distenv.launchers.base import Nodes, Scheduler, World
 from distenv.master import LOCAL_HOST, MASTER_VARS, Default, scheduler_port, scope_tag
+from distenv.notice import warn
 from distenv.rankinfo import RankInfo
 from distenv.variables import Reader, Var
 
 __all__ = ["LsfLauncher"]
-
-logger = logging.getLogger("distenv")
 
 JSRUN_HINT = "start the ranks with jsrun (e.g. `jsrun -r 4 -g 1 python train.py`)"
 # LSB_DJOB_RANKFILE lists one host per slot; a file larger than this is not a host list.
@@ -194,5 +192,5 @@ class LsfLauncher(Scheduler):
                 hint=JSRUN_HINT,
                 variable="JSM_NAMESPACE_RANK",
             )
-        logger.warning("lsf: job %s has one slot; running as rank 0 of 1", job_id)
+        warn("lsf: job %s has one slot; running as rank 0 of 1", job_id)
         return RankInfo.single(self.name, master_addr=None, job_id=job_id)

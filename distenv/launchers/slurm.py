@@ -2,19 +2,17 @@
 
 from __future__ import annotations
 
-import logging
 from collections.abc import Mapping
 
 from distenv._hosts import expand_nodelist, expand_tasks_per_node
 from distenv.errors import InconsistentEnvironmentError, NotLaunchedError
 from distenv.launchers.base import Nodes, Scheduler, World
 from distenv.master import LOCAL_HOST, MASTER_VARS, Default, scheduler_port, scope_tag
+from distenv.notice import warn
 from distenv.rankinfo import RankInfo
 from distenv.variables import Reader, Var
 
 __all__ = ["SlurmLauncher"]
-
-logger = logging.getLogger("distenv")
 
 SRUN_HINT = (
     "start one task per GPU with `srun python train.py ...`, not from the batch script itself"
@@ -230,7 +228,7 @@ class SlurmLauncher(Scheduler):
                 variable=var,
                 value=value,
             )
-        logger.warning(
+        warn(
             "slurm: job %s has %s task(s) and this is its batch script or salloc shell; "
             "running as rank 0 of 1",
             job_id,
