@@ -11,7 +11,7 @@ still unknown (a free port, or rank 0's host over MPI).
 from __future__ import annotations
 
 import os
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -57,9 +57,14 @@ def master_query(choice: Choice, env: Mapping[str, str]) -> MasterQuery:
 
 
 def _mpi(info: RankInfo, comm: Any) -> Exchange:
-    from distenv.exchange import mpi_exchange  # only a job with no master gets here
+    """Return the MPI exchange for `info`, loaded only if a job with no master calls it."""
 
-    return mpi_exchange(info, comm)
+    def exchange(rank0_master: Callable[[], tuple[str, int]]) -> tuple[str, int]:
+        from distenv.exchange import mpi_exchange
+
+        return mpi_exchange(info, comm)(rank0_master)
+
+    return exchange
 
 
 def locate(

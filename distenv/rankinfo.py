@@ -124,7 +124,9 @@ class RankInfo:
     job_id: str | None = None
 
     def __post_init__(self) -> None:
-        check_fields(self.launcher, dataclasses.asdict(self))
+        # to_dict, not dataclasses.asdict: every field is a scalar, and asdict's recursive deep
+        # copy made validation the slowest part of detection.
+        check_fields(self.launcher, self.to_dict())
 
     @classmethod
     def checked(cls, launcher: str, sources: Mapping[str, str], **fields: Any) -> RankInfo:
