@@ -149,6 +149,7 @@ def render_layers() -> str:
     """Return the layers of pyproject.toml's import-linter contract, each module with its summary."""
     import ast
     import importlib.util
+
     import tomllib
 
     config = tomllib.loads((REPO / "pyproject.toml").read_text())
