@@ -78,11 +78,9 @@ def locate(
     """Run the pipeline: choose the launcher, read its layout, find the master.
 
     Args:
-        launcher: ``auto`` or a launcher name (``pytorch``/``torchrun``, ``mpi``, ``slurm``,
-            ``lsf``, ``none``, or a plug-in's name).
-        env: The environment to read; `os.environ` by default.
-        master_addr_format: Maps the default master host to the address to use, e.g.
-            ``"{host}-ib"``; overrides ``$DISTENV_MASTER_ADDR_FORMAT``.
+        launcher: As in `explain`.
+        env: As in `explain`.
+        master_addr_format: As in `explain`.
         runtime: Also pick a free port (one node) or ask rank 0 over MPI; False reads the
             environment only, and an MPI job's master may stay unresolved.
         comm: An mpi4py communicator to use instead of ``MPI.COMM_WORLD``.
