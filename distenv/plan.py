@@ -19,7 +19,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 from distenv.errors import ConfigurationError, NotLaunchedError
-from distenv.launchers import Scheduler, get_launcher
+from distenv.launchers import Scheduler
 from distenv.master import SCOPE_VAR, Default, LocalLaunch, MasterQuery, find_master
 from distenv.pipeline import locate
 from distenv.rankinfo import RankInfo
@@ -104,7 +104,7 @@ def scheduler_layout(who: str, env: Mapping[str, str]) -> RankInfo | None:
     info = detection.info
     if info.world_size == 1:
         return None
-    if not isinstance(get_launcher(info.launcher), Scheduler):
+    if not isinstance(detection.launcher, Scheduler):
         raise ConfigurationError(
             who,
             f"this distenv run is itself rank {info.rank} of {info.world_size} started by "

@@ -10,7 +10,16 @@ from dataclasses import dataclass
 
 from distenv.rankinfo import RankInfo
 
-__all__ = ["State", "current", "current_device", "current_info", "gpu_sharing_allowed", "remember"]
+__all__ = [
+    "State",
+    "current",
+    "current_device",
+    "current_info",
+    "gpu_sharing_allowed",
+    "kept",
+    "remember",
+    "same_rank",
+]
 
 
 @dataclass(frozen=True)
