@@ -45,6 +45,8 @@ __all__ = [
     "PORT_HIGH",
     "PORT_LOW",
     "PORT_STRIDE",
+    "RUN_ID_PATTERN",
+    "RUN_ID_VAR",
     "SCOPE_VAR",
     "Default",
     "Exchange",
@@ -62,6 +64,9 @@ __all__ = [
 ]
 
 SCOPE_VAR = "DISTENV_SCOPE"
+#: The job identity a local launcher (``distenv run``, `distenv.launch`) hands its ranks.
+RUN_ID_VAR = "DISTENV_RUN_ID"
+RUN_ID_PATTERN = r"[A-Za-z0-9][A-Za-z0-9._:/@+-]{0,127}"
 FORMAT_VAR = "DISTENV_MASTER_ADDR_FORMAT"
 LOCAL_HOST = "127.0.0.1"
 # torchrun's default for --master-port; a local launcher spanning several nodes uses it.

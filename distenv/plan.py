@@ -7,6 +7,8 @@ node with torchrun's environment contract; this module decides for both what tho
   else the scheduler's layout (one ``distenv run`` per node under ``srun``/``jsrun``), else one
   local node; the master itself is `distenv.master`'s decision;
 - `local_ranks`: one `RankInfo` per rank of this node;
+- `run_id`: the run's identity, which its ranks receive as ``DISTENV_RUN_ID`` and use as their
+  rendezvous scope;
 - `child_env`: a rank's environment (inherited, minus stale launcher state, plus its contract),
   and `thread_env`: ``OMP_NUM_THREADS=1`` for several ranks per node, as torchrun does.
 """
@@ -14,14 +16,24 @@ node with torchrun's environment contract; this module decides for both what tho
 from __future__ import annotations
 
 import os
+import re
+import secrets
 import sys
 from collections.abc import Mapping
 from dataclasses import dataclass
 
 from distenv.errors import ConfigurationError, NotLaunchedError
 from distenv.launchers import Scheduler
-from distenv.master import SCOPE_VAR, Default, LocalLaunch, MasterQuery, find_master
-from distenv.pipeline import locate
+from distenv.master import (
+    RUN_ID_PATTERN,
+    RUN_ID_VAR,
+    SCOPE_VAR,
+    Default,
+    LocalLaunch,
+    MasterQuery,
+    find_master,
+)
+from distenv.pipeline import Detection, locate
 from distenv.rankinfo import RankInfo
 from distenv.settings import OMP_VAR, Settings
 
@@ -33,6 +45,7 @@ __all__ = [
     "local_ranks",
     "nproc_per_node",
     "plan_node",
+    "run_id",
     "scheduler_layout",
     "thread_env",
 ]
@@ -55,6 +68,8 @@ class LaunchOptions:
         master_port: Rank 0's store port.
         option: How the user gives the master's address (``--master-addr``, ``master_addr``).
         hint: What to do when several nodes have no master address.
+        run_id: The job identity every node shares (``--run-id``).
+        run_id_option: How the user gives it (``--run-id``, ``run_id``).
     """
 
     who: str
@@ -64,6 +79,8 @@ class LaunchOptions:
     master_port: int | None
     option: str
     hint: str
+    run_id: str | None = None
+    run_id_option: str = "--run-id"
 
 
 @dataclass(frozen=True)
@@ -76,6 +93,8 @@ class NodePlan:
         master_addr: Rank 0's host.
         master_port: Rank 0's store port.
         source: Where the layout came from (``flags``, ``slurm``, ``lsf``, ``local``).
+        run_id: The job identity handed to the ranks as ``DISTENV_RUN_ID``: their rendezvous
+            scope (`distenv.rendezvous`), so that no rank of another run joins this one's store.
     """
 
     nnodes: int
@@ -83,9 +102,10 @@ class NodePlan:
     master_addr: str
     master_port: int
     source: str
+    run_id: str
 
 
-def scheduler_layout(who: str, env: Mapping[str, str]) -> RankInfo | None:
+def scheduler_layout(who: str, env: Mapping[str, str]) -> Detection | None:
     """Return the scheduler's view of this launcher task, or None to run as a single node.
 
     Raises:
@@ -119,22 +139,56 @@ def scheduler_layout(who: str, env: Mapping[str, str]) -> RankInfo | None:
             "exactly one task per node",
             hint=PER_NODE_HINT,
         )
-    return info
+    return detection
 
 
-def plan_node(options: LaunchOptions, layout: RankInfo | None) -> NodePlan:
+def run_id(options: LaunchOptions, layout: Detection | None, nnodes: int) -> str:
+    """Return the run's identity: the option, else the scheduler's job step, else a random one.
+
+    Several nodes cannot each draw their own: without a scheduler they must be told one.
+
+    Raises:
+        ConfigurationError: For a malformed id, or several nodes with neither id nor scheduler.
+    """
+    if options.run_id is not None:
+        if not re.fullmatch(RUN_ID_PATTERN, options.run_id):
+            raise ConfigurationError(
+                options.who,
+                f"{options.run_id_option} is {options.run_id!r}, expected 1 to 128 letters, "
+                "digits or ._:/@+- (starting with a letter or digit)",
+                hint="name the run, e.g. with the job's name and date",
+                variable=options.run_id_option,
+                value=options.run_id,
+            )
+        return options.run_id
+    if layout is not None:
+        return layout.scope
+    if nnodes == 1:
+        return secrets.token_hex(8)
+    raise ConfigurationError(
+        options.who,
+        f"{nnodes} nodes without a scheduler need {options.run_id_option}: each node would "
+        "draw its own run id, and the ranks of one run could not tell it from another's",
+        hint=f"pass the same {options.run_id_option} on every node (any name unique to this run)",
+        variable=options.run_id_option,
+    )
+
+
+def plan_node(options: LaunchOptions, layout: Detection | None) -> NodePlan:
     """Return this node's layout: the options first, then the scheduler's `layout`, then one node.
 
     Raises:
-        ConfigurationError: For a node rank outside the nodes, or several nodes with no master.
+        ConfigurationError: For a node rank outside the nodes, several nodes with no master, or
+            several nodes with no run id.
     """
-    source = layout.launcher if layout is not None else "local"
+    scheduled = None if layout is None else layout.info
+    source = scheduled.launcher if scheduled is not None else "local"
     if options.nnodes is not None or options.node_rank is not None:
         source = "flags"
-    nnodes = options.nnodes or (layout.num_nodes if layout else 1)
+    nnodes = options.nnodes or (scheduled.num_nodes if scheduled else 1)
     node_rank = options.node_rank
     if node_rank is None:
-        node_rank = layout.node_rank if layout else 0
+        node_rank = scheduled.node_rank if scheduled else 0
     if not 0 <= node_rank < nnodes:
         raise ConfigurationError(
             options.who,
@@ -145,14 +199,18 @@ def plan_node(options: LaunchOptions, layout: RankInfo | None) -> NodePlan:
         source=options.who,
         env={},  # the scheduler's layout already applied MASTER_* and the address format
         flags=(options.master_addr, options.master_port),
-        default=None if layout is None else Default(layout.master_addr, layout.master_port),
+        default=None
+        if scheduled is None
+        else Default(scheduled.master_addr, scheduled.master_port),
         local=LocalLaunch(nnodes, options.option, options.hint),
     )
     master = find_master(query, runtime=True)
     # Rule 6 of distenv.master always answers a local launch.
     assert master.addr is not None
     assert master.port is not None
-    return NodePlan(nnodes, node_rank, master.addr, master.port, source)
+    return NodePlan(
+        nnodes, node_rank, master.addr, master.port, source, run_id(options, layout, nnodes)
+    )
 
 
 def local_ranks(launcher: str, plan: NodePlan, nproc: int) -> list[RankInfo]:
@@ -211,12 +269,19 @@ def is_stale(name: str) -> bool:
     """Return whether an inherited variable must not reach a rank a local launcher starts."""
     # Without the export tag, the rank's RANK/... count as a launch (see launchers/torchrun.py);
     # inherited TORCHELASTIC_* would describe some other torchrun's job.
-    return name == SCOPE_VAR or name.startswith("TORCHELASTIC_")
+    return name in (SCOPE_VAR, RUN_ID_VAR) or name.startswith("TORCHELASTIC_")
 
 
-def child_env(base: Mapping[str, str], info: RankInfo, extra: Mapping[str, str]) -> dict[str, str]:
-    """Return a rank's environment: `base`, minus stale launcher state, plus its contract."""
+def child_env(
+    base: Mapping[str, str], info: RankInfo, plan: NodePlan, extra: Mapping[str, str]
+) -> dict[str, str]:
+    """Return a rank's environment: `base`, minus stale launcher state, plus its contract.
+
+    The contract is torchrun's, plus ``DISTENV_RUN_ID``: the run's identity, which also marks the
+    RANK/WORLD_SIZE/... as a local launcher's own inside a scheduler step.
+    """
     env = {key: value for key, value in base.items() if not is_stale(key)}
     env.update(info.to_env())
+    env[RUN_ID_VAR] = plan.run_id
     env.update(extra)
     return env

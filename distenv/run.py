@@ -76,7 +76,6 @@ REFUSED_FLAGS: tuple[RefusedFlag, ...] = (
     RefusedFlag("--max-restarts", True, "use torchrun for elastic restarts"),
     RefusedFlag("--rdzv-backend", True, RDZV_HINT),
     RefusedFlag("--rdzv-endpoint", True, RDZV_HINT),
-    RefusedFlag("--rdzv-id", True, RDZV_HINT),
     RefusedFlag("--rdzv-conf", True, RDZV_HINT),
     RefusedFlag("--local-addr", True, "use --master-addr"),
     RefusedFlag("--role", True, "distenv run starts a single role; use torchrun for named roles"),
@@ -238,6 +237,15 @@ def add_run_parser(subparsers: Any) -> argparse.ArgumentParser:
         f"{DEFAULT_PORT})",
     )
     add(
+        *_spellings("--run-id"),
+        *_spellings("--rdzv-id"),
+        dest="run_id",
+        metavar="ID",
+        help="this run's identity, the same on every node (default: the scheduler's job step, "
+        "else random on one node; required for several nodes without a scheduler). Ranks of "
+        "another run that reach this run's store are refused",
+    )
+    add(
         "--standalone",
         action="store_true",
         help="one node, 127.0.0.1 and a free port; ignore any scheduler",
@@ -352,6 +360,7 @@ def plan_node(args: argparse.Namespace, env: Mapping[str, str]) -> NodePlan:
         master_port=args.master_port,
         option="--master-addr",
         hint="pass --master-addr (the host of node 0) on every node, or run under srun/jsrun",
+        run_id=args.run_id,
     )
     return plan_from_options(options, layout)
 
@@ -388,7 +397,7 @@ def build_children(args: argparse.Namespace, env: Mapping[str, str]) -> list[Chi
             Child(
                 rank=info.rank,
                 command=[*program, *legacy, *args.script_args],
-                env=child_env(env, info, extra),
+                env=child_env(env, info, plan, extra),
                 show_output=args.ranks is None or info.rank in args.ranks,
                 prefix_output=args.prefix_output,
             )

@@ -65,6 +65,7 @@ class _Options:
     backend: str | None
     timeout: Any
     grace_period: float
+    run_id: str | None
 
 
 @dataclass(frozen=True)
@@ -193,6 +194,8 @@ def _run(
             master_port=options.master_port,
             option="master_addr",
             hint="pass master_addr (the host of node 0) on every node",
+            run_id=options.run_id,
+            run_id_option="run_id",
         ),
         None,  # launch() takes the nodes from its arguments, never from a scheduler
     )
@@ -210,7 +213,7 @@ def _run(
                 target=_worker,
                 args=(
                     sender,
-                    child_env({}, info, extra),
+                    child_env({}, info, plan, extra),
                     payload,
                     options.backend,
                     options.timeout,
@@ -296,6 +299,7 @@ def launch(
     backend: str | None = None,
     timeout: Any = None,
     grace_period: float = DEFAULT_GRACE_PERIOD,
+    run_id: str | None = None,
 ) -> list[R]: ...
 
 
@@ -311,6 +315,7 @@ def launch(
     backend: str | None = None,
     timeout: Any = None,
     grace_period: float = DEFAULT_GRACE_PERIOD,
+    run_id: str | None = None,
 ) -> _Decorator: ...
 
 
@@ -327,6 +332,7 @@ def launch(
     backend: str | None = None,
     timeout: Any = None,
     grace_period: float = DEFAULT_GRACE_PERIOD,
+    run_id: str | None = None,
 ) -> list[Any] | _Decorator:
     """Run `fn` on `nprocs` local ranks, each in the process group, and return their results.
 
@@ -348,6 +354,9 @@ def launch(
         backend: The process-group backend (default: nccl with GPUs, else gloo).
         timeout: The process group's timeout (seconds or a timedelta); torch's default if None.
         grace_period: Seconds between SIGTERM and SIGKILL when stopping workers.
+        run_id: The run's identity, the same on every node: required for several nodes (on one
+            node a random one is drawn). Ranks of another run that reach this run's store are
+            refused.
 
     Returns:
         The return values of this node's ranks, in rank order; or the decorator.
@@ -359,7 +368,7 @@ def launch(
     if nprocs is None:
         raise ConfigurationError(NAME, "nprocs is missing", hint="e.g. launch(fn, nprocs=4)")
     options = _Options(
-        nprocs, nnodes, node_rank, master_addr, master_port, backend, timeout, grace_period
+        nprocs, nnodes, node_rank, master_addr, master_port, backend, timeout, grace_period, run_id
     )
     _check(options)
     if fn is None:

@@ -21,7 +21,7 @@ import pytest
 
 from distenv.cli import build_parser, main
 from distenv.errors import ConfigurationError
-from distenv.pipeline import detect
+from distenv.pipeline import detect, explain
 from distenv.run import REFUSED_FLAGS, RefusedFlag, build_children, plan_node
 from tests.conftest import scrubbed_environ
 from tests.envs import lsf, mpi, slurm
@@ -342,7 +342,7 @@ def test_explicit_flags_win_over_slurm() -> None:
     plan = plan_node(parse("--master-port", "4242"), env)
     assert (plan.nnodes, plan.node_rank, plan.master_port) == (4, 1, 4242)
     manual = plan_node(
-        parse("--nnodes", "2", "--node-rank", "0", "--master-addr", "h0"),
+        parse("--nnodes", "2", "--node-rank", "0", "--master-addr", "h0", "--run-id", "exp-1"),
         env,
     )
     assert (manual.nnodes, manual.node_rank, manual.master_addr, manual.master_port) == (
@@ -351,6 +351,31 @@ def test_explicit_flags_win_over_slurm() -> None:
         "h0",
         29500,
     )
+    assert manual.run_id == "exp-1"
+
+
+def test_run_id_is_the_job_step_else_drawn_else_required() -> None:
+    """The ranks' identity: --run-id, else the scheduler's step, else random on one node only."""
+    srun = plan_node(parse("-n", "2"), slurm.SRUN_4N_4T[1])
+    assert srun.run_id == explain("auto", slurm.SRUN_4N_4T[1]).scope
+    one, other = plan_node(parse("-n", "2"), {}), plan_node(parse("-n", "2"), {})
+    assert one.run_id != other.run_id
+    assert len(one.run_id) == 16
+    with pytest.raises(ConfigurationError, match="--run-id") as info:
+        plan_node(parse("--nnodes", "2", "--node-rank", "1", "--master-addr", "h0"), {})
+    assert "same --run-id on every node" in str(info.value)
+    with pytest.raises(ConfigurationError, match="'a b'"):
+        plan_node(parse("--run-id", "a b"), {})
+
+
+def test_ranks_carry_the_run_id(tmp_path: Path) -> None:
+    """Each rank gets DISTENV_RUN_ID, which becomes its launcher's job id and scope."""
+    children = build_children(parse("-n", "2", "--run-id", "exp-7", "s.py"), {})
+    for child in children:
+        assert child.env["DISTENV_RUN_ID"] == "exp-7"
+        detection = explain("auto", child.env)
+        assert detection.info.job_id == "exp-7"
+        assert detection.scope == "pytorch/exp-7/-"
 
 
 @pytest.mark.parametrize(
@@ -378,6 +403,6 @@ def test_batch_script_runs_on_this_node(capsys: pytest.CaptureFixture[str]) -> N
 def test_several_nodes_need_a_master() -> None:
     """--nnodes 2 without a scheduler or --master-addr is refused, naming the fix."""
     with pytest.raises(ConfigurationError, match="--master-addr"):
-        plan_node(parse("--nnodes", "2", "--node-rank", "1"), {})
+        plan_node(parse("--nnodes", "2", "--node-rank", "1", "--run-id", "x"), {})
     with pytest.raises(ConfigurationError, match="outside"):
         plan_node(parse("--nnodes", "2", "--node-rank", "2"), {})

@@ -29,7 +29,8 @@ class LsfLauncher(Scheduler):
     | variable | fills | required |
     |---|---|---|
     | LSB_JOBID | job_id, detection | yes |
-    | LSB_JOBINDEX | master_port (array element) | no |
+    | LSB_JOBINDEX | master_port (array element), scope | no |
+    | PMIX_NAMESPACE | scope: one jsrun step | no |
     | JSM_NAMESPACE_RANK | rank | under jsrun |
     | JSM_NAMESPACE_SIZE | world_size | under jsrun |
     | JSM_NAMESPACE_LOCAL_RANK | local_rank | under jsrun |
@@ -49,6 +50,7 @@ class LsfLauncher(Scheduler):
     variables = (
         Var("LSB_JOBID", "job_id", "yes", "the LSF job id; its presence means an LSF job"),
         Var("LSB_JOBINDEX", "master_port", "no", "array element index (0 outside arrays)"),
+        Var("PMIX_NAMESPACE", "(scope)", "no", "jsrun's PMIx namespace: one jsrun step"),
         Var("JSM_NAMESPACE_RANK", "rank", "under jsrun", "global rank"),
         Var("JSM_NAMESPACE_SIZE", "world_size", "under jsrun", "number of ranks"),
         Var("JSM_NAMESPACE_LOCAL_RANK", "local_rank", "under jsrun", "rank on this node"),
@@ -71,7 +73,10 @@ class LsfLauncher(Scheduler):
 
     def scope(self, env: Mapping[str, str]) -> str:
         reader = self.reader(env)
-        return scope_tag(self.name, reader.get("LSB_JOBID"), reader.get("LSB_JOBINDEX"))
+        job, index = reader.get("LSB_JOBID"), reader.get("LSB_JOBINDEX")
+        # jsrun is PMIx based: its namespace tells two jsrun steps of one job apart.
+        step = reader.get("PMIX_NAMESPACE") or "-"
+        return scope_tag(self.name, job and f"{job}[{index or 0}]", step)
 
     def _port(self, reader: Reader) -> int:
         # Elements of a job array share LSB_JOBID; LSB_JOBINDEX tells them apart.

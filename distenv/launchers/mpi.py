@@ -100,10 +100,18 @@ class MpiLauncher(Launcher):
     rank among the processes on the node). Inside a scheduler's step that spans the allocation, that
     step numbers the nodes (`placed_rank_info`). The master comes from MASTER_ADDR / MASTER_PORT,
     else an enclosing scheduler's allocation, else `distenv.resolve` finds it over MPI (mpi4py).
+
+    The job's identity (its rendezvous scope) is ``PMIX_NAMESPACE`` where the launcher is PMIx
+    based (Open MPI 4/5, ``srun --mpi=pmix``, jsrun); Hydra exports none, so its scope is only
+    the world size unless rank 0's master is exchanged over MPI (docs/security.md).
     """
 
     name = "mpi"
-    variables = (*_declare(), *MASTER_VARS)
+    variables = (
+        *_declare(),
+        Var("PMIX_NAMESPACE", "(scope)", "no", "PMIx: this launch's namespace (Open MPI, srun)"),
+        *MASTER_VARS,
+    )
     tasks_of_scheduler = True
 
     def _flavor(self, reader: Reader) -> Flavor | None:
@@ -189,6 +197,7 @@ class MpiLauncher(Launcher):
         )
 
     def scope(self, env: Mapping[str, str]) -> str:
-        # MPI launchers export no job id every rank shares; the scope is the world's size.
+        # PMIx launchers name the launch; Hydra names nothing every rank shares but the size.
         world = self.world(env)
-        return scope_tag(self.name, None, None if world is None else str(world[1]))
+        size = None if world is None or world[1] is None else str(world[1])
+        return scope_tag(self.name, self.reader(env).get("PMIX_NAMESPACE"), size)

@@ -6,7 +6,7 @@ from collections.abc import Mapping
 
 from distenv.errors import InconsistentEnvironmentError, MissingVariableError
 from distenv.launchers.base import Launcher, World
-from distenv.master import SCOPE_VAR, explicit_master, scope_tag
+from distenv.master import RUN_ID_VAR, SCOPE_VAR, explicit_master, scope_tag
 from distenv.rankinfo import RankInfo
 from distenv.variables import Reader, Var
 
@@ -33,7 +33,9 @@ class TorchrunLauncher(Launcher):
 
     | variable | fills | required |
     |---|---|---|
-    | TORCHELASTIC_RUN_ID | job_id, detection | or the full set below |
+    | TORCHELASTIC_RUN_ID | job_id, scope, detection | or the full set below |
+    | TORCHELASTIC_RESTART_COUNT | scope | no |
+    | DISTENV_RUN_ID | job_id, scope (distenv run's ranks) | no |
     | RANK | rank | yes |
     | WORLD_SIZE | world_size | yes |
     | LOCAL_RANK | local_rank | yes, except Kubeflow-style (one process per node) |
@@ -53,6 +55,8 @@ class TorchrunLauncher(Launcher):
     aliases = ("torchrun",)
     variables = (
         Var("TORCHELASTIC_RUN_ID", "job_id", "or the full set", "torchrun's --rdzv-id"),
+        Var("TORCHELASTIC_RESTART_COUNT", "(scope)", "no", "torchrun's restart number"),
+        Var(RUN_ID_VAR, "job_id", "no", "distenv run's run id (--run-id, else drawn)"),
         Var("RANK", "rank", "yes", "global rank"),
         Var("WORLD_SIZE", "world_size", "yes", "number of processes"),
         Var("LOCAL_RANK", "local_rank", "yes*", "rank on this node (*absent: Kubeflow style)"),
@@ -89,8 +93,14 @@ class TorchrunLauncher(Launcher):
         rank = reader.optional_int("RANK")
         return None if rank is None else (rank, reader.optional_int("WORLD_SIZE", minimum=1))
 
+    def _run_id(self, reader: Reader) -> str | None:
+        run_id = reader.get("TORCHELASTIC_RUN_ID")
+        # torchrun's default --rdzv-id is the word "none": no identity at all.
+        return reader.get(RUN_ID_VAR) if run_id in (None, "none") else run_id
+
     def scope(self, env: Mapping[str, str]) -> str:
-        return scope_tag(self.name, self.reader(env).get("TORCHELASTIC_RUN_ID"), None)
+        reader = self.reader(env)
+        return scope_tag(self.name, self._run_id(reader), reader.get("TORCHELASTIC_RESTART_COUNT"))
 
     def rank_info(self, env: Mapping[str, str]) -> RankInfo:
         reader = self.reader(env)
@@ -123,7 +133,6 @@ class TorchrunLauncher(Launcher):
             raise MissingVariableError(
                 self.name, "MASTER_PORT" if addr else "MASTER_ADDR", hint=HINT
             )
-        run_id = reader.get("TORCHELASTIC_RUN_ID")
         return RankInfo.checked(
             self.name,
             sources,
@@ -135,5 +144,5 @@ class TorchrunLauncher(Launcher):
             num_nodes=num_nodes,
             master_addr=addr,
             master_port=port,
-            job_id=None if run_id in (None, "none") else run_id,
+            job_id=self._run_id(reader),
         )
