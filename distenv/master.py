@@ -89,14 +89,20 @@ MASTER_VARS = (
     ),
 )
 
-# Ports come from [PORT_LOW, PORT_HIGH): above the registered services most clusters run, and below
-# Linux's default ephemeral range (net.ipv4.ip_local_port_range = 32768 60999), so the kernel never
-# hands our port to some outgoing connection first.
+# Ports come from [PORT_LOW, PORT_LOW + PORT_SPAN): above the registered services most clusters run,
+# and below Linux's default ephemeral range (net.ipv4.ip_local_port_range = 32768 60999), so the
+# kernel never hands our port to some outgoing connection first.
 PORT_LOW = 10_000
 PORT_HIGH = 32_768
-# Consecutive job ids land PORT_STRIDE ports apart, so two jobs whose ids differ by less than
-# (PORT_HIGH - PORT_LOW) / PORT_STRIDE = 234 never collide for any of their first 97 steps.
-PORT_STRIDE = 97
+# The largest prime below PORT_HIGH - PORT_LOW: job ids a multiple of the span apart (22768 under
+# 0.1.0) no longer land on the same port.
+PORT_SPAN = 22_751
+# Job ids step PORT_STRIDE apart modulo the span, step ids 1 apart. The stride was searched for the
+# patterns that share nodes (tests/test_master.py checks each figure): two jobs whose ids
+# differ by at most 708 never collide while their steps differ by at most 31; by at most 2133 with
+# steps 0-7; by at most 3 with steps up to 255 (0.1.0's job N step 97 and job N+1 step 0 collided);
+# two steps of one job never do; job ids 22768 apart never do for steps up to 63.
+PORT_STRIDE = 9_755
 
 
 def _as_number(text: str) -> int:
@@ -106,11 +112,13 @@ def _as_number(text: str) -> int:
 def scheduler_port(job_id: str, step: str = "0") -> int:
     """Return the master port every rank of a job step derives alike, without talking.
 
-    ``PORT_LOW + (job * PORT_STRIDE + step) % (PORT_HIGH - PORT_LOW)``; non-numeric ids are hashed
-    with CRC-32. Two unrelated jobs sharing a node collide with probability 1/22768.
+    ``PORT_LOW + (job * PORT_STRIDE + step) % PORT_SPAN``; non-numeric ids are hashed with CRC-32.
+    Related jobs (consecutive ids, array elements, steps) avoid each other as the constants'
+    comment says; unrelated jobs sharing a node collide like random ports: about
+    ``N**2 / (2 * PORT_SPAN)`` for N concurrent jobs (0.2 % for 10). A collision is an error that
+    names the other job (`distenv.rendezvous`), never a silent join.
     """
-    span = PORT_HIGH - PORT_LOW
-    return PORT_LOW + (_as_number(job_id) * PORT_STRIDE + _as_number(step)) % span
+    return PORT_LOW + (_as_number(job_id) * PORT_STRIDE + _as_number(step)) % PORT_SPAN
 
 
 def scope_tag(launcher: str, job_id: str | None, step: str | None) -> str:

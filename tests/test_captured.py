@@ -100,11 +100,11 @@ def test_all_ranks_of_a_step_agree_on_master() -> None:
 
 
 def test_slurm_port_follows_the_published_formula() -> None:
-    """The Slurm master port is PORT_LOW + (job * 97 + step) % 22768, here job 18 step 0."""
+    """The Slurm master port is PORT_LOW + (job * 9755 + step) % 22751, here job 18 step 0."""
     info = detect("auto", slurm.SRUN_2N_4T[0])
     assert info.job_id == slurm.SRUN_2N_4T[0]["SLURM_JOB_ID"]
     assert info.master_port == scheduler_port(info.job_id or "", "0")
-    assert scheduler_port("18", "0") == 10000 + 18 * 97
+    assert scheduler_port("18", "0") == 10000 + (18 * 9755) % 22751
 
 
 def test_mpi_inside_an_allocation_uses_the_job_port_on_every_node() -> None:

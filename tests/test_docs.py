@@ -12,7 +12,7 @@ import pytest
 
 import distenv.errors
 from distenv.launchers import BUILTIN
-from distenv.master import PORT_HIGH, PORT_LOW, PORT_STRIDE
+from distenv.master import PORT_LOW, PORT_SPAN, PORT_STRIDE, scheduler_port
 
 DOCS = Path(__file__).resolve().parent.parent / "docs"
 
@@ -111,9 +111,9 @@ def test_every_marker_in_the_docs_expands() -> None:
 def test_port_formula_page_matches_constants() -> None:
     """The port documentation states the constants the code uses."""
     page = _page("master.md")
-    for number in (PORT_LOW, PORT_HIGH, PORT_STRIDE, PORT_HIGH - PORT_LOW):
+    for number in (PORT_LOW, PORT_SPAN, PORT_STRIDE, PORT_LOW + PORT_SPAN):
         assert str(number) in page
-    assert str((PORT_HIGH - PORT_LOW) // PORT_STRIDE) in page
+    assert f"**{scheduler_port('4', '0')}**" in page
 
 
 def test_settings_table_lists_every_setting() -> None:

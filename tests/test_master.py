@@ -75,8 +75,35 @@ def test_launchers_that_do_not_declare_master_vars_ignore_them() -> None:
 
 def test_default_slurm_step_first_host_and_formula() -> None:
     """Rule 4: an srun step's first host and the port of its job and step."""
-    assert master(slurm.SRUN_2N_4T[3]) == Master("n1", 10388, "default", "default")
-    assert scheduler_port("4", "0") == 10388
+    assert master(slurm.SRUN_2N_4T[3]) == Master("n1", 26269, "default", "default")
+    assert scheduler_port("4", "0") == 26269
+
+
+def _collide(job: int, step: int, jobs: range, steps: range) -> list[tuple[int, int]]:
+    """Return the (job + dj, step + ds) pairs of the box whose port is job/step's port."""
+    port = scheduler_port(str(job), str(step))
+    return [
+        (job + dj, step + ds)
+        for dj in jobs
+        for ds in steps
+        if (dj, ds) != (0, 0) and scheduler_port(str(job + dj), str(step + ds)) == port
+    ]
+
+
+def test_port_formula_keeps_related_jobs_apart() -> None:
+    """Every "never" of docs/master.md's collision table, and where the guarantee ends."""
+    job, step = 50_000, 300
+    assert _collide(job, step, range(0, 709), range(-31, 32)) == []
+    assert _collide(job, step, range(0, 2134), range(-7, 8)) == []
+    assert _collide(job, step, range(0, 4), range(-255, 256)) == []
+    assert _collide(job, step, range(22768, 22769), range(-63, 64)) == []
+    assert _collide(job, 0, range(0, 1), range(0, 20_000)) == []
+    # 0.1.0's collisions are gone: job N step 97 / job N+1 step 0, and ids 22768 apart.
+    assert scheduler_port("38", "97") != scheduler_port("39", "0")
+    assert scheduler_port("38", "0") != scheduler_port(str(38 + 22768), "0")
+    # The bounds are tight: one more job apart and some pair in the box collides.
+    assert _collide(job, step, range(709, 710), range(-31, 32)) != []
+    assert all(10_000 <= scheduler_port(str(j), "0") < 32_768 for j in range(0, 100_000, 7))
 
 
 def test_default_slurm_batch_script_is_local() -> None:
@@ -94,7 +121,7 @@ def test_default_arbitrary_distribution_needs_master_addr(distribution: str) -> 
     assert info.value.variable == "MASTER_ADDR"
     assert f"--distribution={distribution}" in str(info.value.hint)
     found = master({**env, "MASTER_ADDR": "n2"})
-    assert found == Master("n2", 10388, "explicit", "default")
+    assert found == Master("n2", 26269, "explicit", "default")
 
 
 def test_default_lsf_skips_the_coral_launch_node() -> None:
@@ -131,7 +158,7 @@ def test_format_maps_defaults_and_allocations_never_explicit_values() -> None:
 
 def test_flags_win_over_the_schedulers_layout() -> None:
     """Rule 3: a local launcher's flags beat the layout it was given, field by field."""
-    layout = Default("n1", 10388)
+    layout = Default("n1", 26269)
     query = MasterQuery(
         source="run",
         env={},
