@@ -1,11 +1,11 @@
-"""Supervising local ranks: one stop policy, signal forwarding, fail fast, no orphan.
+"""Supervising local ranks: one stop policy, signal forwarding, fail fast, no survivors.
 
 `StopPolicy` is the one way both local launchers stop ranks (in the spirit of torch elastic's
 ``PContext``): the first failure is named with how it ended and how many others were stopped;
 the others get SIGTERM (or the stopping signal received), then SIGKILL after the grace period.
 `distenv.launch` applies it with `StopPolicy.stop` to its multiprocessing workers; ``distenv run``
 hands a `Supervisor` one `Child` per local rank, which applies it to their process groups without
-blocking, so that a second stopping signal kills at once. Three mechanisms keep any process
+blocking, so that a second stopping signal kills at once. Four mechanisms keep any process
 from outliving ``distenv run``:
 
 1. Each child runs in its own session (so its process group id is its pid) and is always signalled
@@ -17,6 +17,23 @@ from outliving ``distenv run``:
 3. A watchdog process (`WATCHDOG`) learns every group id through a pipe. When the pipe closes
    without a final ``done`` (the launcher died, however), it SIGKILLs every group: the grandchildren
    that the kernel's parent-death signal does not reach.
+4. The launcher is the child subreaper of its ranks (``prctl(PR_SET_CHILD_SUBREAPER)``, `Adopter`):
+   a descendant that left its rank's group and session (a daemon: fork, setsid, fork) is
+   re-parented to the launcher when its parent exits, instead of to init. Such orphans get the
+   ranks' stop signal when the job stops, SIGTERM once every rank is done, SIGKILL after the grace
+   period, and are reaped each by its own pid (never ``waitpid(-1)``, which would take a rank's
+   exit status from its `subprocess.Popen`). Exited ones are reaped every `REAP_INTERVAL` meanwhile.
+
+What can survive a SIGKILL of the launcher itself: the ranks die by (2), their process groups by
+(3), but (4) dies with the launcher. A daemonized descendant, in a group the watchdog was never
+told about, is then re-parented to the nearest subreaper above the launcher, or to init, and keeps
+running; so does one whose parent is still alive in it. Under Slurm, srun's step covers it where
+``ProctrackType=proctrack/cgroup`` (slurm.conf(5)): every process of the step stays in the step's
+cgroup whatever its session or parent, and slurmstepd kills what is left in that cgroup when the
+step ends (its task, ``distenv run``, exited or was killed) or is cancelled. proctrack/pgid and
+proctrack/linuxproc track by process group or parent, which a daemon escapes.
+
+Linux-only calls fail soft: without prctl or /proc the launcher adopts nothing and relies on (1-3).
 """
 
 from __future__ import annotations

@@ -21,6 +21,7 @@ from typing import Any
 
 import pytest
 
+from tests.scripts.rank_child import ESCAPEE
 from tests.test_run import CHILD, REPO, TIMEOUT, gone, launcher_env, pids, wait_for
 
 LEFTOVERS = str(Path(__file__).with_name("scripts") / "leftovers.py")
@@ -170,3 +171,20 @@ def test_orphans_that_exit_are_reaped_while_ranks_run(tmp_path: Path) -> None:
     # 0.5 s of sleep, then one reaping interval at most.
     (seconds,) = reaped
     assert seconds < 3
+
+
+def test_sigkilled_run_leaves_its_daemons_to_the_scheduler(tmp_path: Path) -> None:
+    """The documented limit: a SIGKILLed distenv run runs no more code, so its daemonized
+    grandchildren survive it (re-parented to the nearest subreaper, here the watcher); the ranks'
+    own end is pinned by test_run.test_sigkilled_launcher_leaves_no_process."""
+    args = ["-n", "2", CHILD, str(tmp_path), "--escape", "--sleep", "60"]
+    report, _, elapsed = run_watched(
+        tmp_path,
+        args,
+        ready=lambda: len(pids(tmp_path)) == 2 and len(pids(tmp_path, "epid")) == 2,
+        signum=signal.SIGKILL,
+    )
+    assert report["status"] == -signal.SIGKILL
+    survivors = {p["pid"] for p in report["left"] if ESCAPEE in p["argv"] and p["state"] != "Z"}
+    assert survivors == set(escapees(tmp_path, 2))
+    assert elapsed < 5
