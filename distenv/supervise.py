@@ -1,11 +1,11 @@
-"""Supervising local ranks: one stop policy, signal forwarding, fail fast, no orphan.
+"""Supervising local ranks: one stop policy, signal forwarding, fail fast, no survivors.
 
 `StopPolicy` is the one way both local launchers stop ranks (in the spirit of torch elastic's
 ``PContext``): the first failure is named with how it ended and how many others were stopped;
 the others get SIGTERM (or the stopping signal received), then SIGKILL after the grace period.
 `distenv.launch` applies it with `StopPolicy.stop` to its multiprocessing workers; ``distenv run``
 hands a `Supervisor` one `Child` per local rank, which applies it to their process groups without
-blocking, so that a second stopping signal kills at once. Three mechanisms keep any process
+blocking, so that a second stopping signal kills at once. Four mechanisms keep any process
 from outliving ``distenv run``:
 
 1. Each child runs in its own session (so its process group id is its pid) and is always signalled
@@ -17,6 +17,23 @@ from outliving ``distenv run``:
 3. A watchdog process (`WATCHDOG`) learns every group id through a pipe. When the pipe closes
    without a final ``done`` (the launcher died, however), it SIGKILLs every group: the grandchildren
    that the kernel's parent-death signal does not reach.
+4. The launcher is the child subreaper of its ranks (``prctl(PR_SET_CHILD_SUBREAPER)``, `Adopter`):
+   a descendant that left its rank's group and session (a daemon: fork, setsid, fork) is
+   re-parented to the launcher when its parent exits, instead of to init. Such orphans get the
+   ranks' stop signal when the job stops, SIGTERM once every rank is done, SIGKILL after the grace
+   period, and are reaped each by its own pid (never ``waitpid(-1)``, which would take a rank's
+   exit status from its `subprocess.Popen`). Exited ones are reaped every `REAP_INTERVAL` meanwhile.
+
+What can survive a SIGKILL of the launcher itself: the ranks die by (2), their process groups by
+(3), but (4) dies with the launcher. A daemonized descendant, in a group the watchdog was never
+told about, is then re-parented to the nearest subreaper above the launcher, or to init, and keeps
+running; so does one whose parent is still alive in it. Under Slurm, srun's step covers it where
+``ProctrackType=proctrack/cgroup`` (slurm.conf(5)): every process of the step stays in the step's
+cgroup whatever its session or parent, and slurmstepd kills what is left in that cgroup when the
+step ends (its task, ``distenv run``, exited or was killed) or is cancelled. proctrack/pgid and
+proctrack/linuxproc track by process group or parent, which a daemon escapes.
+
+Linux-only calls fail soft: without prctl or /proc the launcher adopts nothing and relies on (1-3).
 """
 
 from __future__ import annotations
@@ -91,6 +108,11 @@ FORWARDED_SIGNALS = (*STOPPING_SIGNALS, signal.SIGUSR1, signal.SIGUSR2)
 KILL_WAIT = 5.0
 # How long output threads may keep draining pipes after the ranks are gone.
 DRAIN_WAIT = 2.0
+# prctl(2) options (Linux 3.4): make orphaned descendants this process's children, and read it back.
+PR_SET_CHILD_SUBREAPER = 36
+PR_GET_CHILD_SUBREAPER = 37
+# Seconds between reapings of adopted orphans that exited while the ranks run (/proc is read then).
+REAP_INTERVAL = 1.0
 LINE_LIMIT = 1 << 16
 
 
@@ -185,22 +207,28 @@ def set_parent_death_signal(parent: int) -> None:
         os.kill(os.getpid(), signal.SIGKILL)
 
 
-def live_groups(groups: set[int]) -> set[int]:
-    """Return the process groups in `groups` that hold a process that is not a zombie.
+@dataclass(frozen=True)
+class ProcessEntry:
+    """One process as /proc/PID/stat shows it (proc(5))."""
 
-    ``killpg(group, 0)`` alone also counts zombies, which never go away under an init that does not
-    reap (as in some containers), so /proc is read instead where it exists.
-    """
+    pid: int
+    state: str
+    ppid: int
+    pgrp: int
+
+    @property
+    def dead(self) -> bool:
+        """Whether it has exited (a zombie waiting for its parent, or on its way out)."""
+        return self.state in ("Z", "X")
+
+
+def processes() -> list[ProcessEntry] | None:
+    """Return every process on this machine, or None where /proc cannot be read (not Linux)."""
     try:
         entries = os.listdir("/proc")
     except OSError:
-        found = set()
-        for group in groups:
-            with contextlib.suppress(ProcessLookupError, PermissionError):
-                os.killpg(group, 0)
-                found.add(group)
-        return found
-    found = set()
+        return None
+    found = []
     for entry in entries:
         if not entry.isdigit():
             continue
@@ -211,9 +239,111 @@ def live_groups(groups: set[int]) -> set[int]:
             continue
         # proc(5): "pid (comm) state ppid pgrp ..."; comm may hold spaces and parentheses.
         fields = stat[stat.rfind(b")") + 2 :].split()
-        if len(fields) > 2 and fields[0] not in (b"Z", b"X") and int(fields[2]) in groups:
-            found.add(int(fields[2]))
+        if len(fields) > 2:
+            state, ppid, pgrp = fields[0].decode(), int(fields[1]), int(fields[2])
+            found.append(ProcessEntry(int(entry), state, ppid, pgrp))
     return found
+
+
+def live_groups(groups: set[int]) -> set[int]:
+    """Return the process groups in `groups` that hold a process that is not a zombie.
+
+    ``killpg(group, 0)`` alone also counts zombies, which never go away under an init that does not
+    reap (as in some containers), so /proc is read instead where it exists.
+    """
+    table = processes()
+    if table is None:
+        found = set()
+        for group in groups:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(group, 0)
+                found.add(group)
+        return found
+    return {p.pgrp for p in table if not p.dead and p.pgrp in groups}
+
+
+def _prctl(option: int, argument: object) -> int | None:
+    """Call prctl(2) with one argument; return its result, or None where there is no prctl."""
+    import ctypes
+
+    try:
+        result: int = ctypes.CDLL(None, use_errno=True).prctl(option, argument, 0, 0, 0)
+    except (OSError, AttributeError):  # not Linux, or no C library to ask
+        return None
+    return result
+
+
+class Adopter:
+    """Make this process the child subreaper of what it starts; find, end and reap the orphans.
+
+    A process whose parent dies is re-parented to its nearest living ancestor that is a child
+    subreaper, else to init (prctl(2), PR_SET_CHILD_SUBREAPER, Linux 3.4). As one, ``distenv run``
+    inherits what a rank daemonized (fork, setsid, fork): a process in neither the rank's group nor
+    its session, that killpg and the watchdog never reach. Such orphans are found in /proc as
+    children this process did not start, and each is reaped by its own pid; ``waitpid(-1)`` would
+    also take a rank's exit status before its `subprocess.Popen` saw it (poll() then says 0).
+    A child that is never reaped keeps its pid, so signalling an orphan by pid cannot hit a
+    stranger.
+
+    Where there is no prctl or no /proc (not Linux), it adopts nothing and finds nothing.
+    """
+
+    def __init__(self) -> None:
+        self.adopting = False
+        self._previous = 0
+        self._theirs: set[int] = set()  # children this process had before: not ours to end
+        self._sent: dict[int, int] = {}  # orphan pid -> last signal sent
+
+    def start(self) -> None:
+        """Become a child subreaper (if /proc lets orphans be found), remembering the old setting."""
+        table = processes()
+        if table is None:
+            return
+        import ctypes
+
+        previous = ctypes.c_int(0)
+        if _prctl(PR_GET_CHILD_SUBREAPER, ctypes.byref(previous)) == 0:
+            self._previous = previous.value
+        me = os.getpid()
+        self._theirs = {p.pid for p in table if p.ppid == me}
+        self.adopting = _prctl(PR_SET_CHILD_SUBREAPER, 1) == 0
+
+    def stop(self) -> None:
+        """Restore the subreaper setting this process had before `start`."""
+        if self.adopting:
+            _prctl(PR_SET_CHILD_SUBREAPER, self._previous)
+            self.adopting = False
+
+    def orphans(self, own: set[int]) -> tuple[list[int], bool]:
+        """Reap the adopted orphans that have exited and return the live ones.
+
+        Args:
+            own: The pids of the children this process started (never touched here).
+
+        Returns:
+            The live orphans' pids, and whether any orphan (live or reaped) was found: a reaped
+            one's own children may have been re-parented here after /proc was read.
+        """
+        table = processes() if self.adopting else None
+        if table is None:
+            return [], False
+        me = os.getpid()
+        adopted = [p for p in table if p.ppid == me and p.pid not in own | self._theirs]
+        for entry in adopted:
+            if entry.dead:
+                with contextlib.suppress(ChildProcessError):
+                    os.waitpid(entry.pid, os.WNOHANG)
+                self._sent.pop(entry.pid, None)
+        return [p.pid for p in adopted if not p.dead], bool(adopted)
+
+    def send(self, pids: Sequence[int], signum: int) -> None:
+        """Send `signum` to each of `pids` (orphans found by `orphans`) that has not had it yet."""
+        for pid in pids:
+            if self._sent.get(pid) == signum:
+                continue
+            self._sent[pid] = signum
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.kill(pid, signum)
 
 
 @dataclass
@@ -276,6 +406,9 @@ class Supervisor:
         self._watchdog: subprocess.Popen[bytes] | None = None
         self._deadline: float | None = None
         self._killed = False
+        self._stop_signal = signal.SIGTERM
+        self._adopter = Adopter()
+        self._next_reaping = 0.0
         self.status: int | None = None
 
     # -- signals -------------------------------------------------------------------------------
@@ -301,6 +434,30 @@ class Supervisor:
 
     def _groups(self) -> set[int]:
         return {c.process.pid for c in self.children if c.process is not None}
+
+    def _own(self) -> set[int]:
+        """Return the pids of the processes this supervisor started (ranks and watchdog)."""
+        own = self._groups()
+        if self._watchdog is not None:
+            own.add(self._watchdog.pid)
+        return own
+
+    def _orphans(self) -> tuple[list[int], bool]:
+        """Reap exited orphans; return the live ones (sent the current stop signal if stopping)."""
+        live, found = self._adopter.orphans(self._own())
+        if self._deadline is not None:
+            self._adopter.send(live, self._stop_signal)
+        return live, found
+
+    def _end_orphans(self) -> None:
+        """SIGKILL and reap every adopted orphan, their own orphans too (KILL_WAIT at most)."""
+        deadline = time.monotonic() + KILL_WAIT
+        while time.monotonic() < deadline:
+            live, found = self._adopter.orphans(self._own())
+            if not found:
+                return
+            self._adopter.send(live, signal.SIGKILL)
+            time.sleep(0.01)
 
     def _running(self) -> list[Child]:
         return [c for c in self.children if c.process is not None and c.process.poll() is None]
@@ -368,13 +525,23 @@ class Supervisor:
             self._kill_all()
             return
         self._signal_all(signum)
+        self._stop_signal = signal.Signals(signum)
         self._deadline = time.monotonic() + self.policy.grace_period
+        self._orphans()
 
     def _kill_all(self) -> None:
         stragglers = [f"{c.rank} (pid {c.process.pid})" for c in self._running() if c.process]
         if stragglers:
             self._say(self.policy.killed(stragglers))
         self._signal_all(signal.SIGKILL)
+        self._stop_signal = signal.SIGKILL
+        orphans, _ = self._orphans()
+        if orphans:
+            count = f"{len(orphans)} process{'es' * (len(orphans) > 1)}"
+            self._say(
+                f"{count} the ranks left behind (pid {', '.join(map(str, orphans))}) still running "
+                f"{self.policy.grace_period:g}s after the stop signal; sent SIGKILL"
+            )
         self._killed = True
 
     def _say(self, message: str) -> None:
@@ -407,16 +574,31 @@ class Supervisor:
             self._begin_stop(signal.SIGTERM)
 
     def _loop(self) -> None:
+        running = self._running()
         while True:
             self._check_signals()
+            # Orphans are reaped before the ranks are polled, by pid: were it waitpid(-1), a rank
+            # that exited meanwhile would lose its status here (test_rank_status_survives_...).
+            # While ranks run, /proc is read only every REAP_INTERVAL.
+            now = time.monotonic()
+            scan = not running or self._deadline is not None or now >= self._next_reaping
+            orphans: tuple[list[int], bool] = ([], False)
+            if scan:
+                orphans = self._orphans()
+                self._next_reaping = now + REAP_INTERVAL
             self._check_children()
-            if not self._running():
+            running = self._running()
+            if not running:
+                # Every rank is done; grandchildren they left behind, in their groups or adopted,
+                # get the same treatment.
+                if not scan:
+                    orphans = self._orphans()
+                left = live_groups(self._groups()) or orphans[1]
                 if self._deadline is None:
-                    # Every rank is done; grandchildren they left behind get the same treatment.
-                    if not live_groups(self._groups()):
+                    if not left:
                         return
                     self._begin_stop(signal.SIGTERM)
-                elif not live_groups(self._groups()):
+                elif not left:
                     return
             if self._deadline is not None and time.monotonic() >= self._deadline:
                 if not self._killed:
@@ -437,6 +619,7 @@ class Supervisor:
         """
         previous = self._install_handlers()
         try:
+            self._adopter.start()
             self._start_watchdog()
             for child in self.children:
                 try:
@@ -457,6 +640,8 @@ class Supervisor:
                 if child.process is not None:
                     with contextlib.suppress(subprocess.TimeoutExpired):
                         child.process.wait(timeout=KILL_WAIT)
+            self._end_orphans()
+            self._adopter.stop()
             self._stop_watchdog()
             deadline = time.monotonic() + DRAIN_WAIT
             for thread in self._threads:
