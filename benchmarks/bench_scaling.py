@@ -29,7 +29,7 @@ from _common import SEED, emit, machine, median, note, parser, summary
 from bench_bootstrap import launch
 
 STOP_AFTER_S = 60.0
-ROLLCALL_SIZES = (64, 256, 1024, 4096)
+ROLLCALL_SIZES = (64, 256, 1024, 4096, 8192, 16384)
 RANKS_PER_NODE = 8
 VERDICT_READ_SAMPLE = 16
 
@@ -65,7 +65,7 @@ def init_scaling(sizes: list[int], repeats: int, methods: tuple[str, ...]) -> di
 
 
 def _checkin(rank: int, world: int) -> Any:
-    from distenv.rendezvous import CheckIn
+    from distenv.records import CheckIn
 
     return CheckIn(
         rank=rank,
@@ -80,6 +80,7 @@ def _checkin(rank: int, world: int) -> Any:
         backend="nccl",
         torch_version="2.13.0",
         device=f"GPU-{rank // RANKS_PER_NODE:05d}-{rank % RANKS_PER_NODE}",
+        scope=f"slurm/4242/0/n{world}",
     )
 
 
@@ -89,7 +90,8 @@ def rollcall(sizes: list[int], repeats: int) -> dict[str, Any]:
 
     from distenv import rendezvous as rollcall_module
     from distenv.rankinfo import RankInfo
-    from distenv.rendezvous import roll_call, validate
+    from distenv.records import validate
+    from distenv.rendezvous import roll_call
 
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
@@ -131,7 +133,9 @@ def rollcall(sizes: list[int], repeats: int) -> dict[str, Any]:
             store.add("read", n - 1)
 
             start = time.perf_counter()
-            verdict = roll_call(store, info, checkins[0], timeout=60.0)
+            verdict = roll_call(
+                store, info, checkins[0], timeout=60.0, until=time.monotonic() + 70.0
+            )
             timings["rank0_roll_call"].append(time.perf_counter() - start)
             assert verdict.ok, verdict.problems
 

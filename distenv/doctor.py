@@ -15,11 +15,13 @@ from typing import TextIO
 
 from distenv import state
 from distenv.args import add_launcher_option
+from distenv.deadline import Deadline
 from distenv.device import rank_backend, rank_device
 from distenv.errors import DistEnvError
 from distenv.pipeline import locate
 from distenv.rankinfo import RankInfo
-from distenv.rendezvous import DOCTOR_PREFIX, CheckIn, Verdict, make_checkin, meet
+from distenv.records import CheckIn, Verdict
+from distenv.rendezvous import job_scope, make_checkin, meet
 from distenv.settings import Settings
 
 __all__ = ["add_doctor_parser", "doctor"]
@@ -64,12 +66,12 @@ def _table(info: RankInfo, verdict: Verdict, out: TextIO) -> None:
         out.write("\n")
 
 
-def _checkin(info: RankInfo) -> tuple[CheckIn, str]:
+def _checkin(info: RankInfo, scope: str) -> tuple[CheckIn, str]:
     # The same device and backend rule as init_dist's, never a copy of it.
     device = rank_device(info)
     backend = rank_backend(device)
     return make_checkin(
-        info, backend, device, allow_gpu_sharing=state.gpu_sharing_allowed()
+        info, backend, device, allow_gpu_sharing=state.gpu_sharing_allowed(), scope=scope
     ), backend
 
 
@@ -96,13 +98,19 @@ def doctor(
         out.write(f"verdict: FAIL: {exc}\n")
         return 1
 
-    checkin, backend = _checkin(info)
+    scope = job_scope(detection.scope, info.world_size)
+    checkin, backend = _checkin(info, scope)
     if info.world_size == 1:
-        verdict = Verdict(True, (), (checkin,))
+        verdict = Verdict(True, (), (checkin,), scope)
     else:
         try:
             _, verdict = meet(
-                info, checkin, seconds=seconds, settings=settings, prefix=DOCTOR_PREFIX, check=False
+                info,
+                checkin,
+                deadline=Deadline.start(seconds),
+                settings=settings,
+                phase="doctor",
+                check=False,
             )
         except DistEnvError as exc:
             if info.rank == 0:
@@ -122,7 +130,7 @@ def doctor(
         out.write(f"verdict: OK: {info.world_size} of {info.world_size} ranks checked in\n")
         return 0
     out.write("verdict: FAIL\n")
-    for problem in verdict.problems:
+    for problem in verdict.describe(seconds):
         out.write(f"  - {problem}\n")
     return 1
 

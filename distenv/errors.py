@@ -25,6 +25,7 @@ __all__ = [
     "NotLaunchedError",
     "RendezvousError",
     "RendezvousTimeoutError",
+    "StoreTakenError",
     "WorkerFailedError",
 ]
 
@@ -127,6 +128,10 @@ class RendezvousError(DistEnvError):
 
 class RendezvousTimeoutError(RendezvousError):
     """Not every rank arrived (or the master could not be reached) within the timeout."""
+
+
+class StoreTakenError(RendezvousError):
+    """The store at the master's port belongs to another job (or is no distenv store at all)."""
 
 
 class WorkerFailedError(DistEnvError):

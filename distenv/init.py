@@ -14,9 +14,10 @@ same steps, in this order, and are the only functions of distenv that change the
 
 and `init_dist` goes on to
 
-5. reach rank 0's store within the rendezvous timeout and hold the roll call over it
-   (`distenv.rendezvous`: every rank checks in, rank 0 validates and names missing ranks), then
-   call ``torch.distributed.init_process_group`` with the same store;
+5. under one deadline (the rendezvous timeout + 10 s, `distenv.deadline`): reach rank 0's store,
+   prove it is this job's and hold the roll call over it (`distenv.rendezvous`: every rank checks
+   in, rank 0 validates and names missing ranks), then create the process group with the same
+   store and check that every rank came up (`distenv.group`);
 6. log one summary line on rank 0 (logger ``distenv``, INFO);
 7. seed every generator, if asked (`distenv.seeding`).
 
@@ -25,25 +26,19 @@ torch is imported inside the functions: importing this module stays cheap.
 
 from __future__ import annotations
 
-import datetime
 import logging
 import os
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from distenv import state
+from distenv.deadline import Deadline
 from distenv.device import choose_backend, rank_backend, rank_device
-from distenv.errors import ConfigurationError, InitError, RendezvousTimeoutError
+from distenv.errors import ConfigurationError, InitError
+from distenv.group import join_group
 from distenv.master import SCOPE_VAR
 from distenv.pipeline import Detection, locate
 from distenv.rankinfo import RankInfo
-from distenv.rendezvous import (
-    first_line,
-    group_prefix,
-    make_checkin,
-    master_address,
-    meet,
-    rollcall_prefix,
-)
+from distenv.rendezvous import job_scope, make_checkin, master_address, meet
 from distenv.seeding import check_seed, seed_everything
 from distenv.settings import Settings, seconds
 
@@ -164,48 +159,26 @@ def _init_process_group(
     backend: str,
     device: int | None,
     timeout: float | None,
-    rendezvous_s: float,
+    deadline: Deadline,
     settings: Settings,
+    detected_scope: str,
 ) -> None:
-    import torch
-    import torch.distributed as dist
-    from torch._C._distributed_c10d import PrefixStore
-
-    checkin = make_checkin(info, backend, device, allow_gpu_sharing=state.gpu_sharing_allowed())
-    # Everybody checks in before torch is asked to wait: a missing rank is named, not waited for.
-    store, _ = meet(
-        info, checkin, seconds=rendezvous_s, settings=settings, prefix=rollcall_prefix(settings)
+    scope = job_scope(detected_scope, info.world_size)
+    checkin = make_checkin(
+        info, backend, device, allow_gpu_sharing=state.gpu_sharing_allowed(), scope=scope
     )
-    options: dict[str, Any] = {}
-    if device is not None and "nccl" in backend.lower():
-        # Binds the communicator to this device and lets NCCL connect eagerly (torch >= 2.3).
-        options["device_id"] = torch.device("cuda", device)
-    pg_timeout = None if timeout is None else datetime.timedelta(seconds=timeout)
-    where = f"rank {info.rank} of {info.world_size} (store {master_address(info)})"
-    try:
-        dist.init_process_group(
-            backend=backend,
-            store=PrefixStore(group_prefix(settings), store),
-            rank=info.rank,
-            world_size=info.world_size,
-            timeout=pg_timeout,
-            **options,
-        )
-    except dist.DistStoreError as exc:
-        raise RendezvousTimeoutError(
-            info.launcher,
-            f"{where}: not every rank checked in: {first_line(exc)}",
-            hint="a rank did not start or crashed before init_dist; check every rank's log",
-        ) from None
-    except (RuntimeError, ValueError) as exc:  # DistError is a RuntimeError
-        raise InitError(
-            info.launcher,
-            f"{where}: init_process_group(backend={backend!r}) failed: {first_line(exc)}",
-            hint="check that the backend is available in this torch build (nccl needs CUDA)",
-        ) from None
-    # From here on the store serves new_group and barriers: give it the group's patience, not the
-    # check-in limit.
-    store.set_timeout(pg_timeout or dist.default_pg_timeout)
+    # Everybody checks in before torch is asked to wait: a missing rank is named, not waited for.
+    store, _ = meet(info, checkin, deadline=deadline, settings=settings, phase="rollcall")
+    join_group(
+        store,
+        info,
+        backend=backend,
+        device=device,
+        timeout=timeout,
+        deadline=deadline,
+        settings=settings,
+        scope=scope,
+    )
 
 
 def _reuse(info: RankInfo) -> RankInfo:
@@ -279,7 +252,7 @@ def init_dist(
     """
     settings = Settings.read(os.environ)
     pg_seconds = None if timeout is None else seconds(timeout, "timeout")
-    rendezvous_s = settings.rendezvous_seconds(rendezvous_timeout)
+    deadline = Deadline.start(settings.rendezvous_seconds(rendezvous_timeout))
     _check_start_method(start_method)
     if backend is not None:
         choose_backend(cuda_available=False, has_device=False, explicit=backend)
@@ -306,7 +279,13 @@ def init_dist(
     )
     chosen = rank_backend(device, backend)
     _init_process_group(
-        info, chosen, device if set_device else None, pg_seconds, rendezvous_s, settings
+        info,
+        chosen,
+        device if set_device else None,
+        pg_seconds,
+        deadline,
+        settings,
+        detection.scope,
     )
     if info.rank == 0:
         logger.info(

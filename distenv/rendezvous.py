@@ -1,38 +1,40 @@
-"""The rendezvous: rank 0's store, the keys distenv writes there, the records, and the roll call.
+"""The rendezvous: rank 0's store, this job's keys in it, and the roll call.
 
-Every rank reaches the job's one store (rank 0's TCPStore, or torchrun's agent store) within the
-rendezvous timeout (`connect_store`), then the roll call runs over it under a prefix, before the
-process group exists, so nobody hangs silently:
+Every rank reaches the job's one store (rank 0's TCPStore, or torchrun's agent store), proves it is
+this job's, and holds the roll call over it before the process group exists, so that nobody joins
+another job and nobody hangs silently:
 
-1. every rank writes its `CheckIn` under a key numbered by its arrival (``store.add``), so two
-   processes that both claim rank 3 are both seen, then counts itself as written;
-2. rank 0 waits until ``world_size`` check-ins arrived or the timeout passed, then validates them
-   (`validate`, a pure function) and publishes one verdict; on timeout the verdict names the ranks
-   that never arrived and the hosts they were expected on;
-3. every other rank waits for the verdict (same timeout, plus a grace for rank 0's own wait) and
-   raises what it says.
+1. `connect_store`: rank 0 listens (on the MASTER_ADDR address where that is safe), the others
+   connect within the rendezvous timeout; a listener that accepts connections but never answers as
+   a store is named as such.
+2. `claim_scope` / `check_scope`: rank 0 writes this job's scope (`distenv.pipeline.Detection`)
+   under the scope key right after creating the store; every other rank reads it before writing
+   anything and stops at once if it names another job (`StoreTakenError`). Every key this job
+   writes is under a prefix holding the scope (`prefix`), and every record carries it.
+3. `roll_call`: every rank writes its `CheckIn` under a key numbered by its arrival (``add``), so two
+   processes that claim one rank are both seen; rank 0 validates the records
+   (`distenv.records`: nothing read from the store is trusted) and publishes a verdict of
+   structured problems, which every rank renders from its own templates.
 
-Rank 0 reads N records and every rank reads one verdict: O(N) store traffic, not O(N^2).
-Waits poll in short slices so that SIGINT/SIGTERM end the process promptly. `meet` runs the whole
-sequence for `init_dist` and `distenv doctor`; torch is imported inside the functions.
+Every blocking store call runs under the bootstrap's `Deadline` (`distenv.deadline.bounded`) and
+signals end the wait at once. Rank 0 reads N records and every rank reads one verdict: O(N) store
+traffic, not O(N^2). The scope prevents accidents, not attacks (job ids are public):
+docs/security.md says what distenv does and does not protect against.
 """
 
 from __future__ import annotations
 
+import contextlib
 import datetime
-import json
+import hashlib
+import ipaddress
 import os
-import signal
 import socket
-import threading
 import time
-from collections import Counter, defaultdict
 from collections.abc import Iterator, Sequence
-from contextlib import contextmanager
-from dataclasses import asdict, dataclass, replace
-from types import FrameType
 from typing import TYPE_CHECKING, Any
 
+from distenv.deadline import Deadline, bounded, interruptible, pause
 from distenv.device import device_identity
 from distenv.errors import (
     DistEnvError,
@@ -40,44 +42,75 @@ from distenv.errors import (
     MasterResolutionError,
     RendezvousError,
     RendezvousTimeoutError,
+    StoreTakenError,
 )
 from distenv.master import host_port
 from distenv.rankinfo import RankInfo
+from distenv.records import (
+    CheckIn,
+    ForeignCheckIn,
+    ForeignRecordError,
+    Problem,
+    Verdict,
+    matches,
+    missing_ranks,
+    parse_checkin,
+    parse_scope,
+    parse_verdict,
+    validate,
+)
 from distenv.settings import TIMEOUT_VAR, Settings
 
 if TYPE_CHECKING:
     from torch._C._distributed_c10d import Store
 
 __all__ = [
-    "DOCTOR_PREFIX",
-    "CheckIn",
-    "Verdict",
+    "check_scope",
+    "claim_scope",
     "connect_store",
     "first_line",
-    "group_prefix",
-    "interruptible",
+    "job_scope",
+    "listen_address",
     "make_checkin",
+    "mark",
     "master_address",
     "meet",
+    "poll_cap",
+    "prefix",
+    "read_states",
     "roll_call",
-    "validate",
+    "scope_key",
+    "wait_key",
 ]
 
-# Key prefixes in the store. torchrun's agent store outlives a worker restart; keys of one attempt
-# must not be read by the next (torch prefixes "/worker/attempt_N" for the same reason).
-ROLLCALL_PREFIX = "distenv/rollcall"
-GROUP_PREFIX = "distenv/pg"
-DOCTOR_PREFIX = "distenv/doctor"
+KEY_ROOT = "distenv"
+# Rank 0 publishes the verdict only after its own wait; the others allow it this much longer.
+VERDICT_GRACE_S = 10.0
+POLL_S = 0.5
 
 
-def rollcall_prefix(settings: Settings) -> str:
-    """Return the prefix of `init_dist`'s roll call for this torchrun attempt."""
-    return f"{ROLLCALL_PREFIX}/{settings.restart}"
+def job_scope(scope: str, world_size: int) -> str:
+    """Return the scope the rendezvous uses: the launcher's job identity and the world's size.
+
+    The size tells apart two jobs whose launchers export no identity (torchrun's default run id
+    ``none``, Hydra) unless they are also the same size. An identity that does not fit the
+    record schema's pattern (a run id with spaces, say) is replaced by its digest.
+    """
+    text = f"{scope}/n{world_size}"
+    if matches("scope", text):
+        return text
+    return "sha256-" + hashlib.sha256(text.encode("utf-8", "replace")).hexdigest()[:40]
 
 
-def group_prefix(settings: Settings) -> str:
-    """Return the prefix under which torch's process group keeps its keys, for this attempt."""
-    return f"{GROUP_PREFIX}/{settings.restart}"
+def scope_key(settings: Settings) -> str:
+    """Return the key naming the job that owns the store (one per torchrun attempt)."""
+    # torchrun's agent store outlives a worker restart: each attempt claims its own key.
+    return f"{KEY_ROOT}/scope/{settings.restart}"
+
+
+def prefix(scope: str, phase: str, settings: Settings) -> str:
+    """Return the prefix of one phase's keys (``rollcall``, ``pg``, ``up``, ``doctor``)."""
+    return f"{KEY_ROOT}/{scope}/{phase}/{settings.restart}"
 
 
 def master_address(info: RankInfo) -> str:
@@ -85,172 +118,10 @@ def master_address(info: RankInfo) -> str:
     return host_port(str(info.master_addr), int(info.master_port or 0))
 
 
-POLL_S = 0.5
-# Rank 0 publishes the verdict only after its own wait; the others allow it this much longer.
-VERDICT_GRACE_S = 10.0
-
-
-@dataclass(frozen=True)
-class CheckIn:
-    """What one rank reports about itself."""
-
-    rank: int
-    world_size: int
-    local_rank: int
-    local_world_size: int
-    node_rank: int
-    hostname: str
-    pid: int
-    launcher: str
-    master: str
-    backend: str
-    torch_version: str
-    device: str | None = None
-    allow_gpu_sharing: bool = False
-
-    def to_json(self) -> str:
-        return json.dumps(asdict(self), sort_keys=True)
-
-    @classmethod
-    def from_json(cls, text: str | bytes) -> CheckIn:
-        return cls(**json.loads(text))
-
-
-@dataclass(frozen=True)
-class Verdict:
-    """Rank 0's conclusion, published to every rank."""
-
-    ok: bool
-    problems: tuple[str, ...]
-    checkins: tuple[CheckIn, ...]
-
-    def to_json(self) -> str:
-        return json.dumps(
-            {
-                "ok": self.ok,
-                "problems": list(self.problems),
-                "checkins": [asdict(c) for c in self.checkins],
-            }
-        )
-
-    @classmethod
-    def from_json(cls, text: str | bytes) -> Verdict:
-        data = json.loads(text)
-        return cls(
-            ok=data["ok"],
-            problems=tuple(data["problems"]),
-            checkins=tuple(CheckIn(**c) for c in data["checkins"]),
-        )
-
-
-def _agreement(checkins: Sequence[CheckIn], field: str) -> list[str]:
-    values: dict[Any, list[int]] = defaultdict(list)
-    for c in checkins:
-        values[getattr(c, field)].append(c.rank)
-    if len(values) <= 1:
-        return []
-    parts = "; ".join(
-        f"{value!r} on ranks {_ranks(r)}" for value, r in sorted(values.items(), key=str)
-    )
-    return [f"ranks disagree on {field}: {parts}"]
-
-
-def _ranks(ranks: Sequence[int]) -> str:
-    shown = ", ".join(str(r) for r in sorted(ranks)[:8])
-    return shown + (f", ... ({len(ranks)} in all)" if len(ranks) > 8 else "")
-
-
-def validate(checkins: Sequence[CheckIn], world_size: int) -> list[str]:
-    """Return what is wrong with a complete set of check-ins (an empty list when all is well).
-
-    Checks: agreement on world size, master, backend and torch version; unique ranks covering
-    ``0..world_size-1``; unique local ranks per host; for MPI, the assumed by-node placement
-    against the host names; no two ranks of one host on the same physical GPU unless sharing was
-    allowed.
-    """
-    problems: list[str] = []
-    for field in ("world_size", "master", "backend", "torch_version", "launcher"):
-        problems += _agreement(checkins, field)
-
-    by_rank: dict[int, list[CheckIn]] = defaultdict(list)
-    for c in checkins:
-        by_rank[c.rank].append(c)
-    for rank, same in sorted(by_rank.items()):
-        if len(same) > 1:
-            who = ", ".join(f"pid {c.pid} on {c.hostname}" for c in same)
-            problems.append(f"rank {rank} was claimed by {len(same)} processes ({who})")
-    missing = sorted(set(range(world_size)) - set(by_rank))
-    if missing and not any(len(s) > 1 for s in by_rank.values()):
-        problems.append(f"ranks {_ranks(missing)} did not check in")
-
-    # Keyed by node as well as host: tests (and `distenv run --nnodes 2` twice on one machine)
-    # legitimately run several "nodes" on one host.
-    local = Counter((c.hostname, c.node_rank, c.local_rank) for c in checkins)
-    for (host, node, local_rank), count in sorted(local.items()):
-        if count > 1:
-            problems.append(f"{count} ranks on {host} (node {node}) share local rank {local_rank}")
-
-    if checkins and checkins[0].launcher == "mpi":
-        hosts_of_node: dict[int, set[str]] = defaultdict(set)
-        for c in checkins:
-            hosts_of_node[c.node_rank].add(c.hostname)
-        for node, hosts in sorted(hosts_of_node.items()):
-            if len(hosts) > 1:
-                problems.append(
-                    f"MPI ranks assumed on node {node} (by-node placement) run on "
-                    f"{sorted(hosts)}: the job does not place ranks node by node; export "
-                    "MASTER_ADDR and use --map-by node-compatible placement"
-                )
-
-    devices: dict[tuple[str, str], list[CheckIn]] = defaultdict(list)
-    for c in checkins:
-        if c.device is not None:
-            devices[(c.hostname, c.device)].append(c)
-    for (host, device), users in sorted(devices.items()):
-        if len(users) > 1 and not all(c.allow_gpu_sharing for c in users):
-            problems.append(
-                f"ranks {_ranks([c.rank for c in users])} on {host} drive the same GPU "
-                f"({device}); give each rank its own GPU or pass allow_gpu_sharing=True"
-            )
-    return problems
-
-
-def _expected_host(rank: int, info: RankInfo, arrived: Sequence[CheckIn]) -> str:
-    """Guess where a missing rank should run, from the ranks that did arrive."""
-    node = rank // info.local_world_size if info.world_size % info.local_world_size == 0 else None
-    hosts = {c.hostname for c in arrived if node is not None and c.node_rank == node}
-    if hosts:
-        return ", ".join(sorted(hosts))
-    return f"node {node}" if node is not None else "an unknown host"
-
-
-class _InterruptedError(Exception):
-    pass
-
-
-@contextmanager
-def interruptible(what: str) -> Iterator[None]:
-    """Turn SIGTERM into a prompt, clear exit while blocked in the roll call (main thread only)."""
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
-
-    def handler(signum: int, frame: FrameType | None) -> None:
-        raise _InterruptedError(signal.Signals(signum).name)
-
-    previous = signal.signal(signal.SIGTERM, handler)
-    try:
-        yield
-    except (_InterruptedError, KeyboardInterrupt) as exc:
-        name = str(exc) or "SIGINT"
-        raise RendezvousError(
-            "distenv",
-            f"interrupted by {name} during {what}",
-            hint="the job was stopped (a scheduler time limit, scancel, Ctrl-C); nothing to fix "
-            "here unless that was not intended",
-        ) from None
-    finally:
-        signal.signal(signal.SIGTERM, previous)
+def first_line(exc: BaseException) -> str:
+    """Return the first line of an exception's text (torch's carry C++ stack dumps after it)."""
+    text = str(exc).strip()
+    return text.splitlines()[0] if text else type(exc).__name__
 
 
 def _pauses(cap: float) -> Iterator[float]:
@@ -261,142 +132,41 @@ def _pauses(cap: float) -> Iterator[float]:
         pause = min(pause * 2, cap)
 
 
-def _poll_cap(world_size: int) -> float:
+def poll_cap(world_size: int) -> float:
     """How long the N - 1 waiting ranks may sleep between polls of rank 0's store.
 
     Short for small jobs (every millisecond shows in their start-up), longer for large ones so
-    the store is asked at most about 2000 times a second in all. Store.wait() would avoid polling,
-    but it cannot be interrupted by a signal and logs a warning each time it times out.
+    the store is asked at most about 2000 times a second in all. ``Store.wait`` would avoid
+    polling, but a wait that times out leaves the client's connection out of step with the server.
     """
     return min(max(world_size / 2000, 0.002), POLL_S)
 
 
-def _wait_count(store: Any, key: str, count: int, deadline: float) -> None:
-    # Only rank 0 waits on counts: one poller, so it can afford to look often.
-    pauses = _pauses(0.002)
-    while int(store.add(key, 0)) < count and time.monotonic() < deadline:
-        time.sleep(next(pauses))
-
-
-def _wait_key(store: Any, key: str, deadline: float, cap: float) -> bool:
+def wait_key(store: Any, key: str, until: float, cap: float) -> bool:
+    """Poll until `key` exists (True) or `until` passes (False)."""
     pauses = _pauses(cap)
     while True:
         if store.check([key]):
             return True
-        if time.monotonic() >= deadline:
+        if time.monotonic() >= until:
             return False
-        time.sleep(next(pauses))
+        pause(next(pauses))
 
 
-def roll_call(
-    store: Any, info: RankInfo, checkin: CheckIn, *, timeout: float, check: bool = True
-) -> Verdict:
-    """Check in, and on rank 0 gather, validate and publish; return the verdict or raise it.
-
-    Args:
-        store: A torch.distributed Store all ranks share (use a PrefixStore per attempt).
-        info: This rank's RankInfo.
-        checkin: What this rank reports.
-        timeout: Seconds rank 0 waits for everybody (others wait a little longer for the verdict).
-        check: Raise when the verdict is negative (`distenv doctor` passes False to print it).
-
-    Raises:
-        RendezvousTimeoutError: Ranks missing (rank 0), or no verdict arrived (others).
-        RendezvousError: The verdict found problems, or a signal interrupted the wait.
-    """
-    with interruptible("the roll call"):
-        arrival = int(store.add("arrived", 1))
-        store.set(f"checkin/{arrival}", checkin.to_json())
-        store.add("written", 1)  # counted after the write, so rank 0 never reads a missing key
-        if info.rank == 0:
-            verdict = _gather(store, info, timeout)
-            # The others need the outcome, not every record: a verdict carrying N check-ins,
-            # read by N - 1 ranks, makes rank 0's store serve O(N^2) bytes (docs/benchmarks.md).
-            # Rank 0 keeps the full verdict (distenv doctor prints its table there).
-            store.set("verdict", replace(verdict, checkins=()).to_json())
-            # Rank 0 may exit next (a negative verdict, `distenv doctor`), and its store with it:
-            # let the others read first. They poll, so this costs milliseconds.
-            arrived = len(verdict.checkins) - 1
-            _wait_count(store, "read", arrived, time.monotonic() + VERDICT_GRACE_S)
-        else:
-            try:
-                found = _wait_key(
-                    store,
-                    "verdict",
-                    time.monotonic() + timeout + VERDICT_GRACE_S,
-                    _poll_cap(info.world_size),
-                )
-                published = Verdict.from_json(store.get("verdict")) if found else None
-                store.add("read", 1)
-            except RuntimeError as exc:  # torch's DistError: the store went away
-                raise RendezvousError(
-                    info.launcher,
-                    f"rank {info.rank} lost rank 0's store at {checkin.master}: {exc}".split("\n")[
-                        0
-                    ],
-                    hint="rank 0 exited during the roll call; its log says why",
-                ) from None
-            if published is None:
-                raise RendezvousTimeoutError(
-                    info.launcher,
-                    f"rank {info.rank} checked in at {checkin.master} but rank 0 published no "
-                    f"verdict within {timeout + VERDICT_GRACE_S:.0f} s",
-                    hint="rank 0 may have died or be stuck before init_dist; check its log",
-                )
-            verdict = published
-    if check and not verdict.ok:
-        error = (
-            RendezvousTimeoutError
-            if "did not check in" in " ".join(verdict.problems)
-            else (RendezvousError)
-        )
-        raise error(
-            info.launcher,
-            "roll call failed: " + "; ".join(verdict.problems),
-            hint="run `distenv doctor` under the same launcher for a per-rank table",
-        )
-    return verdict
+def _wait_count(store: Any, key: str, count: int, until: float) -> None:
+    # Only rank 0 waits on counts: one poller, so it can afford to look often.
+    pauses = _pauses(0.002)
+    while int(store.add(key, 0)) < count and time.monotonic() < until:
+        pause(next(pauses))
 
 
-def _gather(store: Any, info: RankInfo, timeout: float) -> Verdict:
-    deadline = time.monotonic() + timeout
-    world = info.world_size
-    _wait_count(store, "written", world, deadline)
-    count = min(int(store.add("written", 0)), 10 * world)
-    keys = [f"checkin/{i}" for i in range(1, count + 1)]
-    if int(store.add("arrived", 0)) == count and hasattr(store, "multi_get"):
-        # Every arrival wrote its record: fetch them all in one round trip.
-        records = store.multi_get(keys)
-    else:
-        records = [store.get(key) for key in keys if store.check([key])]
-    checkins = tuple(CheckIn.from_json(record) for record in records)
-    if count < world:
-        seen = {c.rank for c in checkins}
-        missing = [r for r in range(world) if r not in seen]
-        lines = [
-            f"rank {r} (expected on {_expected_host(r, info, checkins)})" for r in missing[:16]
-        ]
-        more = f" and {len(missing) - 16} more" if len(missing) > 16 else ""
-        problem = (
-            f"{len(missing)} of {world} ranks did not check in within {timeout:.0f} s: "
-            + ", ".join(lines)
-            + more
-        )
-        return Verdict(False, (problem,), checkins)
-    problems = validate(checkins, world)
-    return Verdict(not problems, tuple(problems), checkins)
+# ---- the store ----------------------------------------------------------------------------------
 
 
-def first_line(exc: BaseException) -> str:
-    """Return the first line of an exception's text (torch's carry C++ stack dumps after it)."""
-    text = str(exc).strip()
-    return text.splitlines()[0] if text else type(exc).__name__
-
-
-def _check_resolvable(info: RankInfo, host: str, port: int) -> None:
-    """Raise at once, naming MASTER_ADDR, when the master's name does not resolve here."""
+def _resolve(info: RankInfo, host: str, port: int) -> list[Any]:
+    """Return the master's addresses, raising at once, naming MASTER_ADDR, if it does not resolve."""
     try:
-        socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
+        return socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
     except socket.gaierror as exc:
         raise MasterResolutionError(
             info.launcher,
@@ -409,8 +179,64 @@ def _check_resolvable(info: RankInfo, host: str, port: int) -> None:
         ) from None
 
 
-def _wait_reachable(info: RankInfo, host: str, port: int, deadline: float, limit: float) -> None:
-    """Return once ``host:port`` accepts a TCP connection; raise at `deadline`.
+def listen_address(host: str, addresses: Sequence[Any]) -> tuple[int, str]:
+    """Return the address family and address rank 0's store listens on (``""``: every interface).
+
+    The MASTER_ADDR address when it is a routable one, or a loopback address given literally
+    (a one-node job: nobody else needs to reach it). A *name* that resolves to loopback stays on
+    every interface: Debian maps the host's own name to 127.0.1.1, while the other nodes reach it
+    by its real address.
+    """
+    family, _, _, _, sockaddr = addresses[0]
+    address = ipaddress.ip_address(str(sockaddr[0]).split("%")[0])
+    literal = host.strip("[]") == str(sockaddr[0])
+    if address.is_loopback and not literal:
+        return family, ""
+    if address.is_unspecified:
+        return family, ""
+    return family, str(sockaddr[0])
+
+
+def _listening_socket(info: RankInfo, host: str, port: int, addresses: Sequence[Any]) -> int:
+    """Return the fd of a socket listening for the store (`TCPStore(master_listen_fd=)`)."""
+    family, address = listen_address(host, addresses)
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            sock.bind((address, port))
+        except OSError as exc:
+            if address == "" or exc.errno == 98:  # EADDRINUSE
+                raise
+            # The name resolves to an address this host does not own (a NAT, an alias).
+            sock.close()
+            sock = socket.socket(family, socket.SOCK_STREAM)
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            sock.bind(("", port))
+        sock.listen(socket.SOMAXCONN)
+    except OSError as exc:
+        sock.close()
+        if exc.errno == 98:
+            raise DistEnvError(
+                info.launcher,
+                f"rank 0 cannot listen on port {port} ($MASTER_PORT={port!r}) for the "
+                "store: the port is already in use",
+                hint="another process on this node holds it; export MASTER_PORT=<another "
+                "port>, or unset it where the launcher derives one",
+                variable="MASTER_PORT",
+                value=str(port),
+            ) from None
+        raise InitError(
+            info.launcher,
+            f"rank 0 cannot listen on {host_port(host, port)} for the store: {exc.strerror}",
+            hint="check MASTER_ADDR names this host and MASTER_PORT is a usable port",
+        ) from None
+    # Detached: the store owns the descriptor now (closing ours could hang a client).
+    return sock.detach()
+
+
+def _wait_reachable(info: RankInfo, host: str, port: int, until: float, limit: float) -> None:
+    """Return once ``host:port`` accepts a TCP connection; raise at `until`.
 
     Probing with a plain socket first keeps torch's C++ retry logs and stack dumps out of the
     user's first message, and bounds the wait exactly.
@@ -419,13 +245,13 @@ def _wait_reachable(info: RankInfo, host: str, port: int, deadline: float, limit
     # a 50 ms first pause cost every srun bootstrap ~100 ms (docs/benchmarks.md).
     delay, last = 0.001, ""
     while True:
-        remaining = deadline - time.monotonic()
+        remaining = until - time.monotonic()
         try:
             with socket.create_connection((host, port), timeout=max(min(remaining, 5.0), 0.1)):
                 return
         except OSError as exc:
             last = str(exc) or type(exc).__name__
-        remaining = deadline - time.monotonic()
+        remaining = until - time.monotonic()
         if remaining <= 0:
             raise RendezvousTimeoutError(
                 info.launcher,
@@ -438,69 +264,253 @@ def _wait_reachable(info: RankInfo, host: str, port: int, deadline: float, limit
                 value=host,
             )
         # Back off: rank 0 may still be importing torch.
-        time.sleep(min(delay, remaining))
+        pause(min(delay, remaining))
         delay = min(delay * 2, 1.0)
 
 
-def connect_store(info: RankInfo, seconds: float, *, agent_store: bool) -> Store:
-    """Create (rank 0) or reach (others) the TCPStore at the master within `seconds`.
+def connect_store(info: RankInfo, deadline: Deadline, *, agent_store: bool) -> Store:
+    """Create (rank 0) or reach (others) the TCPStore at the master, by the deadline.
 
-    Under torchrun's agent store (`agent_store`) every rank, rank 0 included, is a client.
+    Under torchrun's agent store (`agent_store`) every rank, rank 0 included, is a client. Every
+    step runs under `bounded`: a listener that accepts connections but never answers as a store
+    is reported at the rendezvous timeout, not waited for.
     """
-    import torch.distributed as dist
-
-    # The classes' home; torch.distributed re-exports them without declaring it to type checkers.
     from torch._C._distributed_c10d import TCPStore
 
     host, port = str(info.master_addr), int(info.master_port or 0)
-    _check_resolvable(info, host, port)
-    timeout = datetime.timedelta(seconds=seconds)
-    if info.rank == 0 and not agent_store:
-        try:
-            return TCPStore(
-                host, port, info.world_size, is_master=True, timeout=timeout, wait_for_workers=False
-            )
-        except dist.DistError as exc:
-            text = str(exc)
-            if "EADDRINUSE" in text or "address already in use" in text.lower():
-                raise DistEnvError(
-                    info.launcher,
-                    f"rank 0 cannot listen on port {port} ($MASTER_PORT={port!r}) for the "
-                    "store: the port is already in use",
-                    hint="another process on this node holds it; export MASTER_PORT=<another "
-                    "port>, or unset it where the launcher derives one",
-                    variable="MASTER_PORT",
-                    value=str(port),
-                ) from None
-            raise InitError(
-                info.launcher,
-                f"rank 0 cannot start the store on {host_port(host, port)}: {first_line(exc)}",
-                hint="check MASTER_ADDR names this host and MASTER_PORT is a usable port",
-            ) from None
-    deadline = time.monotonic() + seconds
-    _wait_reachable(info, host, port, deadline, seconds)
-    remaining = max(deadline - time.monotonic(), 1.0)
-    try:
-        return TCPStore(
-            host,
-            port,
-            info.world_size,
-            is_master=False,
-            timeout=datetime.timedelta(seconds=remaining),
-        )
-    except dist.DistError as exc:
-        raise RendezvousTimeoutError(
+    where = host_port(host, port)
+    limit = deadline.timeout
+    until = min(time.monotonic() + limit, deadline.at)
+
+    def no_answer(what: str) -> DistEnvError:
+        return RendezvousTimeoutError(
             info.launcher,
-            f"rank {info.rank} of {info.world_size} reached {host_port(host, port)} but could not "
-            f"join its store within {seconds:g} s: {first_line(exc)}",
-            hint="is another job's store on that port? give each job its own MASTER_PORT",
+            f"rank {info.rank} of {info.world_size}: {what} within {limit:g} s",
+            hint="check MASTER_ADDR and MASTER_PORT; with another service on that port, give "
+            "this job its own MASTER_PORT",
             variable="MASTER_PORT",
             value=str(port),
+        )
+
+    addresses = bounded(
+        lambda: _resolve(info, host, port),
+        until,
+        lambda: no_answer(f"the master address {host!r} did not resolve"),
+    )
+    timeout = datetime.timedelta(seconds=max(until - time.monotonic(), 1.0))
+    if info.rank == 0 and not agent_store:
+        fd = _listening_socket(info, host, port, addresses)
+        return bounded(
+            lambda: TCPStore(
+                host,
+                port,
+                info.world_size,
+                is_master=True,
+                timeout=timeout,
+                wait_for_workers=False,
+                master_listen_fd=fd,
+            ),
+            until,
+            lambda: no_answer(f"rank 0's store on {where} did not start"),
+        )
+    bounded(
+        lambda: _wait_reachable(info, host, port, until, limit),
+        deadline.at,
+        lambda: no_answer(f"{where} did not accept a connection"),
+    )
+
+    def client() -> Store:
+        try:
+            return TCPStore(host, port, info.world_size, is_master=False, timeout=timeout)
+        except RuntimeError as exc:  # torch's DistError
+            raise no_answer(
+                f"{where} accepted a connection but refused the store: {first_line(exc)}"
+            ) from None
+
+    return bounded(
+        client,
+        until,
+        lambda: no_answer(
+            f"{where} accepts connections but is not answering as a torch store (another service?)"
+        ),
+    )
+
+
+def claim_scope(store: Any, info: RankInfo, scope: str, settings: Settings) -> None:
+    """Write this job's scope under the scope key (rank 0), unless another job's is there.
+
+    Raises:
+        StoreTakenError: If the key holds another scope already.
+    """
+    key = scope_key(settings)
+    found = store.compare_set(key, "", scope)
+    if found != scope.encode():
+        _taken(info, key, found, scope)
+
+
+def check_scope(store: Any, info: RankInfo, scope: str, settings: Settings, until: float) -> None:
+    """Return once the store's scope key names this job (every rank but rank 0).
+
+    Raises:
+        StoreTakenError: If it names another job, or holds something distenv did not write.
+        RendezvousTimeoutError: If no scope was written by `until`.
+    """
+    key = scope_key(settings)
+    if not wait_key(store, key, until, poll_cap(info.world_size)):
+        raise RendezvousTimeoutError(
+            info.launcher,
+            f"rank {info.rank} of {info.world_size} reached {master_address(info)}, but it is "
+            "a store not started by distenv, or rank 0 stalled before claiming it (no scope "
+            f"written under {key!r})",
+            hint="check rank 0's log; if another program uses that port, give this job its own "
+            "MASTER_PORT",
+            variable="MASTER_PORT",
+            value=str(info.master_port),
+        )
+    found = store.get(key)
+    if found != scope.encode():
+        _taken(info, key, found, scope)
+
+
+def _taken(info: RankInfo, key: str, found: bytes, scope: str) -> None:
+    try:
+        other = f"another job's: {parse_scope(key, found)}"
+    except ForeignRecordError:
+        other = "not claimed by distenv"
+    raise StoreTakenError(
+        info.launcher,
+        f"rank {info.rank} of {info.world_size}: the store at {master_address(info)} is "
+        f"{other}; this job is {scope}. It did not join, and wrote nothing there",
+        hint="two jobs derived or were given the same MASTER_PORT on that host: export another "
+        "MASTER_PORT for this job (or unset it where the launcher derives one), or start it "
+        "when the other has ended",
+        variable="MASTER_PORT",
+        value=str(info.master_port),
+    )
+
+
+# ---- the roll call ------------------------------------------------------------------------------
+
+
+def roll_call(
+    store: Any,
+    info: RankInfo,
+    checkin: CheckIn,
+    *,
+    timeout: float,
+    until: float,
+    check: bool = True,
+) -> Verdict:
+    """Check in, and on rank 0 gather, validate and publish; return the verdict or raise it.
+
+    Args:
+        store: The store of this job's roll call (a PrefixStore under `prefix`).
+        info: This rank's RankInfo.
+        checkin: What this rank reports.
+        timeout: Seconds rank 0 waits for everybody (others wait a little longer for the verdict).
+        until: The monotonic time by which every wait here ends (the bootstrap's deadline).
+        check: Raise when the verdict is negative (`distenv doctor` passes False to print it).
+
+    Raises:
+        RendezvousTimeoutError: Ranks missing (rank 0), or no verdict arrived (others).
+        RendezvousError: The verdict found problems, or was not written by this job's rank 0.
+    """
+    arrival = int(store.add("arrived", 1))
+    store.set(f"checkin/{arrival}", checkin.to_json())
+    store.add("written", 1)  # counted after the write, so rank 0 never reads a missing key
+    if info.rank == 0:
+        verdict = _gather(store, info, checkin.scope, min(time.monotonic() + timeout, until))
+        # The others need the outcome, not every record: a verdict carrying N check-ins, read by
+        # N - 1 ranks, makes rank 0's store serve O(N^2) bytes (docs/benchmarks.md).
+        published = verdict.to_json()
+        if store.compare_set("verdict", "", published) != published.encode():
+            raise RendezvousError(
+                info.launcher,
+                f"rank 0: a process outside this job wrote this job's roll-call verdict in the "
+                f"store at {checkin.master} before rank 0 did",
+                hint="something else on the network writes to this job's port: give the job "
+                "another MASTER_PORT, and see docs/security.md",
+            )
+        if not verdict.ok or not check:
+            # Rank 0 may exit next (a negative verdict, `distenv doctor`), and its store with
+            # it: let the others read first. They poll, so this costs milliseconds.
+            arrived = len(verdict.checkins) - 1
+            _wait_count(store, "read", arrived, min(time.monotonic() + VERDICT_GRACE_S, until))
+    else:
+        verdict = _await_verdict(store, info, checkin, timeout, until)
+        if not verdict.ok or not check:
+            store.add("read", 1)
+    if check and not verdict.ok:
+        error = RendezvousTimeoutError if verdict.missing else RendezvousError
+        raise error(
+            info.launcher,
+            "roll call failed: " + "; ".join(verdict.describe(timeout)),
+            hint="run `distenv doctor` under the same launcher for a per-rank table",
+        )
+    return verdict
+
+
+def _await_verdict(
+    store: Any, info: RankInfo, checkin: CheckIn, timeout: float, until: float
+) -> Verdict:
+    limit = min(time.monotonic() + timeout + VERDICT_GRACE_S, until)
+    if not wait_key(store, "verdict", limit, poll_cap(info.world_size)):
+        raise RendezvousTimeoutError(
+            info.launcher,
+            f"rank {info.rank} checked in at {checkin.master} but rank 0 published no "
+            f"verdict within {timeout + VERDICT_GRACE_S:.0f} s",
+            hint="rank 0 may have died or be stuck before init_dist; check its log",
+        )
+    try:
+        return parse_verdict(
+            "verdict", store.get("verdict"), scope=checkin.scope, world_size=info.world_size
+        )
+    except ForeignRecordError as exc:
+        raise RendezvousError(
+            info.launcher,
+            f"rank {info.rank}: the roll-call verdict in the store at {checkin.master} was not "
+            f"written by this job's distenv ({exc.why})",
+            hint="something else on the network writes to this job's port: give the job "
+            "another MASTER_PORT, and see docs/security.md",
         ) from None
 
 
+def _records(store: Any, count: int) -> list[bytes | None]:
+    keys = [f"checkin/{i}" for i in range(1, count + 1)]
+    if int(store.add("arrived", 0)) == count and hasattr(store, "multi_get"):
+        # Every arrival wrote its record: fetch them all in one round trip.
+        return list(store.multi_get(keys))
+    return [store.get(key) if store.check([key]) else None for key in keys]
+
+
+def _gather(store: Any, info: RankInfo, scope: str, until: float) -> Verdict:
+    world = info.world_size
+    _wait_count(store, "written", world, until)
+    count = min(int(store.add("written", 0)), 10 * world)
+    checkins: list[CheckIn] = []
+    foreign: list[Problem] = []
+    for arrival, raw in enumerate(_records(store, count), start=1):
+        if raw is None:
+            continue
+        try:
+            record = parse_checkin(f"checkin/{arrival}", raw)
+        except ForeignRecordError:
+            foreign.append(ForeignCheckIn(arrival))
+            continue
+        if record.scope != scope or record.world_size != world:
+            foreign.append(ForeignCheckIn(arrival))
+            continue
+        checkins.append(record)
+    found = tuple(checkins)
+    if count < world:
+        problems = [*foreign, missing_ranks(world, info.local_world_size, found)]
+        return Verdict(False, tuple(problems), found, scope)
+    problems = [*foreign, *validate(found, world)]
+    return Verdict(not problems, tuple(problems), found, scope)
+
+
 def make_checkin(
-    info: RankInfo, backend: str, device: int | None, *, allow_gpu_sharing: bool
+    info: RankInfo, backend: str, device: int | None, *, allow_gpu_sharing: bool, scope: str
 ) -> CheckIn:
     """Return what this rank reports in the roll call."""
     import torch
@@ -519,6 +529,7 @@ def make_checkin(
         torch_version=str(torch.__version__),
         device=None if device is None else device_identity(device),
         allow_gpu_sharing=allow_gpu_sharing,
+        scope=scope,
     )
 
 
@@ -526,21 +537,102 @@ def meet(
     info: RankInfo,
     checkin: CheckIn,
     *,
-    seconds: float,
+    deadline: Deadline,
     settings: Settings,
-    prefix: str,
+    phase: str,
     check: bool = True,
 ) -> tuple[Store, Verdict]:
-    """Reach rank 0's store and hold the roll call under `prefix`; return the store and verdict.
+    """Reach rank 0's store, prove it is this job's, and hold the roll call under `phase`.
+
+    Returns the store (unprefixed) and the verdict.
 
     Raises:
+        StoreTakenError: The store belongs to another job (or to no distenv job).
         RendezvousTimeoutError: The store was not reached, or ranks are missing.
         RendezvousError: The verdict found problems (with `check`), or a signal interrupted.
         DistEnvError: Rank 0 cannot listen on the port, or the master does not resolve.
     """
     from torch._C._distributed_c10d import PrefixStore
 
-    with interruptible("the connection to rank 0's store"):
-        store = connect_store(info, seconds, agent_store=settings.agent_store)
-    verdict = roll_call(PrefixStore(prefix, store), info, checkin, timeout=seconds, check=check)
+    scope = checkin.scope
+    with interruptible("the connection to rank 0's store", info.launcher):
+        store = connect_store(info, deadline, agent_store=settings.agent_store)
+    start = time.monotonic()
+
+    def stalled() -> DistEnvError:
+        return RendezvousTimeoutError(
+            info.launcher,
+            f"rank {info.rank} of {info.world_size}: rank 0's store at {checkin.master} stopped "
+            f"answering during the roll call (no reply within {deadline.bound:g} s of the start)",
+            hint="rank 0 may be stopped (SIGSTOP, a debugger) or its node overloaded; check its "
+            "log and state",
+        )
+
+    def run() -> Verdict:
+        try:
+            if info.rank == 0:
+                claim_scope(store, info, scope, settings)
+            else:
+                until = min(start + deadline.timeout, deadline.at)
+                check_scope(store, info, scope, settings, until)
+            return roll_call(
+                PrefixStore(prefix(scope, phase, settings), store),
+                info,
+                checkin,
+                timeout=deadline.timeout,
+                until=deadline.at,
+                check=check,
+            )
+        except RuntimeError as exc:  # torch's DistError: the store went away
+            raise RendezvousError(
+                info.launcher,
+                f"rank {info.rank} lost rank 0's store at {checkin.master}: {first_line(exc)}",
+                hint="rank 0 exited during the roll call; its log says why",
+            ) from None
+
+    def left(signal_name: str) -> None:
+        mark(store, info, scope, settings, signal_name, wait=1.0)
+
+    with interruptible("the roll call", info.launcher, left):
+        verdict = bounded(run, deadline.at, stalled)
     return store, verdict
+
+
+# ---- where each rank is: what the others name when the group does not come up ------------------
+
+#: A rank's states, in order; a signal's name replaces the state of a rank that was stopped.
+STATES = ("joining", "up", "SIGINT", "SIGTERM", "failed")
+
+
+def _state_key(scope: str, settings: Settings, rank: int) -> str:
+    return f"{prefix(scope, 'up', settings)}/state/{rank}"
+
+
+def mark(
+    store: Any, info: RankInfo, scope: str, settings: Settings, state: str, *, wait: float = 0.0
+) -> None:
+    """Record this rank's state (`STATES`) with its host; with `wait`, best effort within it."""
+    value = f"{state}@{socket.gethostname()}"
+    key = _state_key(scope, settings, info.rank)
+    if not wait:
+        store.set(key, value)
+        return
+    # Rank 0's store may be gone or stuck: the others' deadline names this rank anyway.
+    with contextlib.suppress(TimeoutError, RuntimeError):
+        bounded(lambda: store.set(key, value), time.monotonic() + wait, TimeoutError)
+
+
+def read_states(
+    store: Any, scope: str, settings: Settings, ranks: Sequence[int]
+) -> dict[int, tuple[str, str] | None]:
+    """Return each rank's recorded ``(state, host)``, None where it wrote none (or garbage)."""
+    states: dict[int, tuple[str, str] | None] = {}
+    for rank in ranks:
+        key = _state_key(scope, settings, rank)
+        if not store.check([key]):
+            states[rank] = None
+            continue
+        state, _, host = store.get(key).decode("ascii", "replace").partition("@")
+        valid = state in STATES and matches("hostname", host)
+        states[rank] = (state, host) if valid else None
+    return states

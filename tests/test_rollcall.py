@@ -11,7 +11,8 @@ import pytest
 from distenv import RankInfo
 from distenv.errors import RendezvousError, RendezvousTimeoutError
 from distenv.master import free_port
-from distenv.rendezvous import CheckIn, Verdict, roll_call, validate
+from distenv.records import CheckIn, Verdict, validate
+from distenv.rendezvous import roll_call
 
 
 def checkin(rank: int, world: int = 4, per_node: int = 2, **change: object) -> CheckIn:
@@ -27,6 +28,7 @@ def checkin(rank: int, world: int = 4, per_node: int = 2, **change: object) -> C
         master="n1:12345",
         backend="gloo",
         torch_version="2.13.0",
+        scope="slurm/7/0",
     )
     return replace(base, **change)  # type: ignore[arg-type]
 
@@ -49,21 +51,21 @@ def test_validate_accepts_a_healthy_job() -> None:
         ),
         ({1: {"local_rank": 0}}, "2 ranks on n1 (node 0) share local rank 0"),
         (
-            {0: {"device": "GPU-aaa"}, 1: {"device": "GPU-aaa"}},
-            "ranks 0, 1 on n1 drive the same GPU (GPU-aaa)",
+            {0: {"device": "GPU-5a3e"}, 1: {"device": "GPU-5a3e"}},
+            "ranks 0, 1 on n1 drive the same GPU (GPU-5a3e)",
         ),
     ],
 )
 def test_validate_names_each_problem(mutate: dict[int, dict[str, object]], expected: str) -> None:
     """Disagreements, duplicate ranks, shared local ranks and shared GPUs are each named."""
     checkins = [replace(checkin(r), **mutate.get(r, {})) for r in range(4)]  # type: ignore[arg-type]
-    problems = validate(checkins, 4)
+    problems = [p.describe(0) for p in validate(checkins, 4)]
     assert any(expected in p for p in problems), problems
 
 
 def test_gpu_sharing_can_be_allowed() -> None:
     """Two ranks on one GPU are fine when every one of them allowed sharing."""
-    checkins = [checkin(r, device="GPU-x", allow_gpu_sharing=True, hostname="h") for r in range(2)]
+    checkins = [checkin(r, device="GPU-9f", allow_gpu_sharing=True, hostname="h") for r in range(2)]
     checkins = [replace(c, local_rank=i) for i, c in enumerate(checkins)]
     assert validate(checkins, 2) == []
 
@@ -71,7 +73,8 @@ def test_gpu_sharing_can_be_allowed() -> None:
 def test_mpi_placement_is_checked_against_hostnames() -> None:
     """MPI's assumed by-node placement must match the hosts the ranks really run on."""
     checkins = [checkin(r, launcher="mpi", hostname=f"h{r % 2}") for r in range(4)]
-    assert any("does not place ranks node by node" in p for p in validate(checkins, 4))
+    problems = [p.describe(0) for p in validate(checkins, 4)]
+    assert any("does not place ranks node by node" in p for p in problems)
 
 
 def _run_ranks(
@@ -103,6 +106,7 @@ def _run_ranks(
                 info,
                 checkin(rank, world, **change),
                 timeout=timeout,
+                until=time.monotonic() + timeout + 10,
             )
         except RendezvousError as exc:
             results[rank] = exc
@@ -143,8 +147,8 @@ def test_missing_rank_is_named_with_its_host_within_the_timeout() -> None:
 
 def test_duplicate_gpu_fails_every_rank() -> None:
     """A verdict with problems is raised on every rank, naming the problem."""
-    results = _run_ranks(2, 10, [0, 1], device="GPU-same", hostname="h", local_rank=0)
+    results = _run_ranks(2, 10, [0, 1], device="GPU-0b1c", hostname="h", local_rank=0)
     for rank in (0, 1):
         error = results[rank]
         assert isinstance(error, RendezvousError)
-        assert "drive the same GPU (GPU-same)" in str(error)
+        assert "drive the same GPU (GPU-0b1c)" in str(error)

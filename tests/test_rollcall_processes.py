@@ -11,6 +11,7 @@ import time
 
 import pytest
 
+from distenv.rendezvous import listen_address
 from tests._spawn import REPO, contract_env, free_port
 
 CHILD = r"""
@@ -139,3 +140,59 @@ def test_unresolvable_master_is_named_at_once() -> None:
         assert "MasterResolutionError" in out
         assert "cannot resolve the master address 'no-such-host.invalid'" in out
     assert time.monotonic() - began < 60
+
+
+def test_store_listens_only_on_the_master_address() -> None:
+    """MASTER_ADDR=127.0.0.2 (a literal address): rank 0's store is reachable there, not on .1."""
+    port = free_port()
+    proc = start(contract_env(0, 2, port, addr="127.0.0.2"), 60.0)
+    try:
+        deadline = time.monotonic() + 60
+        while True:
+            try:
+                socket.create_connection(("127.0.0.2", port), 0.5).close()
+                break
+            except OSError:
+                assert time.monotonic() < deadline, "rank 0 never listened on 127.0.0.2"
+                time.sleep(0.05)
+        with pytest.raises(ConnectionRefusedError):
+            socket.create_connection(("127.0.0.1", port), 2).close()
+    finally:
+        proc.kill()
+        proc.communicate()
+
+
+@pytest.mark.parametrize(
+    ("host", "resolved", "expected"),
+    [
+        ("10.1.2.3", "10.1.2.3", "10.1.2.3"),  # a routable address: only there
+        ("gpu017", "10.1.2.3", "10.1.2.3"),  # a name for a routable address: only there
+        ("127.0.0.1", "127.0.0.1", "127.0.0.1"),  # literal loopback: a one-node job
+        ("vm", "127.0.1.1", ""),  # Debian maps its own name to 127.0.1.1: every interface
+        ("localhost", "::1", ""),
+        ("::1", "::1", "::1"),
+        ("[::1]", "::1", "::1"),
+    ],
+)
+def test_listen_address_rule(host: str, resolved: str, expected: str) -> None:
+    """The store binds to the master's address, except a *name* that resolves to loopback."""
+    family = socket.AF_INET6 if ":" in resolved else socket.AF_INET
+    addresses = [(family, socket.SOCK_STREAM, 6, "", (resolved, 1))]
+    assert listen_address(host, addresses) == (family, expected)
+
+
+def test_a_store_not_started_by_distenv_is_named() -> None:
+    """A torch store that no distenv rank 0 claimed: rank 1 says so at its timeout, joins nothing."""
+    import datetime
+
+    from torch.distributed import TCPStore
+
+    port = free_port()
+    other = TCPStore("127.0.0.1", port, 1, True, timeout=datetime.timedelta(seconds=30))
+    began = time.monotonic()
+    ((code, out),) = finish([start(contract_env(1, 2, port), 3.0)], 60)
+    assert code == 1, out
+    assert "it is a store not started by distenv, or rank 0 stalled before claiming it" in out
+    assert time.monotonic() - began < 3.0 + 10 + 10
+    assert not other.check(["distenv/scope/0"])
+    assert other.num_keys() <= 1  # nothing of the rank's was written (the count key at most)

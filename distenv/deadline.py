@@ -1,0 +1,147 @@
+"""One deadline for the whole bootstrap, and blocking calls that can be abandoned at it.
+
+torch's store and process-group calls block inside C++: TCPStore's own timeout bounds neither its
+constructor against a listener that never answers nor a later operation against a stopped server,
+and a Python signal handler cannot run while the main thread is inside them. So every such call
+runs in a daemon thread (`bounded`) while the main thread waits in short slices: at the deadline it
+gives up with distenv's message, and a SIGINT or SIGTERM is handled within the slice
+(`interruptible`), whatever the thread is blocked in. An abandoned thread stays blocked until the
+process ends; the native calls release the GIL, so nothing else waits for it. A call that is only
+waiting between store operations is told to stop instead (`pause` raises `Cancelled` in it), and
+is given `STOP_S` to do so: a thread still inside a pybind11 call when the interpreter finalises
+aborts the process (``terminate called without an active exception``) as that call returns.
+
+The deadline is the rendezvous timeout plus `GRACE_S`, from `init_dist`'s entry to its return.
+"""
+
+from __future__ import annotations
+
+import signal
+import threading
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from types import FrameType
+from typing import NamedTuple, TypeVar
+
+from distenv.errors import RendezvousError
+
+__all__ = ["GRACE_S", "Deadline", "StopSignalError", "bounded", "interruptible"]
+
+T = TypeVar("T")
+
+#: Seconds the bootstrap may take beyond the rendezvous timeout: rank 0 publishes its verdict only
+#: after its own wait, and the process group connects after that.
+GRACE_S = 10.0
+# How long the main thread sleeps between looks at a bounded call: a signal is handled within it.
+SLICE_S = 0.05
+# How long an abandoned call may take to notice that it is cancelled.
+STOP_S = 0.5
+
+_current = threading.local()
+
+
+class Cancelled(Exception):  # noqa: N818 -- a control-flow signal, not an error
+    """Raised by `pause` in a bounded call its caller gave up on."""
+
+
+def pause(seconds: float) -> None:
+    """Sleep `seconds` inside a bounded call, or raise `Cancelled` as soon as it is abandoned."""
+    cancel: threading.Event | None = getattr(_current, "cancel", None)
+    if cancel is None:
+        time.sleep(seconds)
+    elif cancel.wait(seconds):
+        raise Cancelled
+
+
+class Deadline(NamedTuple):
+    """When the bootstrap must be over, and the rendezvous timeout it was derived from."""
+
+    at: float  # time.monotonic()
+    timeout: float
+
+    @classmethod
+    def start(cls, timeout: float) -> Deadline:
+        """Return the deadline of a bootstrap starting now with this rendezvous timeout."""
+        return cls(time.monotonic() + timeout + GRACE_S, timeout)
+
+    @property
+    def bound(self) -> float:
+        """Seconds from the start to the deadline."""
+        return self.timeout + GRACE_S
+
+    def remaining(self) -> float:
+        """Seconds left (negative once passed)."""
+        return self.at - time.monotonic()
+
+
+class StopSignalError(Exception):
+    """SIGTERM or SIGINT arrived while the bootstrap waited; the signal's name is the text."""
+
+
+def bounded(call: Callable[[], T], until: float, expired: Callable[[], BaseException]) -> T:
+    """Return ``call()``, run in a daemon thread, or raise ``expired()`` at `until` (monotonic).
+
+    The call's own exception is re-raised here. The main thread waits in `SLICE_S` slices, so a
+    signal handler (`interruptible`) runs promptly even while the call is blocked in C++.
+    """
+    outcome: list[T] = []
+    failure: list[BaseException] = []
+    cancel = threading.Event()
+
+    def target() -> None:
+        _current.cancel = cancel
+        try:
+            outcome.append(call())
+        except Cancelled:
+            pass
+        except BaseException as exc:  # every failure must reach the caller
+            failure.append(exc)
+
+    worker = threading.Thread(target=target, name="distenv-bootstrap", daemon=True)
+    worker.start()
+    try:
+        while worker.is_alive():
+            remaining = until - time.monotonic()
+            if remaining <= 0:
+                raise expired()
+            worker.join(min(remaining, SLICE_S))
+    except BaseException:
+        cancel.set()
+        worker.join(STOP_S)
+        raise
+    if failure:
+        raise failure[0]
+    return outcome[0]
+
+
+@contextmanager
+def interruptible(
+    what: str, source: str, on_interrupt: Callable[[str], None] | None = None
+) -> Iterator[None]:
+    """Turn SIGTERM and SIGINT into a prompt `RendezvousError` while `what` runs (main thread).
+
+    `on_interrupt` gets the signal's name first (to tell the other ranks, say), and must be quick.
+    """
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def handler(signum: int, frame: FrameType | None) -> None:
+        raise StopSignalError(signal.Signals(signum).name)
+
+    previous = signal.signal(signal.SIGTERM, handler)
+    try:
+        yield
+    except (StopSignalError, KeyboardInterrupt) as exc:
+        name = str(exc) or "SIGINT"
+        if on_interrupt is not None:
+            on_interrupt(name)
+        raise RendezvousError(
+            source,
+            f"interrupted by {name} during {what}",
+            hint="the job was stopped (a scheduler time limit, scancel, Ctrl-C); nothing to fix "
+            "here unless that was not intended",
+        ) from None
+    finally:
+        signal.signal(signal.SIGTERM, previous)

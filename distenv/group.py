@@ -1,0 +1,203 @@
+"""The process group: created under the bootstrap's deadline, then proven up over the store.
+
+After the roll call, `join_group` calls ``torch.distributed.init_process_group`` with the time left
+before the bootstrap's deadline as its timeout (gloo's connect phase honours it), in a thread the
+main thread can abandon (`distenv.deadline.bounded`), then restores the user's collective timeout.
+A returned init proves nothing about the peers (a stopped peer still lets rank 0's init return), so
+every rank then meets the others once more over the store (`group_up`). When a rank does not come
+up, the others name it, with its host and how it left when it said so (`distenv.rendezvous.mark`):
+a rank that died after checking in is named at the deadline, not waited for.
+"""
+
+from __future__ import annotations
+
+import datetime
+from typing import TYPE_CHECKING, Any
+
+from distenv.deadline import Deadline, bounded, interruptible
+from distenv.errors import DistEnvError, InitError, RendezvousError, RendezvousTimeoutError
+from distenv.rankinfo import RankInfo
+from distenv.records import MAX_SHOWN
+from distenv.rendezvous import (
+    first_line,
+    mark,
+    master_address,
+    poll_cap,
+    prefix,
+    read_states,
+    wait_key,
+)
+from distenv.settings import Settings
+
+if TYPE_CHECKING:
+    from torch._C._distributed_c10d import Store
+
+__all__ = ["group_up", "join_group"]
+
+# Ranks whose state the others read when the group does not come up: a failure-only cost.
+MAX_LOOKED_UP = 4096
+
+
+def _absent(store: Any, info: RankInfo, scope: str, settings: Settings, wanted: str) -> str:
+    """Name the ranks that did not reach `wanted`, with their host and state, for a message."""
+    ranks = range(min(info.world_size, MAX_LOOKED_UP))
+    try:
+        states = read_states(store, scope, settings, ranks)
+    except RuntimeError:
+        return "rank 0's store is gone too (rank 0 died?)"
+    order = {"joining": 0, "up": 1}
+    late = [
+        (rank, state)
+        for rank, state in states.items()
+        if state is None or order.get(state[0], -1) < order[wanted]
+    ]
+    parts = []
+    for rank, state in late[:MAX_SHOWN]:
+        if state is None:
+            parts.append(f"rank {rank} (checked in, then never got this far: died or stopped?)")
+        elif state[0] in ("SIGINT", "SIGTERM"):
+            parts.append(f"rank {rank} on {state[1]} (stopped by {state[0]})")
+        elif state[0] == "failed":
+            parts.append(f"rank {rank} on {state[1]} (its init_process_group failed)")
+        else:
+            parts.append(f"rank {rank} on {state[1]} (still at {state[0]})")
+    more = f" and {len(late) - MAX_SHOWN} more" if len(late) > MAX_SHOWN else ""
+    return ", ".join(parts) + more if parts else "no rank could be named"
+
+
+def join_group(
+    store: Store,
+    info: RankInfo,
+    *,
+    backend: str,
+    device: int | None,
+    timeout: float | None,
+    deadline: Deadline,
+    settings: Settings,
+    scope: str,
+) -> None:
+    """Create the default process group over `store` by the deadline, then check it is up.
+
+    Raises:
+        RendezvousTimeoutError: A rank did not join or come up by the deadline (named).
+        InitError: torch refused the group (a backend this build lacks, ...).
+        RendezvousError: A signal interrupted.
+    """
+    import torch
+    import torch.distributed as dist
+    from torch._C._distributed_c10d import PrefixStore
+
+    where = f"rank {info.rank} of {info.world_size} (store {master_address(info)})"
+    options: dict[str, Any] = {}
+    if device is not None and "nccl" in backend.lower():
+        # Binds the communicator to this device and lets NCCL connect eagerly (torch >= 2.3).
+        options["device_id"] = torch.device("cuda", device)
+
+    def left(signal_name: str) -> None:
+        mark(store, info, scope, settings, signal_name, wait=1.0)
+
+    collective = torch_timeout(timeout)
+    # Private since torch 2.1; without it the group keeps the user's timeout from the start and
+    # only the abandoned thread bounds the connect phase.
+    restore = getattr(dist.distributed_c10d, "_set_pg_timeout", None)
+
+    def init() -> None:
+        if device is not None and torch.cuda.is_available():
+            torch.cuda.set_device(device)  # the current device is per thread
+        mark(store, info, scope, settings, "joining")
+        # gloo's connect phase honours the timeout: give it the time left, when torch lets us
+        # give collectives the user's afterwards.
+        connect = datetime.timedelta(seconds=max(deadline.remaining(), 1.0))
+        try:
+            dist.init_process_group(
+                backend=backend,
+                store=PrefixStore(prefix(scope, "pg", settings), store),
+                rank=info.rank,
+                world_size=info.world_size,
+                timeout=connect if restore is not None else collective,
+                **options,
+            )
+        except dist.DistStoreError:
+            raise RendezvousTimeoutError(
+                info.launcher,
+                f"{where}: not every rank joined the process group within {deadline.bound:g} "
+                f"s: {_absent(store, info, scope, settings, 'joining')}",
+                hint="a rank died or was stopped after checking in; its log (or the launcher's "
+                "exit codes) says why",
+            ) from None
+        except dist.DistNetworkError as exc:
+            raise RendezvousError(
+                info.launcher,
+                f"{where} lost rank 0's store during init_process_group: {first_line(exc)}",
+                hint="rank 0 exited or was killed after the roll call; its log says why",
+            ) from None
+        except (RuntimeError, ValueError) as exc:  # DistError is a RuntimeError
+            mark(store, info, scope, settings, "failed", wait=1.0)
+            raise InitError(
+                info.launcher,
+                f"{where}: init_process_group(backend={backend!r}) failed: {first_line(exc)}",
+                hint="check that the backend is available in this torch build (nccl needs CUDA)",
+            ) from None
+
+    def not_joined() -> DistEnvError:
+        return RendezvousTimeoutError(
+            info.launcher,
+            f"{where}: init_process_group did not return within {deadline.bound:g} s: "
+            f"{_absent(store, info, scope, settings, 'joining')}",
+            hint="a rank died or was stopped after checking in; its log (or the launcher's exit "
+            "codes) says why",
+        )
+
+    with interruptible("init_process_group", info.launcher, left):
+        bounded(init, deadline.at, not_joined)
+    if restore is not None:
+        restore(collective, None)
+    with interruptible("the check that the group is up", info.launcher, left):
+        group_up(store, info, scope=scope, settings=settings, deadline=deadline)
+    # From here on the store serves new_group and barriers: give it the group's patience, not the
+    # check-in limit.
+    store.set_timeout(collective)
+
+
+def torch_timeout(timeout: float | None) -> datetime.timedelta:
+    """Return the process group's collective timeout: the user's, else torch's default."""
+    import torch.distributed as dist
+
+    return dist.default_pg_timeout if timeout is None else datetime.timedelta(seconds=timeout)
+
+
+def group_up(
+    store: Store, info: RankInfo, *, scope: str, settings: Settings, deadline: Deadline
+) -> None:
+    """Return once every rank has marked itself up; name the ranks that did not by the deadline.
+
+    Raises:
+        RendezvousTimeoutError: Naming the ranks that never came up, their hosts and states.
+    """
+    keys = prefix(scope, "up", settings)
+
+    def meet() -> bool:
+        mark(store, info, scope, settings, "up")
+        if int(store.add(f"{keys}/count", 1)) == info.world_size:
+            store.set(f"{keys}/all", "1")  # the last one up tells everybody
+        return wait_key(store, f"{keys}/all", deadline.at, poll_cap(info.world_size))
+
+    def missing() -> DistEnvError:
+        return RendezvousTimeoutError(
+            info.launcher,
+            f"rank {info.rank} of {info.world_size}: the process group did not come up on "
+            f"every rank within {deadline.bound:g} s: {_absent(store, info, scope, settings, 'up')}",
+            hint="a rank died or was stopped (SIGSTOP, a debugger, an overloaded node) after "
+            "joining; its log (or the launcher's exit codes) says why",
+        )
+
+    try:
+        if not bounded(meet, deadline.at + 0.5, missing):
+            raise missing()
+    except RuntimeError as exc:  # torch's DistError: the store went away
+        raise RendezvousError(
+            info.launcher,
+            f"rank {info.rank} lost rank 0's store at {master_address(info)} after joining the "
+            f"group: {first_line(exc)}",
+            hint="rank 0 exited during start-up; its log says why",
+        ) from None

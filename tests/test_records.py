@@ -1,0 +1,269 @@
+"""The store's records: nothing read from the store is trusted (distenv.records).
+
+Every value distenv reads back from rank 0's store is parsed against its schema; anything else is a
+`ForeignRecordError` naming the key, never a raw exception and never an echo of the value.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from dataclasses import asdict, replace
+from typing import Any
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from distenv.records import (
+    MAX_CHECKIN_BYTES,
+    CheckIn,
+    ClaimedTwice,
+    Disagreement,
+    ForeignCheckIn,
+    ForeignRecordError,
+    Missing,
+    Placement,
+    SharedGpu,
+    SharedLocalRank,
+    Verdict,
+    parse_checkin,
+    parse_scope,
+    parse_verdict,
+    validate,
+)
+from distenv.rendezvous import job_scope
+
+SCOPE = "slurm/4242/0/n4"
+
+
+def checkin(rank: int = 1, **change: Any) -> CheckIn:
+    base = CheckIn(
+        rank=rank,
+        world_size=4,
+        local_rank=rank % 2,
+        local_world_size=2,
+        node_rank=rank // 2,
+        hostname=f"gpu{rank // 2:03d}",
+        pid=4000 + rank,
+        launcher="slurm",
+        master="gpu000:26269",
+        backend="nccl",
+        torch_version="2.13.0+cu128",
+        device="GPU-8f2c1e4a-6b1d-4c3e-9a7f-2d5e1b0c9a11",
+        scope=SCOPE,
+    )
+    return replace(base, **change)
+
+
+# ---- strategies: what distenv itself writes ------------------------------------------------------
+
+hosts = st.from_regex(r"[a-z][a-z0-9-]{0,20}(\.[a-z0-9]{1,8}){0,2}", fullmatch=True)
+scopes = st.from_regex(r"[a-z]{2,8}/[A-Za-z0-9._-]{1,20}/[0-9-]{1,5}/n[0-9]{1,5}", fullmatch=True)
+
+
+@st.composite
+def checkins(draw: st.DrawFn) -> CheckIn:
+    world = draw(st.integers(1, 1 << 16))
+    local = draw(st.integers(1, 64))
+    host = draw(hosts)
+    return CheckIn(
+        rank=draw(st.integers(0, world - 1)),
+        world_size=world,
+        local_rank=draw(st.integers(0, local - 1)),
+        local_world_size=local,
+        node_rank=draw(st.integers(0, world - 1)),
+        hostname=host,
+        pid=draw(st.integers(1, 1 << 22)),
+        launcher=draw(st.sampled_from(["slurm", "mpi", "pytorch", "lsf", "none", "pbs"])),
+        master=f"{draw(hosts)}:{draw(st.integers(1, 65535))}",
+        backend=draw(st.sampled_from(["gloo", "nccl", "cpu:gloo,cuda:nccl", "mpi"])),
+        torch_version=draw(st.sampled_from(["2.13.0", "2.13.0+cpu", "2.6.0a0+git1234abc"])),
+        device=draw(st.none() | st.just("GPU-5a3e9b1c") | st.just("0000:3b:00")),
+        allow_gpu_sharing=draw(st.booleans()),
+        scope=draw(scopes),
+    )
+
+
+json_values = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False) | st.text(max_size=30),
+    lambda inner: (
+        st.lists(inner, max_size=5) | st.dictionaries(st.text(max_size=12), inner, max_size=6)
+    ),
+    max_leaves=30,
+)
+
+
+def _refusal(parse: Callable[[], object]) -> ForeignRecordError | None:
+    """Return the ForeignRecordError `parse` raises, None if it parses (any other error escapes)."""
+    try:
+        parse()
+    except ForeignRecordError as exc:
+        return exc
+    return None
+
+
+@settings(max_examples=300, deadline=None)
+@given(checkins())
+def test_every_record_distenv_writes_parses_back_unchanged(record: CheckIn) -> None:
+    """What a rank writes is exactly what rank 0 reads: the schema accepts distenv's own records."""
+    assert parse_checkin("checkin/1", record.to_json()) == record
+
+
+@settings(max_examples=500, deadline=None)
+@given(st.one_of(json_values, st.binary(max_size=200)))
+def test_any_value_is_a_record_or_a_foreign_record_error(value: object) -> None:
+    """Arbitrary JSON or bytes under a check-in or verdict key: parsed, or ForeignRecordError."""
+    raw = value if isinstance(value, bytes) else json.dumps(value).encode()
+    for key, parse in (
+        ("checkin/3", lambda: parse_checkin("checkin/3", raw)),
+        ("verdict", lambda: parse_verdict("verdict", raw, scope=SCOPE, world_size=4)),
+        ("distenv/scope/0", lambda: parse_scope("distenv/scope/0", raw)),
+    ):
+        refused = _refusal(parse)
+        if refused is not None:
+            # The reason is one of distenv's own short templates: nothing of the value in it.
+            assert refused.key == key
+            assert refused.why.isascii()
+            assert refused.why.isprintable()
+            assert len(refused.why) < 80
+
+
+@settings(max_examples=300, deadline=None)
+@given(checkins(), st.sampled_from(list(CheckIn.__dataclass_fields__)), json_values)
+def test_any_field_changed_to_another_value_parses_only_if_it_fits(
+    record: CheckIn, field: str, value: object
+) -> None:
+    """One field replaced by any JSON value: either still a valid record, or refused by name."""
+    data = {**asdict(record), field: value}
+    refused = _refusal(lambda: parse_checkin("checkin/2", json.dumps(data)))
+    if refused is not None:
+        assert refused.key == "checkin/2"
+        return
+    parsed = parse_checkin("checkin/2", json.dumps(data))
+    assert getattr(parsed, field) == value
+    assert 0 <= parsed.rank < parsed.world_size
+
+
+@pytest.mark.parametrize(
+    ("text", "why"),
+    [
+        ("{not json", "not JSON"),
+        ("[1, 2]", "not a JSON object"),
+        (json.dumps({**asdict(checkin()), "evil": 1}), "unexpected or missing fields"),
+        (json.dumps({k: v for k, v in asdict(checkin()).items() if k != "pid"}), "missing"),
+        (json.dumps({**asdict(checkin()), "rank": "1"}), "'rank'"),
+        (json.dumps({**asdict(checkin()), "rank": True}), "'rank'"),
+        (json.dumps({**asdict(checkin()), "rank": 4}), "'rank'"),
+        (json.dumps({**asdict(checkin()), "hostname": "gpu1\n\x1b[31mOWNED"}), "'hostname'"),
+        (json.dumps({**asdict(checkin()), "backend": "gloo; rm -rf /"}), "'backend'"),
+        (json.dumps({**asdict(checkin()), "device": "GPU-<script>"}), "'device'"),
+        (json.dumps({**asdict(checkin()), "scope": "x" * 400}), "'scope'"),
+        (json.dumps({**asdict(checkin()), "pid": 0}), "'pid'"),
+        ("x" * (MAX_CHECKIN_BYTES + 1), "more than the 2048 allowed"),
+    ],
+)
+def test_malformed_records_are_refused_naming_the_key(text: str, why: str) -> None:
+    """Each kind of bad record is a ForeignRecordError with the key, never a TypeError/JSON error."""
+    with pytest.raises(ForeignRecordError) as info:
+        parse_checkin("checkin/7", text)
+    assert info.value.key == "checkin/7"
+    assert why in info.value.why
+    assert "OWNED" not in str(info.value)
+    assert "rm -rf" not in str(info.value)
+
+
+def _problems() -> list[Any]:
+    records = [checkin(r) for r in range(4)]
+    records[1] = replace(records[1], backend="gloo")
+    records[3] = replace(records[3], rank=2, pid=99)
+    records.append(replace(checkin(0), hostname="gpu000", local_rank=0, pid=5))
+    return validate(records, 4)
+
+
+def test_verdicts_round_trip_and_render_the_same_on_every_rank() -> None:
+    """A failing verdict published by rank 0 parses back to the same problems and messages."""
+    problems = tuple(_problems())
+    problems += (
+        Missing(2, 4, (2, 3), (("gpu001",), ()), (1, None)),
+        Placement(0, ("a", "b")),
+        SharedGpu("gpu000", "GPU-5a3e", (0, 1), 2),
+        SharedLocalRank("gpu000", 0, 0, 2),
+        ForeignCheckIn(5),
+    )
+    kinds = {type(p) for p in problems}
+    assert {Disagreement, ClaimedTwice, Missing, Placement, SharedGpu, ForeignCheckIn} <= kinds
+    published = Verdict(False, problems, (), SCOPE).to_json()
+    parsed = parse_verdict("verdict", published, scope=SCOPE, world_size=4)
+    assert parsed.problems == problems
+    assert parsed.describe(30) == Verdict(False, problems).describe(30)
+    assert (
+        "ranks disagree on backend: 'gloo' on ranks 1; 'nccl' on ranks 0, 0, 2, 2"
+        in parsed.describe(30)[0]
+    )
+
+
+@pytest.mark.parametrize(
+    ("verdict", "why"),
+    [
+        (
+            {"scope": SCOPE, "ok": False, "problems": ["roll call failed: EVIL TEXT"]},
+            "unknown code",
+        ),
+        (
+            {"scope": SCOPE, "ok": True, "problems": [{"code": "foreign", "arrival": 1}]},
+            "contradicts",
+        ),
+        ({"scope": SCOPE, "ok": False, "problems": []}, "contradicts"),
+        ({"scope": "slurm/1/0/n4", "ok": True, "problems": []}, "another scope"),
+        (
+            {
+                "scope": SCOPE,
+                "ok": False,
+                "problems": [
+                    {
+                        "code": "disagree",
+                        "field": "master",
+                        "values": ["EVIL TEXT"],
+                        "ranks": [[0]],
+                        "totals": [1],
+                    }
+                ],
+            },
+            "pattern of master",
+        ),
+        (
+            {
+                "scope": SCOPE,
+                "ok": False,
+                "problems": [
+                    {
+                        "code": "missing",
+                        "count": 1,
+                        "world_size": 4,
+                        "ranks": [9],
+                        "hosts": [[]],
+                        "nodes": [None],
+                    }
+                ],
+            },
+            "'ranks'",
+        ),
+    ],
+)
+def test_forged_verdicts_are_refused(verdict: dict[str, Any], why: str) -> None:
+    """Free text, contradictions, another scope, out-of-range ranks: refused, never rendered."""
+    with pytest.raises(ForeignRecordError) as info:
+        parse_verdict("verdict", json.dumps(verdict), scope=SCOPE, world_size=4)
+    assert why in info.value.why
+    assert "EVIL" not in str(info.value)
+
+
+def test_job_scope_is_pattern_safe_and_names_the_world() -> None:
+    """The rendezvous scope holds the launcher's identity and the size; odd ids become a digest."""
+    assert job_scope("slurm/4242/0", 8) == "slurm/4242/0/n8"
+    assert job_scope("pytorch/-/0", 2) != job_scope("pytorch/-/0", 4)
+    odd = job_scope("pytorch/my run; id/0", 2)
+    assert odd.startswith("sha256-")
+    assert odd == job_scope("pytorch/my run; id/0", 2)
+    assert parse_scope("distenv/scope/0", odd.encode()) == odd
