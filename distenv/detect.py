@@ -3,7 +3,9 @@
 `choose` answers which launcher's layout describes this process, and what encloses it; where the
 master is, is `distenv.master`'s question (`distenv.pipeline` asks both). Detection asks the
 launchers' types, never their names: a `Scheduler` is an outer layer, and a launcher with
-`Launcher.tasks_of_scheduler` (MPI) consults every scheduler that encloses it.
+`Launcher.tasks_of_scheduler` (MPI) consults every scheduler that encloses it. Before it chooses,
+`distenv.agreement` refuses launcher variables left over from another job that contradict the
+step this process belongs to.
 
 Reads the environment only: no torch, no mpi4py, no subprocess.
 """
@@ -13,6 +15,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import NamedTuple
 
+from distenv.agreement import agrees, refuse_leftovers
 from distenv.errors import DistEnvError, LauncherMismatchError, LauncherNotFoundError
 from distenv.launchers import (
     NONE,
@@ -55,13 +58,6 @@ def _seen(launcher: Launcher, env: Mapping[str, str], limit: int = 6) -> str:
     return shown + (f", ... ({len(names) - limit} more)" if len(names) > limit else "")
 
 
-def _agrees(inner: World | None, outer: World | None) -> bool:
-    """Whether an MPI layer and an enclosing scheduler step describe the same ranks."""
-    if inner is None or outer is None or inner[0] != outer[0]:
-        return False
-    return inner[1] is None or outer[1] is None or inner[1] == outer[1]
-
-
 def _describe(world: World | None) -> str:
     if world is None:
         return "no rank"
@@ -79,7 +75,7 @@ def _enclosed(
     outer = [s for s in detected if isinstance(s, Scheduler)]
     for scheduler in outer:
         world = scheduler.world(env)
-        if _agrees(inner_world, world):
+        if agrees(inner_world, world):
             notes.append(
                 (
                     scheduler.name,
@@ -131,6 +127,7 @@ def _choose(
         if not detected:
             notes.append(("none", "chosen: no launcher detected, running as a single process"))
             return Choice(NONE, NONE.rank_info(env), NONE, None, tuple(notes))
+        refuse_leftovers(None, env, detected, notes)
         chosen = detected[0]
         notes.append((chosen.name, "chosen: innermost launcher detected"))
         if chosen.tasks_of_scheduler:
@@ -148,6 +145,7 @@ def _choose(
             f", ...); auto-detection finds {found!r}",
             hint=f"use --launcher {found} (or auto), or start the job with {chosen.name}'s launcher",
         )
+    refuse_leftovers(chosen, env, detected, notes)
     if chosen not in detected or detected[0] is chosen:  # a plug-in not opted in, or innermost
         if chosen.tasks_of_scheduler:
             # The name asked for wins over an agreeing scheduler's: its layout, labelled as asked.
@@ -164,7 +162,7 @@ def _choose(
     if (
         innermost.tasks_of_scheduler
         and isinstance(chosen, Scheduler)
-        and _agrees(inner_world, outer_world)
+        and agrees(inner_world, outer_world)
     ):
         return Choice(chosen, chosen.rank_info(env), chosen, None, tuple(notes))
     raise LauncherMismatchError(

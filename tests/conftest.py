@@ -28,7 +28,8 @@ SCRUB_PREFIXES = (
     "TORCHELASTIC_",
     "DISTENV_",
 )
-SCRUB_NAMES = (*ENV_CONTRACT, "CUDA_VISIBLE_DEVICES")
+# DeepSpeed's launcher marks its ranks with these (distenv.agreement.LAUNCH_MARKS).
+SCRUB_NAMES = (*ENV_CONTRACT, "CUDA_VISIBLE_DEVICES", "CROSS_RANK", "CROSS_SIZE", "LOCAL_SIZE")
 
 
 def scrubbed_environ(environ: dict[str, str] | os._Environ[str] = os.environ) -> dict[str, str]:

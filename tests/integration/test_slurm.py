@@ -141,3 +141,64 @@ def test_fake_gpus_bind_one_device_per_task_or_local_rank(harness: Harness) -> N
     for node in (recs[:2], recs[2:]):
         assert sorted(r["cuda_visible_devices"] for r in node) == ["0", "1"], recs
     assert [r["device"] for r in recs] == [0, 0, 0, 0]
+
+
+# Left in the environment by an earlier job or a shell profile (issue #13): what srun passes on.
+STALE_TORCHRUN = {
+    "RANK": "3",
+    "WORLD_SIZE": "4",
+    "MASTER_ADDR": "127.0.0.1",
+    "MASTER_PORT": "29599",
+}
+STALE_OMPI = {
+    "OMPI_COMM_WORLD_RANK": "0",
+    "OMPI_COMM_WORLD_SIZE": "1",
+    "OMPI_COMM_WORLD_LOCAL_RANK": "0",
+    "OMPI_COMM_WORLD_LOCAL_SIZE": "1",
+    "PMIX_RANK": "0",
+}
+BOUND = {"DISTENV_TIMEOUT": "10"}  # should the refusal regress, no rank waits long
+INIT_ONLY = [PYTHON, "-c", "import distenv; distenv.init_dist()"]
+# 0.1.0 waited 22 s for rank 0's store, then blamed the network. The bound is one torch import
+# (init_dist imports torch.distributed first) with three launches on 2 cores: 7 s measured.
+REFUSAL_S = 20.0
+
+
+def test_stale_launcher_variables_are_refused_on_every_task(harness: Harness) -> None:
+    """Exported RANK/WORLD_SIZE/MASTER_* or an outer mpirun's OMPI_* in `srun -n 2`: every task
+    exits 1 at once with a message naming both sets; `srun -n 1 distenv run -n 2` still works."""
+    torch_vars, ompi_vars, local = wait_all(
+        [
+            harness.start(
+                [*SRUN, "-n", "2", *INIT_ONLY],
+                env=harness.env("one", extra={**STALE_TORCHRUN, **BOUND}),
+                cluster="one",
+            ),
+            harness.start(
+                [*SRUN, "-n", "2", *INIT_ONLY], env=harness.env("one", extra={**STALE_OMPI, **BOUND}),
+                cluster="one",
+            ),
+            harness.start(
+                [*SRUN, "-n", "1", PYTHON, "-m", "distenv", "run", "-n", "2", *rank_check()[1:]],
+                cluster="one",
+            ),
+        ]
+    )  # fmt: skip
+    for result, head in (
+        (
+            torch_vars,
+            "pytorch: RANK=3 WORLD_SIZE=4 contradict slurm, which started this process as",
+        ),
+        (ompi_vars, "mpi: OMPI_COMM_WORLD_RANK=0 OMPI_COMM_WORLD_SIZE=1 contradict slurm, which"),
+    ):
+        assert result.returncode == 1, result.text
+        assert result.seconds < REFUSAL_S, result.text
+        refusals = [line for line in result.stderr.splitlines() if head in line]
+        assert len(refusals) == 2, result.text
+        for task in range(2):
+            assert sum(f"SLURM_PROCID={task} SLURM_STEP_NUM_TASKS=2" in r for r in refusals) == 1
+    assert "exported by an earlier job or a shell profile" in torch_vars.stderr
+    assert "inherited from an outer mpirun or mpiexec" in ompi_vars.stderr
+    assert "different MPI library" not in ompi_vars.stderr
+    layouts = [(r, 2, r, 2, 0, 1) for r in range(2)]
+    check_world(local, launcher="pytorch", layouts=layouts, master="127.0.0.1")

@@ -1,0 +1,218 @@
+"""Whether an inner launcher's variables were set by a launch or left over from another job.
+
+Two launcher layers agree when they number this process alike (`agrees`). Where an inner layer's
+variables disagree with the scheduler step or MPI launch around them, either a launcher inside the
+step started this process on purpose, or the variables are leftovers: exported by an earlier job or
+a shell profile, or inherited from an outer launcher. Detection (`distenv.detect`) asks
+`refuse_leftovers` before it chooses. The rules:
+
+1. **torchrun's contract.** ``RANK`` and ``WORLD_SIZE`` inside a step (an srun task, a jsrun rank,
+   an MPI rank) that states another rank or world size are refused, unless the launcher that set
+   them marked them (`LAUNCH_MARKS`). ``DISTENV_SCOPE`` tags distenv's own export of another
+   launcher's answer: no launch, judged by the scope rules of `distenv.master` instead.
+2. **MPI inside a task step.** MPI ranks that disagree with the scheduler step around them are the
+   ranks of an MPI launcher whose daemons are that step's tasks, one per node (measured: mpirun and
+   Hydra inside salloc, tests/envs/mpi.py). A step that runs several tasks on this node is no such
+   daemon step: the MPI variables were inherited or exported.
+
+Naming the inner launcher (``--launcher pytorch``, ``--launcher mpi``) says its variables are
+meant: its rule is skipped. Reads the environment only: no torch, no mpi4py, no subprocess.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+
+from distenv.errors import DistEnvError, InconsistentEnvironmentError
+from distenv.launchers import TORCHRUN, Launcher, Scheduler, World
+from distenv.launchers.torchrun import TorchrunLauncher
+from distenv.master import RUN_ID_VAR, SCOPE_VAR
+from distenv.variables import Reader, Var
+
+__all__ = ["LAUNCH_MARKS", "MARK_VARS", "agrees", "refuse_leftovers"]
+
+# The launchers that set torchrun's contract inside a scheduler step on purpose, and the variables
+# (all of them) by which their ranks are known.
+LAUNCH_MARKS: tuple[tuple[str, tuple[str, ...]], ...] = (
+    ("torchrun", ("TORCHELASTIC_RUN_ID",)),
+    ("distenv run", (RUN_ID_VAR,)),
+    # deepspeed/launcher/launch.py (DeepSpeed edaa722, main()): beside RANK, LOCAL_RANK,
+    # WORLD_SIZE and MASTER_* it sets these three, and no TORCHELASTIC_* (but in elastic mode).
+    ("DeepSpeed's launcher", ("CROSS_RANK", "CROSS_SIZE", "LOCAL_SIZE")),
+)
+MARK_VARS = (
+    Var("TORCHELASTIC_RUN_ID", "(agreement)", "no", "torchrun's ranks: their RANK/... are meant"),
+    Var(RUN_ID_VAR, "(agreement)", "no", "distenv run's and launch()'s ranks (distenv.plan)"),
+    Var("CROSS_RANK", "(agreement)", "no", "DeepSpeed's launcher: node index"),
+    Var("CROSS_SIZE", "(agreement)", "no", "DeepSpeed's launcher: number of nodes"),
+    Var("LOCAL_SIZE", "(agreement)", "no", "DeepSpeed's launcher: processes on this node"),
+    Var(SCOPE_VAR, "(agreement)", "no", "distenv's export of another launcher's answer"),
+)
+# RankInfo fields whose variables make up a launcher's numbering (named in the messages).
+_LAYOUT = ("rank", "world_size", "local_rank", "local_world_size", "node_rank", "num_nodes")
+_CONTRACT = (*_LAYOUT, "master_addr", "master_port")
+
+
+def agrees(inner: World | None, outer: World | None) -> bool:
+    """Return whether two layers give the same rank, and the same size where both state one."""
+    if inner is None or outer is None or inner[0] != outer[0]:
+        return False
+    return inner[1] is None or outer[1] is None or inner[1] == outer[1]
+
+
+def _world(launcher: Launcher, env: Mapping[str, str]) -> World | None:
+    try:
+        return launcher.world(env)
+    except DistEnvError:  # malformed: the chosen launcher's own reading reports it
+        return None
+
+
+def _named(launcher: Launcher, env: Mapping[str, str], world: World) -> str:
+    """Return ``VAR=value`` for the declared variables that hold `world`'s rank and size."""
+    parts = []
+    for field, value in zip(("rank", "world_size"), world, strict=True):
+        if value is None:
+            continue
+        name = next(
+            (
+                v.name
+                for v in launcher.variables
+                if v.field == field and (env.get(v.name) or "").strip() == str(value)
+            ),
+            field,
+        )
+        parts.append(f"{name}={value}")
+    return " ".join(parts)
+
+
+def _describe(world: World) -> str:
+    return f"rank {world[0]} of {world[1] if world[1] is not None else '?'}"
+
+
+def _present(launcher: Launcher, env: Mapping[str, str], fields: Sequence[str]) -> list[str]:
+    return [v.name for v in launcher.variables if v.field in fields and env.get(v.name)]
+
+
+def _step(env: Mapping[str, str], detected: Sequence[Launcher]) -> tuple[Launcher, World] | None:
+    """Return the innermost layer besides torchrun's contract that numbers this process.
+
+    Where the next layer agrees with it (MPI ranks that are srun's or jsrun's tasks), that outer
+    layer is the step: it states the size too, and detection uses its layout.
+    """
+    layers = [
+        (launcher, world)
+        for launcher in detected
+        if not isinstance(launcher, TorchrunLauncher)
+        and (world := _world(launcher, env)) is not None
+    ]
+    if len(layers) > 1 and agrees(layers[0][1], layers[1][1]):
+        return layers[1]
+    return layers[0] if layers else None
+
+
+def _contract_leftover(
+    env: Mapping[str, str], detected: Sequence[Launcher], notes: list[tuple[str, str]]
+) -> None:
+    """Rule 1: torchrun's RANK/WORLD_SIZE, unmarked, contradicting the step around them."""
+    reader = Reader(TORCHRUN.name, env, MARK_VARS)
+    tag = reader.get(SCOPE_VAR)
+    if tag is not None and not tag.startswith(f"{TORCHRUN.name}/"):
+        return
+    if any(all(reader.has(name) for name in names) for _, names in LAUNCH_MARKS):
+        return
+    contract = _world(TORCHRUN, env)
+    step = _step(env, detected)
+    if contract is None or contract[1] is None or step is None or agrees(contract, step[1]):
+        return
+    layer, world = step
+    names = _present(TORCHRUN, env, _CONTRACT)
+    marks = ", ".join(" ".join(vs) for _, vs in LAUNCH_MARKS)
+    notes.append(
+        (
+            TORCHRUN.name,
+            f"refused: {_describe(contract)} vs {layer.name}'s {_describe(world)} and no "
+            "launcher's mark: left over from another job",
+        )
+    )
+    # --launcher pytorch is a way out only where its variables are complete enough to detect.
+    named = " (or pass --launcher pytorch if a launcher inside the step set them on purpose)"
+    raise InconsistentEnvironmentError(
+        TORCHRUN.name,
+        f"{_named(TORCHRUN, env, contract)} contradict {layer.name}, which started this process "
+        f"as {_named(layer, env, world)}, and no launcher inside the step marked them as its own "
+        f"({marks}): they were likely exported by an earlier job or a shell profile",
+        hint=f"unset {' '.join(names)} where they are exported (job script, ~/.bashrc)"
+        + (named if TORCHRUN.detect(env) else ""),
+        variable="RANK",
+        value=str(contract[0]),
+    )
+
+
+def _mpi_leftover(
+    env: Mapping[str, str], detected: Sequence[Launcher], notes: list[tuple[str, str]]
+) -> None:
+    """Rule 2: MPI ranks contradicting a scheduler step that runs several tasks on this node."""
+    inner = detected[0]
+    inner_world = _world(inner, env)
+    outer = next(
+        (
+            (s, w)
+            for s in detected[1:]
+            if isinstance(s, Scheduler) and (w := _world(s, env)) is not None
+        ),
+        None,
+    )
+    if inner_world is None or outer is None or agrees(inner_world, outer[1]):
+        return
+    scheduler, world = outer
+    try:
+        local = scheduler.rank_info(env).local_world_size
+    except DistEnvError:
+        return
+    if local < 2:  # one task per node: the step may be an MPI launcher's daemons
+        return
+    names = _present(inner, env, _LAYOUT)
+    notes.append(
+        (
+            inner.name,
+            f"refused: {_describe(inner_world)} vs {scheduler.name}'s {_describe(world)} with "
+            f"{local} tasks on this node: no MPI launcher's daemon step, left over",
+        )
+    )
+    raise InconsistentEnvironmentError(
+        inner.name,
+        f"{_named(inner, env, inner_world)} contradict {scheduler.name}, which started this "
+        f"process as {_named(scheduler, env, world)}, one of {local} tasks on this node; an MPI "
+        "launcher's daemons run one task per node, so no MPI launcher started it: these MPI "
+        "variables were likely inherited from an outer mpirun or mpiexec, or exported by an "
+        "earlier job or a shell profile",
+        hint=f"unset {' '.join(names[:4])}{' ...' if len(names) > 4 else ''} and the outer MPI "
+        "launcher's other variables before srun (or pass --launcher mpi if an MPI launcher "
+        "inside the step started this process)",
+        variable=names[0] if names else None,
+        value=str(inner_world[0]),
+    )
+
+
+def refuse_leftovers(
+    named: Launcher | None,
+    env: Mapping[str, str],
+    detected: Sequence[Launcher],
+    notes: list[tuple[str, str]],
+) -> None:
+    """Raise if leftover launcher variables contradict the step that started this process.
+
+    Args:
+        named: The launcher asked for by name; None for auto detection. Naming the inner
+            launcher whose variables are in question skips its rule.
+        env: The environment.
+        detected: The launchers detected, innermost first.
+        notes: Detection's reasons; the refusal adds its line.
+
+    Raises:
+        InconsistentEnvironmentError: Naming both sets of variables, the likely cause and the fix.
+    """
+    if not isinstance(named, TorchrunLauncher):
+        _contract_leftover(env, detected, notes)
+    if detected and detected[0].tasks_of_scheduler and named is not detected[0]:
+        _mpi_leftover(env, detected, notes)
