@@ -259,6 +259,8 @@ def init_dist(
     if seed is not None:
         check_seed(seed)
 
+    # Detection first: a misconfigured job is refused before paying for `import torch`.
+    detection, info = _locate(launcher, master_addr_format)
     import torch.distributed as dist
 
     if not dist.is_available():
@@ -267,7 +269,6 @@ def init_dist(
             "this torch build has no torch.distributed",
             hint="install a torch wheel from pytorch.org (every official build includes it)",
         )
-    detection, info = _locate(launcher, master_addr_format)
     if dist.is_initialized():
         return _reuse(info)
     device = _prepare(

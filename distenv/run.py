@@ -241,7 +241,7 @@ def add_run_parser(subparsers: Any) -> argparse.ArgumentParser:
         *_spellings("--rdzv-id"),
         dest="run_id",
         metavar="ID",
-        help="this run's identity, the same on every node (default: the scheduler's job step, "
+        help="this run's identity, the same on every node (default: the job step of a scheduler that lays out several nodes, "
         "else random on one node; required for several nodes without a scheduler). Ranks of "
         "another run that reach this run's store are refused",
     )

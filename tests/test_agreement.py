@@ -241,3 +241,25 @@ def test_distenv_info_explains_the_refusal_in_one_line() -> None:
     assert len(lines) == 1, result.stderr
     assert lines[0].startswith("distenv: pytorch: RANK=3 WORLD_SIZE=4 contradict slurm")
     assert "SLURM_PROCID=1 SLURM_STEP_NUM_TASKS=4" in lines[0]
+
+
+def test_deepspeed_ranks_inside_a_step_are_its_ranks() -> None:
+    """`srun ... deepspeed` (its launch.py per node) inside a step: the `pytorch` layout, whole.
+
+    deepspeed/launcher/launch.py sets MASTER_ADDR, MASTER_PORT, WORLD_SIZE, CROSS_RANK, CROSS_SIZE,
+    LOCAL_SIZE, RANK and LOCAL_RANK (from its source: no LOCAL_WORLD_SIZE, no TORCHELASTIC_*).
+    """
+    deepspeed = {
+        "MASTER_ADDR": "n1",
+        "MASTER_PORT": "29500",
+        "WORLD_SIZE": "8",
+        "CROSS_RANK": "1",
+        "CROSS_SIZE": "2",
+        "LOCAL_SIZE": "4",
+        "RANK": "6",
+        "LOCAL_RANK": "2",
+    }
+    info = detect("auto", {**slurm.SRUN_2N_4T[1], **deepspeed})
+    assert info.launcher == "pytorch"
+    assert (info.rank, info.world_size, info.local_rank, info.local_world_size) == (6, 8, 2, 4)
+    assert (info.node_rank, info.num_nodes, info.master_addr) == (1, 2, "n1")

@@ -39,7 +39,7 @@ class TorchrunLauncher(Launcher):
     | RANK | rank | yes |
     | WORLD_SIZE | world_size | yes |
     | LOCAL_RANK | local_rank | yes, except Kubeflow-style (one process per node) |
-    | LOCAL_WORLD_SIZE | local_world_size | yes with LOCAL_RANK |
+    | LOCAL_WORLD_SIZE (DeepSpeed's launcher: LOCAL_SIZE) | local_world_size | yes with LOCAL_RANK |
     | GROUP_RANK | node_rank | no: rank // local_world_size |
     | GROUP_WORLD_SIZE | num_nodes | no: world_size // local_world_size |
     | MASTER_ADDR, MASTER_PORT | master | yes |
@@ -61,6 +61,7 @@ class TorchrunLauncher(Launcher):
         Var("WORLD_SIZE", "world_size", "yes", "number of processes"),
         Var("LOCAL_RANK", "local_rank", "yes*", "rank on this node (*absent: Kubeflow style)"),
         Var("LOCAL_WORLD_SIZE", "local_world_size", "with LOCAL_RANK", "processes on this node"),
+        Var("LOCAL_SIZE", "local_world_size", "no", "DeepSpeed's launcher's LOCAL_WORLD_SIZE"),
         Var("GROUP_RANK", "node_rank", "no", "node index (default rank // local_world_size)"),
         Var("GROUP_WORLD_SIZE", "num_nodes", "no", "nodes (default world_size // local)"),
         Var("MASTER_ADDR", "master_addr", "yes", "rank 0's host"),
@@ -109,7 +110,10 @@ class TorchrunLauncher(Launcher):
         sources = {"rank": "RANK", "world_size": "WORLD_SIZE"}
         if reader.has("LOCAL_RANK") or reader.has("TORCHELASTIC_RUN_ID"):
             local_rank = reader.integer("LOCAL_RANK", hint=HINT)
-            local_world_size = reader.integer("LOCAL_WORLD_SIZE", hint=HINT, minimum=1)
+            # DeepSpeed's launcher (deepspeed/launcher/launch.py) names it LOCAL_SIZE.
+            local_world_size = reader.integer(
+                "LOCAL_WORLD_SIZE", "LOCAL_SIZE", hint=HINT, minimum=1
+            )
             sources.update(local_rank="LOCAL_RANK", local_world_size="LOCAL_WORLD_SIZE")
         else:  # Kubeflow's PyTorchJob: one process per pod.
             local_rank, local_world_size = 0, 1
