@@ -25,6 +25,17 @@ AT_INIT = {
 }
 
 
+def _write_whole(text: str) -> None:
+    """Write `text` to stdout in one system call.
+
+    Hydra interleaves other ranks' output between two writes of one line (seen with ``print``
+    after MPI_Init).
+    """
+    sys.stdout.flush()
+    sys.stdout.write(text)
+    sys.stdout.flush()
+
+
 def _detect(args: argparse.Namespace, *, resolved: bool) -> Detection:
     # MPI only when asked: the exchange is collective and initialises MPI (issue #13).
     return locate(
@@ -40,7 +51,7 @@ def _cmd_info(args: argparse.Namespace) -> int:
     detection = _detect(args, resolved=resolved)
     info = detection.info
     if args.json:
-        print(json.dumps(info.to_dict()))
+        _write_whole(json.dumps(info.to_dict()) + "\n")
         return 0
     # Resolved at runtime and still unknown: only rank 0, over MPI, can say (find_master rule 7).
     at_init = resolved and not args.mpi
@@ -71,8 +82,11 @@ def _cmd_export(args: argparse.Namespace) -> int:
             hint="pass --mpi to ask now (on every rank: it is collective), or export MASTER_ADDR "
             "and MASTER_PORT",
         )
-    for name, value in {**detection.info.to_env(), SCOPE_VAR: detection.scope}.items():
-        print(f"export {name}={shlex.quote(value)}")
+    lines = [
+        f"export {name}={shlex.quote(value)}\n"
+        for name, value in {**info.to_env(), SCOPE_VAR: detection.scope}.items()
+    ]
+    _write_whole("".join(lines))
     return 0
 
 
