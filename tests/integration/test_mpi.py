@@ -138,10 +138,13 @@ def test_srun_mpi_plugins(harness: Harness) -> None:
 
 
 def test_mpi4py_on_the_wrong_mpi_library_is_explained(harness: Harness) -> None:
-    """Hydra ranks whose mpi4py loads Open MPI (no shim) are singletons: a clear error, no hang."""
+    """Hydra ranks whose mpi4py loads Open MPI (no shim) are singletons: a clear error, no hang.
+
+    (`distenv info` asks MPI only with --mpi.)
+    """
     env = harness.env()  # deliberately without the MPICH shim
     result = harness.run(
-        ["mpiexec.hydra", "-n", "2", PYTHON, "-m", "distenv", "info", "--json"], env=env
+        ["mpiexec.hydra", "-n", "2", PYTHON, "-m", "distenv", "info", "--json", "--mpi"], env=env
     )
     assert result.returncode != 0, result.text
     assert "mpi4py sees rank 0 of 1, but the launcher's variables say rank" in result.stderr
@@ -164,8 +167,19 @@ def entries(out: Path) -> list[float]:
     return [float((out / f"rank-{r}.start").read_text()) for r in (1, 2, 3)]
 
 
-def survivors(marker: Path) -> list[str]:
-    """Return the processes whose command line names `marker` (ranks and their forks)."""
+def survivors(marker: Path, within: float = 5) -> list[str]:
+    """Return the processes whose command line names `marker` (ranks and their forks).
+
+    Waits up to `within` s for them to go: a launcher may return while its last SIGKILLed rank
+    (or a watchdog, killed with it by PR_SET_PDEATHSIG) is still being torn down.
+    """
+    until = time.monotonic() + within
+    while (found := _named(marker)) and time.monotonic() < until:
+        time.sleep(0.05)
+    return found
+
+
+def _named(marker: Path) -> list[str]:
     found = []
     for entry in Path("/proc").iterdir():
         if not entry.name.isdigit():
