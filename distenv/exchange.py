@@ -19,7 +19,8 @@ broadcasts, with a failure status, so its peers fail at once instead of waiting.
 
 **The deadline.** Every MPI call here ends by `deadline` (`time.monotonic`): by default the
 rendezvous timeout (``DISTENV_TIMEOUT``, `distenv.settings.Settings.rendezvous_seconds`) plus
-`GRACE_S`, counted from the start of the exchange. At the deadline a rank prints distenv's message
+`distenv.deadline.GRACE_S` (the bootstrap's one grace), counted from the start of the exchange;
+`init_dist` may pass its own deadline instead. At the deadline a rank prints distenv's message
 naming rank 0 and calls ``MPI_Abort``: a collective left pending would hang ``MPI_Finalize`` at
 exit, and the job cannot go on without that rank anyway. SIGINT or SIGTERM during the wait prints
 the message at once and ends the rank by that signal, as if distenv had no handler; its launcher
@@ -49,6 +50,7 @@ from types import FrameType
 from typing import Any, NoReturn
 
 from distenv._hosts import check_hostname
+from distenv.deadline import GRACE_S
 from distenv.errors import (
     DistEnvError,
     InvalidVariableError,
@@ -62,7 +64,6 @@ from distenv.watchdog import Watchdog
 
 __all__ = [
     "ABI_HINT",
-    "GRACE_S",
     "PAYLOAD",
     "TOKEN_BYTES",
     "WATCHDOG_S",
@@ -84,8 +85,6 @@ LATE_HINT = (
     "(did it reach init_dist, or stall or crash before it?)"
 )
 
-#: Seconds the bootstrap may take beyond the rendezvous timeout (issue #13's one deadline).
-GRACE_S = 10.0
 #: Seconds after the deadline at which the watchdog kills a rank the Python loop could not end.
 WATCHDOG_S = 1.0
 TOKEN_BYTES = 16

@@ -238,7 +238,7 @@ def test_default_deadline_is_the_rendezvous_timeout_plus_grace(
     settings = Settings.read({"DISTENV_TIMEOUT": "3"})
     assert exchange_deadline(settings, 100.0) == 113.0
     assert exchange_deadline(Settings(), 0.0) == 310.0
-    monkeypatch.setattr("distenv.exchange.GRACE_S", 0.5)
+    monkeypatch.setattr("distenv.exchange.GRACE_S", 0.5)  # the name exchange_deadline reads
     exchange = mpi_exchange(
         rank(1), Comm(Wire(), 1), settings=Settings.read({"DISTENV_TIMEOUT": "0.2"})
     )
