@@ -10,7 +10,7 @@ from collections.abc import Sequence
 
 from distenv.args import add_launcher_option
 from distenv.doctor import add_doctor_parser
-from distenv.errors import DistEnvError
+from distenv.errors import DistEnvError, MasterResolutionError
 from distenv.master import SCOPE_VAR
 from distenv.pipeline import Detection, locate
 from distenv.run import add_run_parser
@@ -18,17 +18,50 @@ from distenv.run import add_run_parser
 __all__ = ["main"]
 
 
+# What the text of `distenv info` says for a master that only the MPI exchange at init can find.
+AT_INIT = {
+    "master_addr": "rank 0's host over MPI at init (pass --mpi to ask now)",
+    "master_port": "rank 0's free port over MPI at init (pass --mpi to ask now)",
+}
+
+
+def _write_whole(text: str) -> None:
+    """Write `text` to stdout in one system call.
+
+    Hydra interleaves other ranks' output between two writes of one line (seen with ``print``
+    after MPI_Init).
+    """
+    sys.stdout.flush()
+    sys.stdout.write(text)
+    sys.stdout.flush()
+
+
 def _detect(args: argparse.Namespace, *, resolved: bool) -> Detection:
-    return locate(args.launcher, master_addr_format=args.master_addr_format, runtime=resolved)
+    # MPI only when asked: the exchange is collective and initialises MPI (issue #13).
+    return locate(
+        args.launcher,
+        master_addr_format=args.master_addr_format,
+        runtime=resolved,
+        mpi=args.mpi,
+    )
 
 
 def _cmd_info(args: argparse.Namespace) -> int:
-    detection = _detect(args, resolved=not args.no_resolve)
+    resolved = not args.no_resolve
+    detection = _detect(args, resolved=resolved)
     info = detection.info
     if args.json:
-        print(json.dumps(info.to_dict()))
+        _write_whole(json.dumps(info.to_dict()) + "\n")
         return 0
-    rows = [(name, "-" if value is None else str(value)) for name, value in info.to_dict().items()]
+    # Resolved at runtime and still unknown: only rank 0, over MPI, can say (find_master rule 7).
+    at_init = resolved and not args.mpi
+
+    def shown(name: str, value: object) -> str:
+        if value is None:
+            return AT_INIT.get(name, "-") if at_init else "-"
+        return str(value)
+
+    rows = [(name, shown(name, value)) for name, value in info.to_dict().items()]
     width = max(len(name) for name, _ in rows)
     for name, value in rows:
         print(f"{name:<{width}}  {value}")
@@ -40,9 +73,30 @@ def _cmd_info(args: argparse.Namespace) -> int:
 
 def _cmd_export(args: argparse.Namespace) -> int:
     detection = _detect(args, resolved=True)
-    for name, value in {**detection.info.to_env(), SCOPE_VAR: detection.scope}.items():
-        print(f"export {name}={shlex.quote(value)}")
+    info = detection.info
+    if not info.is_resolved:
+        raise MasterResolutionError(
+            info.launcher,
+            f"rank {info.rank} of {info.world_size} has no MASTER_ADDR: rank 0 sends its master "
+            "over MPI at init",
+            hint="pass --mpi to ask now (on every rank: it is collective), or export MASTER_ADDR "
+            "and MASTER_PORT",
+        )
+    lines = [
+        f"export {name}={shlex.quote(value)}\n"
+        for name, value in {**info.to_env(), SCOPE_VAR: detection.scope}.items()
+    ]
+    _write_whole("".join(lines))
     return 0
+
+
+def _add_mpi_option(parser: argparse.ArgumentParser | argparse._MutuallyExclusiveGroup) -> None:
+    parser.add_argument(
+        "--mpi",
+        action="store_true",
+        help="under an MPI launcher with no MASTER_ADDR, ask rank 0 for its master now over "
+        "MPI (initialises MPI; every rank must run the command)",
+    )
 
 
 def _add_format_option(parser: argparse.ArgumentParser) -> None:
@@ -66,16 +120,19 @@ def build_parser() -> argparse.ArgumentParser:
     add_launcher_option(info)
     _add_format_option(info)
     info.add_argument("--json", action="store_true", help="print one JSON object")
-    info.add_argument(
+    how = info.add_mutually_exclusive_group()
+    _add_mpi_option(how)
+    how.add_argument(
         "--no-resolve",
         action="store_true",
-        help="do not ask MPI for a missing master (print null instead)",
+        help="read the environment only: pick no free port either (the master may be null)",
     )
     info.set_defaults(func=_cmd_info)
 
     export = sub.add_parser("export", help="print `export VAR=value` lines for eval")
     add_launcher_option(export)
     _add_format_option(export)
+    _add_mpi_option(export)
     export.set_defaults(func=_cmd_export)
 
     add_run_parser(sub)

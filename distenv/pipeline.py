@@ -18,8 +18,9 @@ from typing import Any
 from distenv.detect import Choice, choose
 from distenv.errors import DistEnvError
 from distenv.launchers import Launcher
-from distenv.master import FORMAT_VAR, Exchange, MasterQuery, find_master
+from distenv.master import FORMAT_VAR, MasterQuery, find_master
 from distenv.rankinfo import RankInfo
+from distenv.settings import Settings
 
 __all__ = ["Detection", "detect", "explain", "locate", "master_query", "resolve"]
 
@@ -33,12 +34,15 @@ class Detection:
         launcher: The backend whose answer it is (the explicit name, or what auto chose).
         scope: The job/step identity distenv tags its exports with.
         considered: One ``(launcher, verdict)`` line per backend looked at, innermost first.
+        mpi_token: The job's 16 random bytes that rank 0 sent with its master over MPI (the
+            same on every rank), when this rank took part in that exchange; else None.
     """
 
     info: RankInfo
     launcher: Launcher
     scope: str
     considered: tuple[tuple[str, str], ...]
+    mpi_token: bytes | None = None
 
 
 def master_query(choice: Choice, env: Mapping[str, str]) -> MasterQuery:
@@ -56,15 +60,28 @@ def master_query(choice: Choice, env: Mapping[str, str]) -> MasterQuery:
     )
 
 
-def _mpi(info: RankInfo, comm: Any) -> Exchange:
-    """Return the MPI exchange for `info`, loaded only if a job with no master calls it."""
+class _LazyMpi:
+    """The MPI exchange for one rank, loaded only if a job with no master calls it.
 
-    def exchange(rank0_master: Callable[[], tuple[str, int]]) -> tuple[str, int]:
+    ``token`` is the job's token from rank 0 once the exchange ran (`distenv.exchange`).
+    """
+
+    def __init__(
+        self, info: RankInfo, comm: Any, deadline: float | None, env: Mapping[str, str]
+    ) -> None:
+        self.info, self.comm, self.deadline, self.env = info, comm, deadline, env
+        self.token: bytes | None = None
+
+    def __call__(self, rank0_master: Callable[[], tuple[str, int]]) -> tuple[str, int]:
         from distenv.exchange import mpi_exchange
 
-        return mpi_exchange(info, comm)(rank0_master)
-
-    return exchange
+        exchange = mpi_exchange(
+            self.info, self.comm, deadline=self.deadline, settings=Settings.read(self.env)
+        )
+        try:
+            return exchange(rank0_master)
+        finally:
+            self.token = exchange.token
 
 
 def locate(
@@ -73,7 +90,9 @@ def locate(
     *,
     master_addr_format: str | None = None,
     runtime: bool = True,
+    mpi: bool = True,
     comm: Any = None,
+    deadline: float | None = None,
 ) -> Detection:
     """Run the pipeline: choose the launcher, read its layout, find the master.
 
@@ -83,7 +102,13 @@ def locate(
         master_addr_format: As in `explain`.
         runtime: Also pick a free port (one node) or ask rank 0 over MPI; False reads the
             environment only, and an MPI job's master may stay unresolved.
+        mpi: With `runtime`, whether an MPI job with no master may ask rank 0 over MPI (a
+            collective call, and MPI_Init if MPI is not initialised yet); False leaves that
+            master unresolved.
         comm: An mpi4py communicator to use instead of ``MPI.COMM_WORLD``.
+        deadline: The `time.monotonic` instant the MPI exchange must end by; None: the
+            rendezvous timeout (``DISTENV_TIMEOUT`` of `env`) plus
+            `distenv.deadline.GRACE_S`, from the start of the exchange.
 
     Raises:
         DistEnvError: If the environment is incomplete, malformed, or contradicts the name given,
@@ -95,7 +120,7 @@ def locate(
     choice = choose(launcher, env)
     try:
         query = master_query(choice, env)
-        exchange = _mpi(choice.info, comm) if runtime else None
+        exchange = _LazyMpi(choice.info, comm, deadline, env) if runtime and mpi else None
         master = find_master(query, runtime=runtime, exchange=exchange)
     except DistEnvError as exc:
         # The reasons of the choice explain a master error too (distenv doctor prints them).
@@ -105,7 +130,8 @@ def locate(
     if master.addr_rule == "allocation" and choice.allocation is not None:
         notes += ((choice.allocation.source, f"master taken from its allocation: {master.addr}"),)
     info = choice.info.replace(master_addr=master.addr, master_port=master.port)
-    return Detection(info, choice.launcher, choice.launcher.scope(env), notes)
+    token = None if exchange is None else exchange.token
+    return Detection(info, choice.launcher, choice.launcher.scope(env), notes, token)
 
 
 def explain(
@@ -151,7 +177,13 @@ def detect(
     return explain(launcher, env, master_addr_format=master_addr_format).info
 
 
-def resolve(info: RankInfo, *, env: Mapping[str, str] | None = None, comm: Any = None) -> RankInfo:
+def resolve(
+    info: RankInfo,
+    *,
+    env: Mapping[str, str] | None = None,
+    comm: Any = None,
+    deadline: float | None = None,
+) -> RankInfo:
     """Return `info` with its master address and port known.
 
     A resolved `info` is returned as is. A single process gets 127.0.0.1 and a free port. An MPI
@@ -163,17 +195,19 @@ def resolve(info: RankInfo, *, env: Mapping[str, str] | None = None, comm: Any =
         info: What detection found.
         env: The environment (for DISTENV_MASTER_ADDR_FORMAT); `os.environ` by default.
         comm: An mpi4py communicator to use instead of ``MPI.COMM_WORLD``.
+        deadline: As in `locate`.
 
     Raises:
         MasterResolutionError: If mpi4py is missing or sees a different world than the launcher.
     """
     if info.is_resolved:
         return info
+    env = os.environ if env is None else env
     query = MasterQuery(
         source=info.launcher,
-        env=os.environ if env is None else env,
+        env=env,
         stated=(info.master_addr, info.master_port),
         world_size=info.world_size,
     )
-    master = find_master(query, runtime=True, exchange=_mpi(info, comm))
+    master = find_master(query, runtime=True, exchange=_LazyMpi(info, comm, deadline, env))
     return info.replace(master_addr=master.addr, master_port=master.port)

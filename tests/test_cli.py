@@ -15,8 +15,10 @@ from tests.envs import mpi, slurm, torchrun
 
 
 def run_cli(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    """Run ``python -m distenv ARGS`` (``python ARGS`` when they start with an option)."""
+    argv = [*args] if args[0].startswith("-") else ["-m", "distenv", *args]
     return subprocess.run(
-        [sys.executable, "-m", "distenv", *args],
+        [sys.executable, *argv],
         env={**scrubbed_environ(), **(env or {})},
         capture_output=True,
         text=True,
@@ -57,6 +59,55 @@ def test_info_no_resolve_prints_null_master_for_mpi() -> None:
         1,
         None,
         None,
+    )
+
+
+def test_info_under_mpi_leaves_the_master_to_init_and_loads_no_mpi4py() -> None:
+    """No MASTER_ADDR under mpirun: null master, no mpi4py import, fields unchanged (no --mpi)."""
+    result = run_cli("-X", "importtime", "-m", "distenv", "info", "--json", env=mpi.OMPI_4[1])
+    assert result.returncode == 0, result.stderr
+    data = json.loads(result.stdout)
+    assert list(data) == list(json.loads(run_cli("info", "--json").stdout))
+    assert (data["launcher"], data["rank"], data["master_addr"], data["master_port"]) == (
+        "mpi",
+        1,
+        None,
+        None,
+    )
+    imported = [line.rsplit("|", 1)[-1].strip() for line in result.stderr.splitlines()]
+    assert "distenv.cli" in imported
+    assert not [name for name in imported if name.startswith("mpi4py")]
+
+
+def test_info_text_says_the_master_comes_over_mpi_at_init() -> None:
+    """The table says where an MPI job's master will come from, and how to ask now."""
+    result = run_cli("info", env=mpi.HYDRA_4[2])
+    assert result.returncode == 0, result.stderr
+    assert "master_addr       rank 0's host over MPI at init (pass --mpi to ask now)" in (
+        result.stdout
+    )
+    assert "master_port       rank 0's free port over MPI at init (pass --mpi to ask now)" in (
+        result.stdout
+    )
+
+
+def test_info_mpi_and_no_resolve_exclude_each_other(capsys: pytest.CaptureFixture[str]) -> None:
+    """`--mpi` asks MPI, `--no-resolve` asks nothing: together they are a usage error."""
+    with pytest.raises(SystemExit) as caught:
+        main(["info", "--mpi", "--no-resolve"])
+    assert caught.value.code == 2
+    assert "not allowed with argument" in capsys.readouterr().err
+
+
+def test_export_under_mpi_without_a_master_asks_for_mpi() -> None:
+    """`distenv export` under mpirun with no MASTER_ADDR: one line saying to pass --mpi, exit 1."""
+    result = run_cli("export", env=mpi.OMPI_4[3])
+    assert result.returncode == 1
+    assert result.stdout == ""
+    assert result.stderr == (
+        "distenv: mpi: rank 3 of 4 has no MASTER_ADDR: rank 0 sends its master over MPI at "
+        "init. Hint: pass --mpi to ask now (on every rank: it is collective), or export "
+        "MASTER_ADDR and MASTER_PORT\n"
     )
 
 

@@ -13,8 +13,9 @@ line on stderr, with exit status 1.
 
 The audit hook records the Python-level process-creation events raised while distenv bootstraps
 (import, detection, resolution, init_dist). MPI libraries (Open MPI's singleton init, PMIx) may
-fork inside C code; those raise no audit event and do not count: what is pinned is that distenv
-itself runs no subprocess (no ``scontrol``, no shell) on any rank.
+fork inside C code; those raise no audit event and do not count; nor does the one fork announced
+by a ``distenv.watchdog`` event (the helper that bounds MPI_Init, which never execs): what is
+pinned is that distenv itself runs no subprocess (no ``scontrol``, no shell) on any rank.
 """
 
 from __future__ import annotations
@@ -35,10 +36,15 @@ WATCHED = frozenset(
     }
 )
 EVENTS: list[str] = []
+ANNOUNCED: list[bool] = [False]  # a distenv.watchdog event allows the one os.fork that follows
 
 
 def _audit(event: str, args: tuple[object, ...]) -> None:
-    if event in WATCHED:
+    if event == "distenv.watchdog":
+        ANNOUNCED[0] = True
+    elif event == "os.fork" and ANNOUNCED[0]:
+        ANNOUNCED[0] = False
+    elif event in WATCHED:
         EVENTS.append(f"{event} {args!r}"[:300])
 
 

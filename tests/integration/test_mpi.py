@@ -8,11 +8,18 @@ singleton.
 
 from __future__ import annotations
 
+import json
+import os
+import signal
 import socket
+import time
+from pathlib import Path
+from typing import Any
 
 import pytest
 
 from tests.integration.helpers import (
+    HERE,
     JOB_NAME,
     OMPI,
     ONE_NODE,
@@ -20,12 +27,23 @@ from tests.integration.helpers import (
     STEPS,
     TWO_BY_TWO,
     Harness,
+    Launch,
     check_world,
     rank_check,
     wait_all,
 )
 
 pytestmark = pytest.mark.mpi
+
+# The two engines started alone on this host, 4 ranks each: argv prefix and Harness.env options.
+ENGINES: dict[str, tuple[list[str], dict[str, Any]]] = {
+    "openmpi": ([*OMPI, "--oversubscribe", "-np", "4"], {"ompi": True}),
+    "hydra": (["mpiexec.hydra", "-n", "4"], {"mpich": True}),
+}
+# DISTENV_TIMEOUT of the stall tests, and the bound issue #13 sets: timeout + 10 s + 5 s to end.
+STALL_TIMEOUT_S = 3
+BOUND_S = STALL_TIMEOUT_S + 10 + 5
+LATE = "rank 0 did not publish its master over MPI within 13 s"
 
 
 def test_mpirun_and_hydra_alone_find_the_master_over_mpi(harness: Harness) -> None:
@@ -120,11 +138,178 @@ def test_srun_mpi_plugins(harness: Harness) -> None:
 
 
 def test_mpi4py_on_the_wrong_mpi_library_is_explained(harness: Harness) -> None:
-    """Hydra ranks whose mpi4py loads Open MPI (no shim) are singletons: a clear error, no hang."""
+    """Hydra ranks whose mpi4py loads Open MPI (no shim) are singletons: a clear error, no hang.
+
+    (`distenv info` asks MPI only with --mpi.)
+    """
     env = harness.env()  # deliberately without the MPICH shim
     result = harness.run(
-        ["mpiexec.hydra", "-n", "2", PYTHON, "-m", "distenv", "info", "--json"], env=env
+        ["mpiexec.hydra", "-n", "2", PYTHON, "-m", "distenv", "info", "--json", "--mpi"], env=env
     )
     assert result.returncode != 0, result.text
     assert "mpi4py sees rank 0 of 1, but the launcher's variables say rank" in result.stderr
     assert "MPI4PY_MPIABI=mpich" in result.stderr
+
+
+def stalled(
+    harness: Harness, engine: str, stall: str, timeout_s: int, *args: str
+) -> tuple[Path, Launch]:
+    """Start 4 ranks of mpi_stall.py under `engine` whose rank 0 stalls 30 s `stall`."""
+    argv, options = ENGINES[engine]
+    out = harness.outdir(f"stall-{stall}-{engine}")
+    env = harness.env(**options, extra={"DISTENV_TIMEOUT": str(timeout_s)})
+    program = [PYTHON, str(HERE / "mpi_stall.py"), "--stall", stall, "--dir", str(out), *args]
+    return out, harness.start([*argv, *program], env=env, timeout=90)
+
+
+def entries(out: Path) -> list[float]:
+    """Return when ranks 1-3 of a stall launch entered init_dist (`time.monotonic`)."""
+    return [float((out / f"rank-{r}.start").read_text()) for r in (1, 2, 3)]
+
+
+def survivors(marker: Path, within: float = 5) -> list[str]:
+    """Return the processes whose command line names `marker` (ranks and their forks).
+
+    Waits up to `within` s for them to go: a launcher may return while its last SIGKILLed rank
+    (or a watchdog, killed with it by PR_SET_PDEATHSIG) is still being torn down.
+    """
+    until = time.monotonic() + within
+    while (found := _named(marker)) and time.monotonic() < until:
+        time.sleep(0.05)
+    return found
+
+
+def _named(marker: Path) -> list[str]:
+    found = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            cmdline = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+            state = (entry / "stat").read_text().rsplit(")", 1)[1].split()[0]
+        except OSError:
+            continue
+        if str(marker) in cmdline and state != "Z":
+            found.append(f"{entry.name}: {cmdline}")
+    return found
+
+
+def gone(pid: int, within: float) -> float | None:
+    """Return how long process `pid` took to exit (a zombie counts), or None after `within` s."""
+    start = time.monotonic()
+    while time.monotonic() - start < within:
+        try:
+            state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+        except FileNotFoundError:
+            return time.monotonic() - start
+        if state == "Z":
+            return time.monotonic() - start
+        time.sleep(0.01)
+    return None
+
+
+def rank_pids(out: Path, within: float = 60) -> dict[int, int]:
+    """Wait until the 4 ranks wrote their pid files; return {rank: pid}."""
+    until = time.monotonic() + within
+    while time.monotonic() < until:
+        pids = {}
+        for path in out.glob("rank-*.pid"):
+            text = path.read_text()
+            if text:
+                pids[int(path.stem.split("-")[1])] = int(text)
+        if len(pids) == 4:
+            return pids
+        time.sleep(0.05)
+    raise AssertionError(f"ranks did not start: {sorted(out.iterdir())}")
+
+
+@pytest.mark.parametrize(
+    "stall",
+    [
+        pytest.param("after-mpi", id="in-the-broadcast"),
+        pytest.param("before-mpi", id="in-MPI_Init"),
+    ],
+)
+def test_rank0_stalled_every_rank_ends_within_the_bound(harness: Harness, stall: str) -> None:
+    """Rank 0 sleeps 30 s before init_dist with DISTENV_TIMEOUT=3: the job ends within 3+10+5 s.
+
+    after-mpi: rank 0 initialised MPI, its peers wait in the broadcast (a Python loop), print
+    distenv's message at the deadline and MPI_Abort. before-mpi: the peers wait inside MPI_Init,
+    holding the GIL; the forked watchdog prints the message and kills them. Either way every
+    rank, and every watchdog, is gone.
+    """
+    for engine in ENGINES:  # one at a time: the bound is about distenv, not about 2 cores
+        out, launch = stalled(harness, engine, stall, STALL_TIMEOUT_S)
+        result = launch.wait()
+        assert result.returncode not in (0, None), result.text
+        # Every rank is gone when the launcher returns: count from the earliest init_dist entry.
+        took = launch.started + result.seconds - min(entries(out))
+        assert took < BOUND_S, f"{took:.1f} s\n{result.text}"
+        assert LATE in result.stderr, result.text
+        assert "Hint: export MASTER_ADDR and MASTER_PORT" in result.stderr, result.text
+        if stall == "before-mpi":
+            assert f"{LATE} (MPI_Init did not return)" in result.stderr, result.text
+        assert "initialised" not in result.stdout, result.text
+        assert survivors(out) == [], result.text
+
+
+def test_sigint_to_a_waiting_rank_ends_it_within_2s(harness: Harness) -> None:
+    """SIGINT to rank 2 while it waits for rank 0's master: it ends within 2 s, with a message.
+
+    The rank dies by the signal (a broadcast cannot be left half done), the launcher ends the
+    job, and nothing survives.
+    """
+    launches = [stalled(harness, engine, "after-mpi", 60, "--peers-init-mpi") for engine in ENGINES]
+    took = []
+    for out, _ in launches:
+        pid = rank_pids(out)[2]
+        started = out / "rank-2.start"
+        until = time.monotonic() + 60
+        while not started.exists() and time.monotonic() < until:
+            time.sleep(0.05)
+        time.sleep(1)  # from init_dist's entry to the broadcast: milliseconds
+        os.kill(pid, signal.SIGINT)
+        took.append(gone(pid, within=10))
+    results = wait_all([launch for _, launch in launches])
+    for (out, _), result, seconds in zip(launches, results, took, strict=True):
+        assert seconds is not None, result.text
+        assert seconds < 2, result.text
+        assert result.returncode not in (0, None), result.text
+        assert (
+            "distenv: mpi: rank 2 of 4: interrupted by SIGINT while waiting for rank 0's master "
+            "over MPI" in result.stderr
+        ), result.text
+        assert survivors(out) == [], result.text
+
+
+def test_info_does_not_initialise_mpi_unless_asked(harness: Harness) -> None:
+    """`distenv info --json` under mpirun/Hydra with no MASTER_ADDR: master null, no mpi4py at all.
+
+    ``-X importtime`` lists every module the command imported; ``--mpi`` asks rank 0 over MPI.
+    """
+    launches = []
+    for engine, (argv, options) in ENGINES.items():
+        env = harness.env(**options)
+        for extra in ((), ("--mpi",)):
+            cmd = [PYTHON, "-X", "importtime", "-m", "distenv", "info", "--json", *extra]
+            launches.append((engine, extra, harness.start([*argv, *cmd], env=env)))
+    results = wait_all([launch for _, _, launch in launches])
+    host = socket.gethostname()
+    for (engine, extra, _), result in zip(launches, results, strict=True):
+        result.ok()
+        records = sorted(
+            (json.loads(line) for line in result.stdout.splitlines() if line.startswith("{")),
+            key=lambda r: r["rank"],
+        )
+        assert [r["rank"] for r in records] == [0, 1, 2, 3], result.text
+        assert {r["launcher"] for r in records} == {"mpi"}, result.text
+        imported = [line.rsplit("|", 1)[-1].strip() for line in result.stderr.splitlines()]
+        if extra:
+            assert {(r["master_addr"], r["master_port"]) for r in records} == {
+                (host, records[0]["master_port"])
+            }, result.text
+            assert "mpi4py.MPI" in imported, f"{engine}: {result.text}"
+        else:
+            assert {(r["master_addr"], r["master_port"]) for r in records} == {(None, None)}
+            assert not [m for m in imported if m.startswith("mpi4py")], result.text
+            assert result.seconds < 10, result.text
