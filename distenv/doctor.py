@@ -91,14 +91,15 @@ def doctor(
     try:
         settings = Settings.read(os.environ)
         seconds = settings.rendezvous_seconds(timeout, DEFAULT_TIMEOUT)
-        detection = locate(launcher)
+        deadline = Deadline.start(seconds)
+        detection = locate(launcher, deadline=deadline.at)
         info = detection.info
     except DistEnvError as exc:
         _explanation(exc.considered, out)
         out.write(f"verdict: FAIL: {exc}\n")
         return 1
 
-    scope = job_scope(detection.scope, info.world_size)
+    scope = job_scope(detection.scope, info.world_size, detection.mpi_token)
     checkin, backend = _checkin(info, scope)
     if info.world_size == 1:
         verdict = Verdict(True, (), (checkin,), scope)
@@ -107,7 +108,7 @@ def doctor(
             _, verdict = meet(
                 info,
                 checkin,
-                deadline=Deadline.start(seconds),
+                deadline=deadline,
                 settings=settings,
                 phase="doctor",
                 check=False,

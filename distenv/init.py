@@ -80,8 +80,12 @@ def _apply_start_method(start_method: str | None) -> None:
         logger.debug("keeping multiprocessing start method %r (set before distenv)", current)
 
 
-def _locate(launcher: str, master_addr_format: str | None) -> tuple[Detection, RankInfo]:
-    detection = locate(launcher, master_addr_format=master_addr_format)
+def _locate(
+    launcher: str, master_addr_format: str | None, deadline: Deadline | None = None
+) -> tuple[Detection, RankInfo]:
+    # An MPI job with no master asks rank 0 over MPI: within the bootstrap's deadline.
+    until = None if deadline is None else deadline.at
+    detection = locate(launcher, master_addr_format=master_addr_format, deadline=until)
     return detection, state.kept(detection.info)
 
 
@@ -161,9 +165,9 @@ def _init_process_group(
     timeout: float | None,
     deadline: Deadline,
     settings: Settings,
-    detected_scope: str,
+    detection: Detection,
 ) -> None:
-    scope = job_scope(detected_scope, info.world_size)
+    scope = job_scope(detection.scope, info.world_size, detection.mpi_token)
     checkin = make_checkin(
         info, backend, device, allow_gpu_sharing=state.gpu_sharing_allowed(), scope=scope
     )
@@ -260,7 +264,7 @@ def init_dist(
         check_seed(seed)
 
     # Detection first: a misconfigured job is refused before paying for `import torch`.
-    detection, info = _locate(launcher, master_addr_format)
+    detection, info = _locate(launcher, master_addr_format, deadline)
     import torch.distributed as dist
 
     if not dist.is_available():
@@ -286,7 +290,7 @@ def init_dist(
         pg_seconds,
         deadline,
         settings,
-        detection.scope,
+        detection,
     )
     if info.rank == 0:
         logger.info(

@@ -89,14 +89,16 @@ VERDICT_GRACE_S = 10.0
 POLL_S = 0.5
 
 
-def job_scope(scope: str, world_size: int) -> str:
+def job_scope(scope: str, world_size: int, token: bytes | None = None) -> str:
     """Return the scope the rendezvous uses: the launcher's job identity and the world's size.
 
     The size tells apart two jobs whose launchers export no identity (torchrun's default run id
-    ``none``, Hydra) unless they are also the same size. An identity that does not fit the
-    record schema's pattern (a run id with spaces, say) is replaced by its digest.
+    ``none``, Hydra) unless they are also the same size; `token`, the random bytes rank 0 sent
+    with its master when the master was exchanged over MPI, tells apart any two such jobs. An
+    identity that does not fit the record schema's pattern (a run id with spaces, say) is replaced
+    by its digest.
     """
-    text = f"{scope}/n{world_size}"
+    text = f"{scope}/n{world_size}" + ("" if token is None else f"/{token.hex()}")
     if matches("scope", text):
         return text
     return "sha256-" + hashlib.sha256(text.encode("utf-8", "replace")).hexdigest()[:40]

@@ -97,3 +97,48 @@ def test_two_ranks_nccl():
     assert [r["device"] for r in results] == [0, 1]
     assert [r["backend"] for r in results] == ["nccl", "nccl"]
     assert [r["sum"] for r in results] == [3.0, 3.0]
+
+
+def test_nccl_group_keeps_device_and_users_timeout():
+    """The group is created in distenv's bootstrap thread: the main thread keeps its device, the
+    NCCL communicator is bound to it, and collectives get timeout= after the bounded connect."""
+    import datetime
+
+    from distenv.records import matches
+
+    distenv.init_dist(timeout=321)
+    assert torch.cuda.current_device() == 0
+    assert dist.get_backend() == "nccl"
+    backend = dist.group.WORLD._get_backend(torch.device("cuda", 0))
+    assert backend.options._timeout == datetime.timedelta(seconds=321)
+    tensor = torch.ones(3, device="cuda")
+    dist.all_reduce(tensor)
+    assert tensor.tolist() == [1.0, 1.0, 1.0]
+    # What the roll call reports for this GPU passes the record schema on every rank.
+    assert matches("device", device_identity(0))
+
+
+def test_distenv_run_on_one_gpu_picks_nccl():
+    """`distenv run -n 1` on a GPU machine: cuda:0, nccl, a reduction on the GPU."""
+    import json
+    import os
+    import subprocess
+    import sys
+
+    from tests._spawn import REPO, WORKERS
+    from tests.conftest import scrubbed_environ
+
+    env = {**scrubbed_environ(), "PYTHONPATH": os.pathsep.join([str(REPO), *sys.path[1:]])}
+    done = subprocess.run(
+        [sys.executable, "-m", "distenv", "run", "-n", "1", str(WORKERS), "gpu"],
+        env=env,
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    (line,) = [x for x in done.stdout.splitlines() if x.startswith("RESULT ")]
+    result = json.loads(line[len("RESULT ") :])
+    assert (result["device"], result["backend"], result["sum"]) == (0, "nccl", 1.0)

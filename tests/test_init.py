@@ -319,3 +319,25 @@ def test_example_under_torchrun():
     assert len(lines) == 1
     assert lines[0].startswith("train: launcher=pytorch world_size=2 steps=5 loss=")
     assert lines[0].endswith(" weights_identical=True")
+
+
+@pytest.mark.parametrize("timeout", [123, None])
+def test_collectives_get_the_users_timeout_after_the_bounded_connect(timeout):
+    """init_process_group connects with the bootstrap's time left, then gets timeout= back.
+
+    torch's private _set_pg_timeout (since 2.1) restores it; if a torch lacks it, the group keeps
+    the user's timeout from the start (distenv.group). Either way collectives wait `timeout`.
+    """
+    import datetime
+
+    import torch
+    import torch.distributed as dist
+
+    from distenv.group import torch_timeout
+
+    assert hasattr(dist.distributed_c10d, "_set_pg_timeout"), "torch dropped _set_pg_timeout"
+    distenv.init_dist("none", timeout=timeout, rendezvous_timeout=7)
+    backend = dist.group.WORLD._get_backend(torch.device("cpu"))
+    expected = dist.default_pg_timeout if timeout is None else datetime.timedelta(seconds=timeout)
+    assert backend.options._timeout == expected
+    assert torch_timeout(timeout) == expected

@@ -267,3 +267,7 @@ def test_job_scope_is_pattern_safe_and_names_the_world() -> None:
     assert odd.startswith("sha256-")
     assert odd == job_scope("pytorch/my run; id/0", 2)
     assert parse_scope("distenv/scope/0", odd.encode()) == odd
+    # Hydra exports no identity: rank 0's random token, sent with its master over MPI, is one.
+    token = bytes(range(16))
+    assert job_scope("mpi/-/4", 4, token) == "mpi/-/4/n4/000102030405060708090a0b0c0d0e0f"
+    assert job_scope("mpi/-/4", 4, token) != job_scope("mpi/-/4", 4)

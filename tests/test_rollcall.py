@@ -152,3 +152,99 @@ def test_duplicate_gpu_fails_every_rank() -> None:
         error = results[rank]
         assert isinstance(error, RendezvousError)
         assert "drive the same GPU (GPU-0b1c)" in str(error)
+
+
+def test_store_round_trips_per_rank() -> None:
+    """The hardened rendezvous costs each rank at most 2 store round trips more than 0.1.0's.
+
+    0.1.0's roll call, per rank other than 0: add, set, add, get(verdict), add(read) and its polls
+    of the verdict; rank 0: add, set, add, multi_get, add, set(verdict) and its polls of the
+    counts. Now the others read the scope (get, after polling for it) before writing and no longer
+    acknowledge an OK verdict; rank 0 claims the scope (compare_set) and publishes the verdict with
+    compare_set instead of set.
+    """
+    import datetime
+    from collections import Counter
+
+    import torch.distributed as dist
+    from torch.distributed import PrefixStore, TCPStore
+
+    from distenv.rendezvous import check_scope, claim_scope, prefix
+    from distenv.settings import Settings
+
+    class Counting(dist.Store):  # type: ignore[misc]
+        def __init__(self, inner: dist.Store) -> None:
+            super().__init__()
+            self.inner, self.ops = inner, Counter[str]()
+
+        def set(self, key: str, value: object) -> None:
+            self.ops["set"] += 1
+            self.inner.set(key, value)
+
+        def get(self, key: str) -> bytes:
+            self.ops["get"] += 1
+            return bytes(self.inner.get(key))
+
+        def add(self, key: str, amount: int) -> int:
+            self.ops["add"] += 1
+            return int(self.inner.add(key, amount))
+
+        def check(self, keys: list[str]) -> bool:
+            self.ops["check"] += 1
+            return bool(self.inner.check(keys))
+
+        def compare_set(self, key: str, expected: object, desired: object) -> bytes:
+            self.ops["compare_set"] += 1
+            return bytes(self.inner.compare_set(key, expected, desired))
+
+        def multi_get(self, keys: list[str]) -> list[bytes]:
+            self.ops["multi_get"] += 1
+            return [bytes(v) for v in self.inner.multi_get(keys)]
+
+    world, port = 4, free_port("127.0.0.1")
+    timeout = datetime.timedelta(seconds=30)
+    server = TCPStore("127.0.0.1", port, world, True, timeout=timeout, wait_for_workers=False)
+    stores = {
+        r: Counting(server if r == 0 else TCPStore("127.0.0.1", port, world, False))
+        for r in range(world)
+    }
+    settings, scope = Settings(), "slurm/7/0/n4"
+    verdicts: dict[int, object] = {}
+
+    def rank_main(rank: int) -> None:
+        info = RankInfo(
+            launcher="slurm", rank=rank, world_size=world, local_rank=rank % 2,
+            local_world_size=2, node_rank=rank // 2, num_nodes=2,
+            master_addr="127.0.0.1", master_port=port,
+        )  # fmt: skip
+        store = stores[rank]
+        if rank == 0:
+            claim_scope(store, info, scope, settings)
+        else:
+            check_scope(store, info, scope, settings, time.monotonic() + 30)
+        verdicts[rank] = roll_call(
+            PrefixStore(prefix(scope, "rollcall", settings), store),
+            info,
+            checkin(rank, world),
+            timeout=30,
+            until=time.monotonic() + 40,
+        )
+
+    threads = [threading.Thread(target=rank_main, args=(r,)) for r in range(world)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    assert all(isinstance(v, Verdict) and v.ok for v in verdicts.values()), verdicts
+    for rank in range(1, world):
+        ops = stores[rank].ops
+        polls = ops["check"]
+        # check(scope) and check(verdict) at least once each; everything else exactly:
+        assert polls >= 2
+        assert {k: v for k, v in ops.items() if k != "check"} == {"get": 2, "add": 2, "set": 1}
+        # 0.1.0: 5 round trips + its polls (>= 1); now 5 + polls (>= 2): one more at least poll.
+        assert sum(ops.values()) - polls == 5
+    rank0 = stores[0].ops
+    assert rank0["compare_set"] == 2  # the scope claim (new) and the verdict (was a set)
+    assert rank0["set"] == 1  # its own check-in
+    assert rank0["multi_get"] == 1
