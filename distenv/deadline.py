@@ -37,6 +37,9 @@ GRACE_S = 10.0
 SLICE_S = 0.05
 # How long an abandoned call may take to notice that it is cancelled.
 STOP_S = 0.5
+# Waits that name their own cause end this much before the deadline, so that their message, not
+# the deadline's generic one, is what the user reads.
+MARGIN_S = 0.5
 
 _current = threading.local()
 
@@ -73,6 +76,11 @@ class Deadline(NamedTuple):
     def remaining(self) -> float:
         """Seconds left (negative once passed)."""
         return self.at - time.monotonic()
+
+    @property
+    def waits_end(self) -> float:
+        """When a wait that reports its own cause must give up: just before the deadline."""
+        return self.at - MARGIN_S
 
 
 class StopSignalError(Exception):

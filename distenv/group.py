@@ -12,6 +12,7 @@ a rank that died after checking in is named at the deadline, not waited for.
 from __future__ import annotations
 
 import datetime
+import time
 from typing import TYPE_CHECKING, Any
 
 from distenv.deadline import Deadline, bounded, interruptible
@@ -34,17 +35,25 @@ if TYPE_CHECKING:
 
 __all__ = ["group_up", "join_group"]
 
-# Ranks whose state the others read when the group does not come up: a failure-only cost.
+# Ranks whose state the others read when the group does not come up: a failure-only cost, bounded.
 MAX_LOOKED_UP = 4096
+LOOKUP_S = 5.0
 
 
 def _absent(store: Any, info: RankInfo, scope: str, settings: Settings, wanted: str) -> str:
     """Name the ranks that did not reach `wanted`, with their host and state, for a message."""
     ranks = range(min(info.world_size, MAX_LOOKED_UP))
     try:
-        states = read_states(store, scope, settings, ranks)
+        # Bounded: rank 0's store itself may be what stopped answering.
+        states = bounded(
+            lambda: read_states(store, scope, settings, ranks),
+            time.monotonic() + LOOKUP_S,
+            TimeoutError,
+        )
     except RuntimeError:
         return "rank 0's store is gone too (rank 0 died?)"
+    except TimeoutError:
+        return "rank 0's store does not answer either (rank 0 stopped or its node overloaded?)"
     order = {"joining": 0, "up": 1}
     late = [
         (rank, state)
@@ -104,11 +113,11 @@ def join_group(
     def init() -> None:
         if device is not None and torch.cuda.is_available():
             torch.cuda.set_device(device)  # the current device is per thread
-        mark(store, info, scope, settings, "joining")
         # gloo's connect phase honours the timeout: give it the time left, when torch lets us
         # give collectives the user's afterwards.
-        connect = datetime.timedelta(seconds=max(deadline.remaining(), 1.0))
+        connect = datetime.timedelta(seconds=max(deadline.waits_end - time.monotonic(), 1.0))
         try:
+            mark(store, info, scope, settings, "joining")
             dist.init_process_group(
                 backend=backend,
                 store=PrefixStore(prefix(scope, "pg", settings), store),
@@ -180,7 +189,7 @@ def group_up(
         mark(store, info, scope, settings, "up")
         if int(store.add(f"{keys}/count", 1)) == info.world_size:
             store.set(f"{keys}/all", "1")  # the last one up tells everybody
-        return wait_key(store, f"{keys}/all", deadline.at, poll_cap(info.world_size))
+        return wait_key(store, f"{keys}/all", deadline.waits_end, poll_cap(info.world_size))
 
     def missing() -> DistEnvError:
         return RendezvousTimeoutError(
@@ -192,7 +201,7 @@ def group_up(
         )
 
     try:
-        if not bounded(meet, deadline.at + 0.5, missing):
+        if not bounded(meet, deadline.at, missing):
             raise missing()
     except RuntimeError as exc:  # torch's DistError: the store went away
         raise RendezvousError(

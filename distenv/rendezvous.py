@@ -282,7 +282,7 @@ def connect_store(info: RankInfo, deadline: Deadline, *, agent_store: bool) -> S
     host, port = str(info.master_addr), int(info.master_port or 0)
     where = host_port(host, port)
     limit = deadline.timeout
-    until = min(time.monotonic() + limit, deadline.at)
+    until = min(time.monotonic() + limit, deadline.waits_end)
 
     def no_answer(what: str) -> DistEnvError:
         return RendezvousTimeoutError(
@@ -575,14 +575,14 @@ def meet(
             if info.rank == 0:
                 claim_scope(store, info, scope, settings)
             else:
-                until = min(start + deadline.timeout, deadline.at)
+                until = min(start + deadline.timeout, deadline.waits_end)
                 check_scope(store, info, scope, settings, until)
             return roll_call(
                 PrefixStore(prefix(scope, phase, settings), store),
                 info,
                 checkin,
                 timeout=deadline.timeout,
-                until=deadline.at,
+                until=deadline.waits_end,
                 check=check,
             )
         except RuntimeError as exc:  # torch's DistError: the store went away

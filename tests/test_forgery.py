@@ -21,12 +21,12 @@ from distenv.records import CheckIn
 from distenv.rendezvous import job_scope, prefix
 from distenv.settings import Settings
 from tests._spawn import contract_env, free_port
-from tests.test_rollcall_processes import _wait_listening, finish, start
+from tests.test_rollcall_processes import _wait_listening, finish, ready, start
 
 TIMEOUT = 4.0
 EVIL = "EVIL-TEXT-FROM-AN-OUTSIDER"
-# Interpreter start and `import torch` take seconds on 2 cores, on top of the bootstrap's bound.
-SLACK = 15.0
+# Measured from the ranks' READY (torch imported): the bound, plus the ranks' own exit.
+SLACK = 3.0
 
 
 def _job(port: int) -> tuple[list[dict[str, str]], str]:
@@ -63,8 +63,8 @@ def _forge_record(store: Any, value: str | bytes) -> int:
 def _run(forge: Any) -> tuple[list[tuple[int, str]], float]:
     port = free_port()
     envs, scope = _job(port)
-    began = time.monotonic()
     procs = [start(envs[rank], TIMEOUT) for rank in (0, 1)]
+    began = ready(procs)
     try:
         forge(_outsider(port, scope), scope)
     except Exception:

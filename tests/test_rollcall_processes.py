@@ -39,6 +39,21 @@ def start(env: dict[str, str], timeout_s: float) -> subprocess.Popen[str]:
     )
 
 
+def ready(procs: list[subprocess.Popen[str]], limit: float = 120) -> float:
+    """Wait until every process printed READY (torch and distenv imported); return that time.
+
+    Bounds are measured from here: importing torch takes seconds on a busy 2-core machine, and it
+    happens before init_dist, outside distenv's deadline.
+    """
+    deadline = time.monotonic() + limit
+    for proc in procs:
+        assert proc.stdout is not None
+        while proc.stdout.readline() != "READY\n":
+            assert time.monotonic() < deadline, "a rank never got ready"
+            assert proc.poll() is None, "a rank exited before it got ready"
+    return time.monotonic()
+
+
 def finish(procs: list[subprocess.Popen[str]], limit: float) -> list[tuple[int, str]]:
     deadline = time.monotonic() + limit
     results = []
@@ -55,16 +70,16 @@ def finish(procs: list[subprocess.Popen[str]], limit: float) -> list[tuple[int, 
 def test_missing_rank_is_named_within_the_timeout() -> None:
     """World size 3, rank 2 never started: ranks 0 and 1 fail within timeout + 10 s, naming it."""
     port = free_port()
-    start_time = time.monotonic()
     procs = [start(contract_env(rank, 3, port), 3.0) for rank in (0, 1)]
+    start_time = ready(procs)
     results = finish(procs, 3.0 + 30)
     elapsed = time.monotonic() - start_time
     for code, out in results:
         assert code == 1, out
         assert "RendezvousTimeoutError" in out
         assert "1 of 3 ranks did not check in within 3 s: rank 2" in out
-    # Interpreter start and `import torch` cost a few seconds on 2 cores; the wait itself is 3 s.
-    assert elapsed < 3.0 + 10 + 10
+    # From the ranks' start of init_dist: the 3 s wait, well within the deadline (3 + 10 s).
+    assert elapsed < 3.0 + 10
 
 
 def test_duplicate_rank_fails_every_process() -> None:
@@ -189,10 +204,11 @@ def test_a_store_not_started_by_distenv_is_named() -> None:
 
     port = free_port()
     other = TCPStore("127.0.0.1", port, 1, True, timeout=datetime.timedelta(seconds=30))
-    began = time.monotonic()
-    ((code, out),) = finish([start(contract_env(1, 2, port), 3.0)], 60)
+    proc = start(contract_env(1, 2, port), 3.0)
+    began = ready([proc])
+    ((code, out),) = finish([proc], 60)
     assert code == 1, out
     assert "it is a store not started by distenv, or rank 0 stalled before claiming it" in out
-    assert time.monotonic() - began < 3.0 + 10 + 10
+    assert time.monotonic() - began < 3.0 + 10
     assert not other.check(["distenv/scope/0"])
     assert other.num_keys() <= 1  # nothing of the rank's was written (the count key at most)
