@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from distenv import RankInfo, detect
+from distenv import RankInfo, detect, explain
 from distenv.errors import (
     ConfigurationError,
     InconsistentEnvironmentError,
@@ -16,7 +16,7 @@ from distenv.errors import (
     NotLaunchedError,
 )
 from distenv.master import SCOPE_VAR, scheduler_port
-from tests.envs import lsf, slurm, torchrun
+from tests.envs import lsf, mpi, slurm, torchrun
 
 SRUN_STEP = {
     "SLURM_JOB_ID": "4242",
@@ -400,3 +400,27 @@ def test_master_addr_format_argument_overrides_the_env_setting() -> None:
     assert detect("slurm", env, master_addr_format="{host}i").master_addr == "node001i"
     env["MASTER_ADDR"] = "login1"
     assert detect("slurm", env, master_addr_format="{host}i").master_addr == "login1"
+
+
+def test_every_launcher_names_its_launch_in_the_scope() -> None:
+    """The scope (the job's identity in the rendezvous) from each launcher's own variables."""
+    # Open MPI: PMIX_NAMESPACE, the same on every rank of one mpirun (the value of
+    # tests/envs/captures/ompi_4.jsonl; the fixtures predate its declaration).
+    ranks = [{**env, "PMIX_NAMESPACE": "1596325889"} for env in mpi.OMPI_4]
+    assert {explain("mpi", env).scope for env in ranks} == {"mpi/1596325889/4"}
+    # Hydra exports no identity: the world size only (its token comes from the MPI exchange).
+    assert explain("mpi", mpi.HYDRA_4[0]).scope == "mpi/-/4"
+    # LSF: the job, its array element, and jsrun's PMIx namespace where it sets one.
+    assert explain("lsf", lsf.JSRUN_ARRAY_ELEMENT3).scope.startswith("lsf/")
+    element = explain("lsf", lsf.JSRUN_ARRAY_ELEMENT3).scope
+    plain = explain("lsf", {**lsf.JSRUN_ARRAY_ELEMENT3, "LSB_JOBINDEX": "4"}).scope
+    assert element != plain
+    step = explain("lsf", {**lsf.JSRUN_ARRAY_ELEMENT3, "PMIX_NAMESPACE": "jsm.1"}).scope
+    assert step.endswith("/jsm.1")
+    assert step != element
+    # torchrun: run id and restart count; a restarted attempt is another scope.
+    env = {"TORCHELASTIC_RUN_ID": "exp", "RANK": "0", "WORLD_SIZE": "1", "LOCAL_RANK": "0",
+           "LOCAL_WORLD_SIZE": "1", "MASTER_ADDR": "h", "MASTER_PORT": "1"}  # fmt: skip
+    assert explain("pytorch", env).scope == "pytorch/exp/-"
+    restarted = {**env, "TORCHELASTIC_RESTART_COUNT": "1"}
+    assert explain("pytorch", restarted).scope == "pytorch/exp/1"
