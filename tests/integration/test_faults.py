@@ -79,8 +79,10 @@ def test_rank_killed_after_check_in_is_named_under_srun_without_kill_on_bad_exit
     assert o.task_exits() == {0: "exit 1", 1: "killed", 2: "exit 1", 3: "exit 1"}, o.text()
     for rank in (0, 2):
         message = o.errors()[rank]["message"]
-        assert "init_process_group did not return within 15 s" in message, o.text()
-        assert "rank 1 (checked in, then never got this far: died or stopped?)" in message
+        # gloo's connect phase or distenv's own wait, whichever gives up first, names it.
+        assert (
+            "within 15 s: rank 1 (checked in, then never got this far: died or stopped?)" in message
+        ), o.text()
     # Rank 3's deadline is 3 s after rank 0's: rank 0's exit takes the store (docs/faults.md).
     late = o.errors()[3]["message"]
     assert "lost rank 0's store" in late or "rank 1 (checked in" in late, o.text()
