@@ -26,7 +26,7 @@ from typing import NamedTuple, TypeVar
 
 from distenv.errors import RendezvousError
 
-__all__ = ["GRACE_S", "Deadline", "StopSignalError", "bounded", "interruptible"]
+__all__ = ["GRACE_S", "SIGNAL_MARK_S", "Deadline", "StopSignalError", "bounded", "interruptible"]
 
 T = TypeVar("T")
 
@@ -35,8 +35,14 @@ T = TypeVar("T")
 GRACE_S = 10.0
 # How long the main thread sleeps between looks at a bounded call: a signal is handled within it.
 SLICE_S = 0.05
-# How long an abandoned call may take to notice that it is cancelled.
-STOP_S = 0.5
+# How long an abandoned call may take to notice that it is cancelled (`pause` notices at once).
+# A signal's path waits this twice (the abandoned call, then the attempt to tell the others) plus
+# `SIGNAL_MARK_S`: together well inside the 2 s a signal may take to end a rank.
+STOP_S = 0.2
+#: How long a rank stopped by a signal tries to record that in the store for the others. During
+#: init_process_group that write queues behind gloo's own wait on the same connection and
+#: usually fails; the others then name the rank without saying how it left.
+SIGNAL_MARK_S = 0.5
 # Waits that name their own cause end this much before the deadline, so that their message, not
 # the deadline's generic one, is what the user reads.
 MARGIN_S = 0.5

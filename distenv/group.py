@@ -15,7 +15,7 @@ import datetime
 import time
 from typing import TYPE_CHECKING, Any
 
-from distenv.deadline import Deadline, bounded, interruptible
+from distenv.deadline import SIGNAL_MARK_S, Deadline, bounded, interruptible
 from distenv.errors import DistEnvError, InitError, RendezvousError, RendezvousTimeoutError
 from distenv.rankinfo import RankInfo
 from distenv.records import MAX_SHOWN
@@ -103,7 +103,7 @@ def join_group(
         options["device_id"] = torch.device("cuda", device)
 
     def left(signal_name: str) -> None:
-        mark(store, info, scope, settings, signal_name, wait=1.0)
+        mark(store, info, scope, settings, signal_name, wait=SIGNAL_MARK_S)
 
     collective = torch_timeout(timeout)
     # Private since torch 2.1; without it the group keeps the user's timeout from the start and

@@ -34,7 +34,7 @@ import time
 from collections.abc import Iterator, Sequence
 from typing import TYPE_CHECKING, Any
 
-from distenv.deadline import Deadline, bounded, interruptible, pause
+from distenv.deadline import SIGNAL_MARK_S, Deadline, bounded, interruptible, pause
 from distenv.device import device_identity
 from distenv.errors import (
     DistEnvError,
@@ -593,7 +593,7 @@ def meet(
             ) from None
 
     def left(signal_name: str) -> None:
-        mark(store, info, scope, settings, signal_name, wait=1.0)
+        mark(store, info, scope, settings, signal_name, wait=SIGNAL_MARK_S)
 
     with interruptible("the roll call", info.launcher, left):
         verdict = bounded(run, deadline.at, stalled)

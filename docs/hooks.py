@@ -27,6 +27,7 @@ __all__ = [
     "render_detection_order",
     "render_env_exports",
     "render_env_table",
+    "render_fault_matrix",
     "render_layers",
     "render_mpi_flavors",
     "render_refused_flags",
@@ -223,6 +224,34 @@ def render_scripts(folder: str) -> str:
     return "\n".join(rows) + "\n"
 
 
+def render_fault_matrix(path: str) -> str:
+    """Return the fault matrix table from benchmarks/fault_matrix.py's JSON (repository path)."""
+    import json
+
+    data = json.loads((REPO / path).read_text(encoding="utf-8"))
+    m = data["machine"]
+    rows = [
+        f"Measured on {m['date']} ({m['cpu_model']}, {m['logical_cpus']} CPUs; torch "
+        f"{m['torch']}; git {m['git_commit']}), one run of each fault, {data['total_s']:g} s "
+        "in all.",
+        "",
+        "| fault | launcher | bound | measured | exits (launcher; ranks) | message (excerpt) |",
+        "|---|---|---|---|---|---|",
+    ]
+    for rec in data["faults"].values():
+        ranks = ", ".join(f"{r}: {how}" for r, how in rec["rank_exits"].items())
+        exits = f"{rec['launcher_exit']}" + (f"; {ranks}" if ranks else "")
+        measured = "n/a" if rec["measured_s"] is None else f"{rec['measured_s']:.1f} s"
+        if "exited_s" in rec:
+            measured += f" (process gone {rec['exited_s']:.1f} s)"
+        left = f" **{len(rec['survivors'])} left running**" if rec["survivors"] else ""
+        rows.append(
+            f"| {_cell(rec['fault'])} | {_cell(rec['launcher'])} | {rec['bound_s']:g} s "
+            f"| {measured}{left} | {_cell(exits)} | {_cell(rec['excerpt'])} |"
+        )
+    return "\n".join(rows) + "\n"
+
+
 RENDERERS: dict[str, Callable[[str], str]] = {
     "env-table": render_env_table,
     "env-exports": lambda _: render_env_exports(),
@@ -233,6 +262,7 @@ RENDERERS: dict[str, Callable[[str], str]] = {
     "cli-help": render_cli_help,
     "run-refused-flags": lambda _: render_refused_flags(),
     "scripts": render_scripts,
+    "fault-matrix": render_fault_matrix,
 }
 
 

@@ -81,3 +81,14 @@ def test_scaling_benchmark_runs_the_roll_call() -> None:
     rollcall = data["rollcall"]["16"]
     assert rollcall["rank0_roll_call"]["n"] == 1
     assert rollcall["verdict_bytes"] > 0
+
+
+def test_fault_matrix_records_the_silent_listener() -> None:
+    """The fault matrix's smoke run: one fault, timed, its rank exits and message recorded."""
+    data = smoke("fault_matrix.py", timeout=120)
+    rec = data["faults"]["silent-master-port"]
+    assert rec["launcher_exit"] == 1
+    assert rec["measured_s"] is not None
+    assert rec["measured_s"] <= rec["bound_s"]
+    assert "not answering as a torch store" in rec["excerpt"]
+    assert rec["survivors"] == []
