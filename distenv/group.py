@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import datetime
 import time
+from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 from distenv.deadline import SIGNAL_MARK_S, Deadline, bounded, interruptible
@@ -40,8 +41,19 @@ MAX_LOOKED_UP = 4096
 LOOKUP_S = 5.0
 
 
-def _absent(store: Any, info: RankInfo, scope: str, settings: Settings, wanted: str) -> str:
-    """Name the ranks that did not reach `wanted`, with their host and state, for a message."""
+def _absent(
+    store: Any,
+    info: RankInfo,
+    scope: str,
+    settings: Settings,
+    wanted: str,
+    hosts: Mapping[int, str],
+) -> str:
+    """Name the ranks that did not reach `wanted`, with their host and state, for a message.
+
+    `hosts` are the hosts the roll call's check-ins named (rank 0 has them all): a rank that died
+    without a word is named with its host from there.
+    """
     ranks = range(min(info.world_size, MAX_LOOKED_UP))
     try:
         # Bounded: rank 0's store itself may be what stopped answering.
@@ -63,7 +75,10 @@ def _absent(store: Any, info: RankInfo, scope: str, settings: Settings, wanted: 
     parts = []
     for rank, state in late[:MAX_SHOWN]:
         if state is None:
-            parts.append(f"rank {rank} (checked in, then never got this far: died or stopped?)")
+            where = f" on {hosts[rank]}" if rank in hosts else ""
+            parts.append(
+                f"rank {rank}{where} (checked in, then never got this far: died or stopped?)"
+            )
         elif state[0] in ("SIGINT", "SIGTERM"):
             parts.append(f"rank {rank} on {state[1]} (stopped by {state[0]})")
         elif state[0] == "failed":
@@ -84,8 +99,11 @@ def join_group(
     deadline: Deadline,
     settings: Settings,
     scope: str,
+    hosts: Mapping[int, str] | None = None,
 ) -> None:
     """Create the default process group over `store` by the deadline, then check it is up.
+
+    `hosts` maps ranks to the hosts their check-ins named, for messages (rank 0 knows them).
 
     Raises:
         RendezvousTimeoutError: A rank did not join or come up by the deadline (named).
@@ -130,7 +148,7 @@ def join_group(
             raise RendezvousTimeoutError(
                 info.launcher,
                 f"{where}: not every rank joined the process group within {deadline.bound:g} "
-                f"s: {_absent(store, info, scope, settings, 'joining')}",
+                f"s: {_absent(store, info, scope, settings, 'joining', hosts or {})}",
                 hint="a rank died or was stopped after checking in; its log (or the launcher's "
                 "exit codes) says why",
             ) from None
@@ -138,7 +156,8 @@ def join_group(
             raise RendezvousError(
                 info.launcher,
                 f"{where} lost rank 0's store during init_process_group: {first_line(exc)}",
-                hint="rank 0 exited or was killed after the roll call; its log says why",
+                hint="rank 0 ended after the roll call: it died, or gave up at its own deadline "
+                "(a rank that started later waits longer), naming the missing ranks in its log",
             ) from None
         except (RuntimeError, ValueError) as exc:  # DistError is a RuntimeError
             mark(store, info, scope, settings, "failed", wait=1.0)
@@ -152,7 +171,7 @@ def join_group(
         return RendezvousTimeoutError(
             info.launcher,
             f"{where}: init_process_group did not return within {deadline.bound:g} s: "
-            f"{_absent(store, info, scope, settings, 'joining')}",
+            f"{_absent(store, info, scope, settings, 'joining', hosts or {})}",
             hint="a rank died or was stopped after checking in; its log (or the launcher's exit "
             "codes) says why",
         )
@@ -162,7 +181,7 @@ def join_group(
     if restore is not None:
         restore(collective, None)
     with interruptible("the check that the group is up", info.launcher, left):
-        group_up(store, info, scope=scope, settings=settings, deadline=deadline)
+        group_up(store, info, scope=scope, settings=settings, deadline=deadline, hosts=hosts)
     # From here on the store serves new_group and barriers: give it the group's patience, not the
     # check-in limit.
     store.set_timeout(collective)
@@ -176,7 +195,13 @@ def torch_timeout(timeout: float | None) -> datetime.timedelta:
 
 
 def group_up(
-    store: Store, info: RankInfo, *, scope: str, settings: Settings, deadline: Deadline
+    store: Store,
+    info: RankInfo,
+    *,
+    scope: str,
+    settings: Settings,
+    deadline: Deadline,
+    hosts: Mapping[int, str] | None = None,
 ) -> None:
     """Return once every rank has marked itself up; name the ranks that did not by the deadline.
 
@@ -195,7 +220,7 @@ def group_up(
         return RendezvousTimeoutError(
             info.launcher,
             f"rank {info.rank} of {info.world_size}: the process group did not come up on "
-            f"every rank within {deadline.bound:g} s: {_absent(store, info, scope, settings, 'up')}",
+            f"every rank within {deadline.bound:g} s: {_absent(store, info, scope, settings, 'up', hosts or {})}",
             hint="a rank died or was stopped (SIGSTOP, a debugger, an overloaded node) after "
             "joining; its log (or the launcher's exit codes) says why",
         )
@@ -208,5 +233,6 @@ def group_up(
             info.launcher,
             f"rank {info.rank} lost rank 0's store at {master_address(info)} after joining the "
             f"group: {first_line(exc)}",
-            hint="rank 0 exited during start-up; its log says why",
+            hint="rank 0 ended during start-up: it died, or gave up at its own deadline (a rank "
+            "that started later waits longer), naming the missing ranks in its log",
         ) from None

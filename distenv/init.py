@@ -172,7 +172,7 @@ def _init_process_group(
         info, backend, device, allow_gpu_sharing=state.gpu_sharing_allowed(), scope=scope
     )
     # Everybody checks in before torch is asked to wait: a missing rank is named, not waited for.
-    store, _ = meet(info, checkin, deadline=deadline, settings=settings, phase="rollcall")
+    store, verdict = meet(info, checkin, deadline=deadline, settings=settings, phase="rollcall")
     join_group(
         store,
         info,
@@ -182,6 +182,7 @@ def _init_process_group(
         deadline=deadline,
         settings=settings,
         scope=scope,
+        hosts={c.rank: c.hostname for c in verdict.checkins},
     )
 
 
