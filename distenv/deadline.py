@@ -2,10 +2,13 @@
 
 torch's store and process-group calls block inside C++: TCPStore's own timeout bounds neither its
 constructor against a listener that never answers nor a later operation against a stopped server,
-and a Python signal handler cannot run while the main thread is inside them. So every such call
-runs in a daemon thread (`bounded`) while the main thread waits in short slices: at the deadline it
-gives up with distenv's message, and a SIGINT or SIGTERM is handled within the slice
-(`interruptible`), whatever the thread is blocked in. An abandoned thread stays blocked until the
+and a Python signal handler cannot run while the main thread is inside them. So the bootstrap runs
+in one daemon thread (`watched`) while the main thread waits in short slices. The thread tells a
+`Watch` which phase it is in, by when that phase must end and what to say if it does not; at that
+time the main thread gives up with the phase's message, and a SIGINT or SIGTERM is handled within
+the slice (`interruptible`), whatever the thread is blocked in. One thread serves every phase: a
+thread per call cost every rank milliseconds on a loaded 2-core node (`bounded` remains for the
+rare one-off call). An abandoned thread stays blocked until the
 process ends; the native calls release the GIL, so nothing else waits for it. A call that is only
 waiting between store operations is told to stop instead (`pause` raises `Cancelled` in it), and
 is given `STOP_S` to do so: a thread still inside a pybind11 call when the interpreter finalises
@@ -26,7 +29,16 @@ from typing import NamedTuple, TypeVar
 
 from distenv.errors import RendezvousError
 
-__all__ = ["GRACE_S", "SIGNAL_MARK_S", "Deadline", "StopSignalError", "bounded", "interruptible"]
+__all__ = [
+    "GRACE_S",
+    "SIGNAL_MARK_S",
+    "Deadline",
+    "StopSignalError",
+    "Watch",
+    "bounded",
+    "interruptible",
+    "watched",
+]
 
 T = TypeVar("T")
 
@@ -93,11 +105,27 @@ class StopSignalError(Exception):
     """SIGTERM or SIGINT arrived while the bootstrap waited; the signal's name is the text."""
 
 
-def bounded(call: Callable[[], T], until: float, expired: Callable[[], BaseException]) -> T:
-    """Return ``call()``, run in a daemon thread, or raise ``expired()`` at `until` (monotonic).
+class Watch:
+    """What a watched call is doing: the phase's name, when it must end, and what to say if not.
+
+    The call updates it as it goes (`enter`); the main thread, waiting, reads it every slice.
+    """
+
+    def __init__(self, what: str, until: float, expired: Callable[[], BaseException]) -> None:
+        self.what, self.until, self.expired = what, until, expired
+
+    def enter(self, what: str, until: float, expired: Callable[[], BaseException]) -> None:
+        """Start a phase: `what` it is, `until` when (monotonic), `expired()` the error after."""
+        self.what, self.until, self.expired = what, until, expired
+
+
+def watched(call: Callable[[Watch], T], watch: Watch) -> T:
+    """Return ``call(watch)``, run in a daemon thread, or raise ``watch.expired()`` at its `until`.
 
     The call's own exception is re-raised here. The main thread waits in `SLICE_S` slices, so a
-    signal handler (`interruptible`) runs promptly even while the call is blocked in C++.
+    signal handler (`interruptible`) runs promptly even while the call is blocked in C++. One
+    thread serves a whole sequence of phases: starting a thread costs ~0.3 ms here, and the
+    bootstrap's steps are each a few round trips.
     """
     outcome: list[T] = []
     failure: list[BaseException] = []
@@ -106,7 +134,7 @@ def bounded(call: Callable[[], T], until: float, expired: Callable[[], BaseExcep
     def target() -> None:
         _current.cancel = cancel
         try:
-            outcome.append(call())
+            outcome.append(call(watch))
         except Cancelled:
             pass
         except BaseException as exc:  # every failure must reach the caller
@@ -116,9 +144,9 @@ def bounded(call: Callable[[], T], until: float, expired: Callable[[], BaseExcep
     worker.start()
     try:
         while worker.is_alive():
-            remaining = until - time.monotonic()
+            remaining = watch.until - time.monotonic()
             if remaining <= 0:
-                raise expired()
+                raise watch.expired()
             worker.join(min(remaining, SLICE_S))
     except BaseException:
         cancel.set()
@@ -129,12 +157,18 @@ def bounded(call: Callable[[], T], until: float, expired: Callable[[], BaseExcep
     return outcome[0]
 
 
+def bounded(call: Callable[[], T], until: float, expired: Callable[[], BaseException]) -> T:
+    """Return ``call()``, run in a daemon thread, or raise ``expired()`` at `until` (monotonic)."""
+    return watched(lambda _: call(), Watch("", until, expired))
+
+
 @contextmanager
 def interruptible(
-    what: str, source: str, on_interrupt: Callable[[str], None] | None = None
+    what: str | Watch, source: str, on_interrupt: Callable[[str], None] | None = None
 ) -> Iterator[None]:
     """Turn SIGTERM and SIGINT into a prompt `RendezvousError` while `what` runs (main thread).
 
+    `what` names the phase, or is the `Watch` of a watched call that names its current one.
     `on_interrupt` gets the signal's name first (to tell the other ranks, say), and must be quick.
     """
     if threading.current_thread() is not threading.main_thread():
@@ -153,7 +187,7 @@ def interruptible(
             on_interrupt(name)
         raise RendezvousError(
             source,
-            f"interrupted by {name} during {what}",
+            f"interrupted by {name} during {what.what if isinstance(what, Watch) else what}",
             hint="the job was stopped (a scheduler time limit, scancel, Ctrl-C); nothing to fix "
             "here unless that was not intended",
         ) from None

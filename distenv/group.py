@@ -16,7 +16,7 @@ import time
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
-from distenv.deadline import SIGNAL_MARK_S, Deadline, bounded, interruptible
+from distenv.deadline import Deadline, Watch, bounded
 from distenv.errors import DistEnvError, InitError, RendezvousError, RendezvousTimeoutError
 from distenv.rankinfo import RankInfo
 from distenv.records import MAX_SHOWN
@@ -90,6 +90,7 @@ def _absent(
 
 
 def join_group(
+    watch: Watch,
     store: Store,
     info: RankInfo,
     *,
@@ -103,7 +104,8 @@ def join_group(
 ) -> None:
     """Create the default process group over `store` by the deadline, then check it is up.
 
-    `hosts` maps ranks to the hosts their check-ins named, for messages (rank 0 knows them).
+    Runs inside the bootstrap's `watched` call, after the roll call. `hosts` maps ranks to the
+    hosts their check-ins named, for messages (rank 0 knows them).
 
     Raises:
         RendezvousTimeoutError: A rank did not join or come up by the deadline (named).
@@ -119,9 +121,6 @@ def join_group(
     if device is not None and "nccl" in backend.lower():
         # Binds the communicator to this device and lets NCCL connect eagerly (torch >= 2.3).
         options["device_id"] = torch.device("cuda", device)
-
-    def left(signal_name: str) -> None:
-        mark(store, info, scope, settings, signal_name, wait=SIGNAL_MARK_S)
 
     collective = torch_timeout(timeout)
     # Private since torch 2.1; without it the group keeps the user's timeout from the start and
@@ -176,12 +175,11 @@ def join_group(
             "codes) says why",
         )
 
-    with interruptible("init_process_group", info.launcher, left):
-        bounded(init, deadline.at, not_joined)
+    watch.enter("init_process_group", deadline.at, not_joined)
+    init()
     if restore is not None:
         restore(collective, None)
-    with interruptible("the check that the group is up", info.launcher, left):
-        group_up(store, info, scope=scope, settings=settings, deadline=deadline, hosts=hosts)
+    group_up(watch, store, info, scope=scope, settings=settings, deadline=deadline, hosts=hosts)
     # From here on the store serves new_group and barriers: give it the group's patience, not the
     # check-in limit.
     store.set_timeout(collective)
@@ -195,6 +193,7 @@ def torch_timeout(timeout: float | None) -> datetime.timedelta:
 
 
 def group_up(
+    watch: Watch,
     store: Store,
     info: RankInfo,
     *,
@@ -210,12 +209,6 @@ def group_up(
     """
     keys = prefix(scope, "up", settings)
 
-    def meet() -> bool:
-        mark(store, info, scope, settings, "up")
-        if int(store.add(f"{keys}/count", 1)) == info.world_size:
-            store.set(f"{keys}/all", "1")  # the last one up tells everybody
-        return wait_key(store, f"{keys}/all", deadline.waits_end, poll_cap(info.world_size))
-
     def missing() -> DistEnvError:
         return RendezvousTimeoutError(
             info.launcher,
@@ -225,8 +218,12 @@ def group_up(
             "joining; its log (or the launcher's exit codes) says why",
         )
 
+    watch.enter("the check that the group is up", deadline.at, missing)
     try:
-        if not bounded(meet, deadline.at, missing):
+        mark(store, info, scope, settings, "up")
+        if int(store.add(f"{keys}/count", 1)) == info.world_size:
+            store.set(f"{keys}/all", "1")  # the last one up tells everybody
+        if not wait_key(store, f"{keys}/all", deadline.waits_end, poll_cap(info.world_size)):
             raise missing()
     except RuntimeError as exc:  # torch's DistError: the store went away
         raise RendezvousError(

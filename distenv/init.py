@@ -31,14 +31,21 @@ import os
 from typing import TYPE_CHECKING
 
 from distenv import state
-from distenv.deadline import Deadline
+from distenv.deadline import Deadline, Watch, interruptible, watched
 from distenv.device import choose_backend, rank_backend, rank_device
 from distenv.errors import ConfigurationError, InitError
 from distenv.group import join_group
 from distenv.master import SCOPE_VAR
 from distenv.pipeline import Detection, locate
 from distenv.rankinfo import RankInfo
-from distenv.rendezvous import job_scope, make_checkin, master_address, meet
+from distenv.rendezvous import (
+    Presence,
+    job_scope,
+    make_checkin,
+    master_address,
+    meet_in,
+    too_late,
+)
 from distenv.seeding import check_seed, seed_everything
 from distenv.settings import Settings, seconds
 
@@ -171,19 +178,30 @@ def _init_process_group(
     checkin = make_checkin(
         info, backend, device, allow_gpu_sharing=state.gpu_sharing_allowed(), scope=scope
     )
-    # Everybody checks in before torch is asked to wait: a missing rank is named, not waited for.
-    store, verdict = meet(info, checkin, deadline=deadline, settings=settings, phase="rollcall")
-    join_group(
-        store,
-        info,
-        backend=backend,
-        device=device,
-        timeout=timeout,
-        deadline=deadline,
-        settings=settings,
-        scope=scope,
-        hosts={c.rank: c.hostname for c in verdict.checkins},
-    )
+    presence = Presence(info, scope, settings)
+
+    def bootstrap(watch: Watch) -> None:
+        # Everybody checks in before torch is asked to wait: a missing rank is named, not waited
+        # for. One thread for every step, each of which tells `watch` its phase and limit.
+        store, verdict = meet_in(
+            watch, presence, checkin, deadline=deadline, settings=settings, phase="rollcall"
+        )
+        join_group(
+            watch,
+            store,
+            info,
+            backend=backend,
+            device=device,
+            timeout=timeout,
+            deadline=deadline,
+            settings=settings,
+            scope=scope,
+            hosts={c.rank: c.hostname for c in verdict.checkins},
+        )
+
+    watch = Watch("the connection to rank 0's store", deadline.at, too_late(info, deadline))
+    with interruptible(watch, info.launcher, presence.left):
+        watched(bootstrap, watch)
 
 
 def _reuse(info: RankInfo) -> RankInfo:

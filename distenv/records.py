@@ -11,14 +11,11 @@ renders the message from its own templates (`Problem.describe`), so no free text
 ever printed. This module is pure: no torch, no store, no process state.
 """
 
-from __future__ import annotations
-
 import json
 import re
 from collections import Counter, defaultdict
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass, fields
-from typing import Any, ClassVar
+from typing import Any, NamedTuple
 
 __all__ = [
     "AGREED",
@@ -65,7 +62,7 @@ PATTERNS = {
     # scope_tag(launcher, job, step): see distenv.master.RUN_ID_PATTERN for the run ids inside.
     "scope": r"[A-Za-z0-9][A-Za-z0-9._:/@+\[\]-]{0,299}",
 }
-_COMPILED = {name: re.compile(pattern) for name, pattern in PATTERNS.items()}
+_COMPILED: dict[str, re.Pattern[str]] = {}  # compiled on first use: imports stay cheap
 
 #: The check-in fields every rank must agree on.
 AGREED = ("scope", "world_size", "master", "backend", "torch_version", "launcher")
@@ -82,7 +79,12 @@ class ForeignRecordError(Exception):
 
 def matches(field: str, value: object) -> bool:
     """Return whether `value` is a string matching `field`'s pattern."""
-    return isinstance(value, str) and _COMPILED[field].fullmatch(value) is not None
+    if not isinstance(value, str):
+        return False
+    pattern = _COMPILED.get(field)
+    if pattern is None:
+        pattern = _COMPILED[field] = re.compile(PATTERNS[field])
+    return pattern.fullmatch(value) is not None
 
 
 class _Fields:
@@ -145,8 +147,7 @@ def parse_scope(key: str, raw: str | bytes) -> str:
     return text
 
 
-@dataclass(frozen=True)
-class CheckIn:
+class CheckIn(NamedTuple):
     """What one rank reports about itself."""
 
     rank: int
@@ -165,10 +166,10 @@ class CheckIn:
     scope: str = "-/-/-"
 
     def to_json(self) -> str:
-        return json.dumps(asdict(self), sort_keys=True)
+        return json.dumps(self._asdict(), sort_keys=True)
 
 
-_CHECKIN_FIELDS = tuple(CheckIn.__dataclass_fields__)
+_CHECKIN_FIELDS = CheckIn._fields
 
 
 def _checkin(key: str, data: object) -> CheckIn:
@@ -230,32 +231,29 @@ def _host_list(fields: _Fields, name: str) -> tuple[str, ...]:
     return tuple(hosts)
 
 
-@dataclass(frozen=True)
-class Missing:
+class Missing(NamedTuple):
     """Ranks that did not check in: each named with the hosts it was expected on."""
 
-    count: int
+    total: int
     world_size: int
     ranks: tuple[int, ...]
     hosts: tuple[tuple[str, ...], ...]
     nodes: tuple[int | None, ...]
-
-    code: ClassVar[str] = "missing"
 
     def describe(self, timeout: float) -> str:
         lines = []
         for rank, hosts, node in zip(self.ranks, self.hosts, self.nodes, strict=True):
             where = ", ".join(hosts) if hosts else (f"node {node}" if node is not None else "")
             lines.append(f"rank {rank} (expected on {where or 'an unknown host'})")
-        more = f" and {self.count - len(self.ranks)} more" if self.count > len(self.ranks) else ""
+        more = f" and {self.total - len(self.ranks)} more" if self.total > len(self.ranks) else ""
         return (
-            f"{self.count} of {self.world_size} ranks did not check in within {timeout:.0f} s: "
+            f"{self.total} of {self.world_size} ranks did not check in within {timeout:.0f} s: "
             + ", ".join(lines)
             + more
         )
 
     @classmethod
-    def parse(cls, fields: _Fields, world: int) -> Missing:
+    def parse(cls, fields: "_Fields", world: int) -> "Missing":
         ranks = _rank_list(fields, "ranks", world)
         hosts_raw = fields.items("hosts")
         nodes_raw = fields.items("nodes")
@@ -270,9 +268,9 @@ class Missing:
             hosts.append(tuple(entry))
         if not all(n is None or (type(n) is int and 0 <= n < world) for n in nodes_raw):
             raise ForeignRecordError(fields.key, "nodes is not a list of node indexes")
-        count = fields.integer("count", len(ranks), world + 1)
+        total = fields.integer("total", len(ranks), world + 1)
         return cls(
-            count,
+            total,
             fields.integer("world_size", world, world + 1),
             ranks,
             tuple(hosts),
@@ -280,16 +278,13 @@ class Missing:
         )
 
 
-@dataclass(frozen=True)
-class Disagreement:
+class Disagreement(NamedTuple):
     """Ranks that disagree on one of the `AGREED` fields: each value with its ranks."""
 
     field: str
     values: tuple[str | int, ...]
     ranks: tuple[tuple[int, ...], ...]
     totals: tuple[int, ...]
-
-    code: ClassVar[str] = "disagree"
 
     def describe(self, timeout: float) -> str:
         parts = "; ".join(
@@ -299,7 +294,7 @@ class Disagreement:
         return f"ranks disagree on {self.field}: {parts}"
 
     @classmethod
-    def parse(cls, fields: _Fields, world: int) -> Disagreement:
+    def parse(cls, fields: "_Fields", world: int) -> "Disagreement":
         field = fields.data["field"]
         if field not in AGREED:
             raise ForeignRecordError(fields.key, "field 'field' names no agreed field")
@@ -325,22 +320,19 @@ class Disagreement:
         return cls(field, tuple(values), tuple(ranks), tuple(totals))
 
 
-@dataclass(frozen=True)
-class ClaimedTwice:
+class ClaimedTwice(NamedTuple):
     """One rank claimed by several processes: each claim's pid and host."""
 
     rank: int
     pids: tuple[int, ...]
     hosts: tuple[str, ...]
 
-    code: ClassVar[str] = "claimed"
-
     def describe(self, timeout: float) -> str:
         who = ", ".join(f"pid {p} on {h}" for p, h in zip(self.pids, self.hosts, strict=True))
         return f"rank {self.rank} was claimed by {len(self.pids)} processes ({who})"
 
     @classmethod
-    def parse(cls, fields: _Fields, world: int) -> ClaimedTwice:
+    def parse(cls, fields: "_Fields", world: int) -> "ClaimedTwice":
         pids = fields.items("pids")
         if not all(type(p) is int and 0 < p <= MAX_PID for p in pids):
             raise ForeignRecordError(fields.key, "pids are not process ids")
@@ -350,41 +342,35 @@ class ClaimedTwice:
         return cls(fields.integer("rank", 0, world), tuple(pids), hosts)
 
 
-@dataclass(frozen=True)
-class SharedLocalRank:
+class SharedLocalRank(NamedTuple):
     """Several ranks of one host and node with the same local rank."""
 
     host: str
     node: int
     local_rank: int
-    count: int
-
-    code: ClassVar[str] = "local_rank"
+    sharing: int
 
     def describe(self, timeout: float) -> str:
         return (
-            f"{self.count} ranks on {self.host} (node {self.node}) share local rank "
+            f"{self.sharing} ranks on {self.host} (node {self.node}) share local rank "
             f"{self.local_rank}"
         )
 
     @classmethod
-    def parse(cls, fields: _Fields, world: int) -> SharedLocalRank:
+    def parse(cls, fields: "_Fields", world: int) -> "SharedLocalRank":
         return cls(
             fields.text("host", "hostname"),
             fields.integer("node", 0, world),
             fields.integer("local_rank", 0, world),
-            fields.integer("count", 2, MAX_RANK),
+            fields.integer("sharing", 2, MAX_RANK),
         )
 
 
-@dataclass(frozen=True)
-class Placement:
+class Placement(NamedTuple):
     """MPI ranks assumed on one node (by-node placement) that run on several hosts."""
 
     node: int
     hosts: tuple[str, ...]
-
-    code: ClassVar[str] = "placement"
 
     def describe(self, timeout: float) -> str:
         return (
@@ -394,20 +380,17 @@ class Placement:
         )
 
     @classmethod
-    def parse(cls, fields: _Fields, world: int) -> Placement:
+    def parse(cls, fields: "_Fields", world: int) -> "Placement":
         return cls(fields.integer("node", 0, world), _host_list(fields, "hosts"))
 
 
-@dataclass(frozen=True)
-class SharedGpu:
+class SharedGpu(NamedTuple):
     """Ranks of one host driving the same physical GPU without having allowed it."""
 
     host: str
     device: str
     ranks: tuple[int, ...]
     total: int
-
-    code: ClassVar[str] = "gpu"
 
     def describe(self, timeout: float) -> str:
         return (
@@ -416,7 +399,7 @@ class SharedGpu:
         )
 
     @classmethod
-    def parse(cls, fields: _Fields, world: int) -> SharedGpu:
+    def parse(cls, fields: "_Fields", world: int) -> "SharedGpu":
         ranks = _rank_list(fields, "ranks", world)
         return cls(
             fields.text("host", "hostname"),
@@ -426,13 +409,10 @@ class SharedGpu:
         )
 
 
-@dataclass(frozen=True)
-class ForeignCheckIn:
+class ForeignCheckIn(NamedTuple):
     """A check-in under this job's keys that this job's distenv did not write."""
 
     arrival: int
-
-    code: ClassVar[str] = "foreign"
 
     def describe(self, timeout: float) -> str:
         return (
@@ -442,29 +422,28 @@ class ForeignCheckIn:
         )
 
     @classmethod
-    def parse(cls, fields: _Fields, world: int) -> ForeignCheckIn:
+    def parse(cls, fields: "_Fields", world: int) -> "ForeignCheckIn":
         return cls(fields.integer("arrival", 1, 10 * MAX_RANK + 1))
 
 
 Problem = (
     Missing | Disagreement | ClaimedTwice | SharedLocalRank | Placement | SharedGpu | ForeignCheckIn
 )
-_PROBLEMS: dict[str, Any] = {
-    kind.code: kind
-    for kind in (
-        Missing,
-        Disagreement,
-        ClaimedTwice,
-        SharedLocalRank,
-        Placement,
-        SharedGpu,
-        ForeignCheckIn,
-    )
+#: Each problem's code in the published verdict.
+CODES: dict[type, str] = {
+    Missing: "missing",
+    Disagreement: "disagree",
+    ClaimedTwice: "claimed",
+    SharedLocalRank: "local_rank",
+    Placement: "placement",
+    SharedGpu: "gpu",
+    ForeignCheckIn: "foreign",
 }
+_PROBLEMS: dict[str, Any] = {code: kind for kind, code in CODES.items()}
 
 
 def _problem_json(problem: Problem) -> dict[str, Any]:
-    return {"code": problem.code, **asdict(problem)}
+    return {"code": CODES[type(problem)], **problem._asdict()}
 
 
 def _parse_problem(key: str, data: object, world: int) -> Problem:
@@ -472,13 +451,11 @@ def _parse_problem(key: str, data: object, world: int) -> Problem:
         raise ForeignRecordError(key, "a problem with an unknown code")
     kind = _PROBLEMS[data["code"]]
     body = {k: v for k, v in data.items() if k != "code"}
-    names = [f.name for f in fields(kind)]
-    problem: Problem = kind.parse(_Fields(key, body, names), world)
+    problem: Problem = kind.parse(_Fields(key, body, kind._fields), world)
     return problem
 
 
-@dataclass(frozen=True)
-class Verdict:
+class Verdict(NamedTuple):
     """Rank 0's conclusion, published to every rank: structured problems, rendered locally."""
 
     ok: bool

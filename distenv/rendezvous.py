@@ -31,10 +31,18 @@ import ipaddress
 import os
 import socket
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import TYPE_CHECKING, Any
 
-from distenv.deadline import SIGNAL_MARK_S, Deadline, bounded, interruptible, pause
+from distenv.deadline import (
+    SIGNAL_MARK_S,
+    Deadline,
+    Watch,
+    bounded,
+    interruptible,
+    pause,
+    watched,
+)
 from distenv.device import device_identity
 from distenv.errors import (
     DistEnvError,
@@ -65,6 +73,7 @@ if TYPE_CHECKING:
     from torch._C._distributed_c10d import Store
 
 __all__ = [
+    "Presence",
     "check_scope",
     "claim_scope",
     "connect_store",
@@ -75,11 +84,13 @@ __all__ = [
     "mark",
     "master_address",
     "meet",
+    "meet_in",
     "poll_cap",
     "prefix",
     "read_states",
     "roll_call",
     "scope_key",
+    "too_late",
     "wait_key",
 ]
 
@@ -127,8 +138,12 @@ def first_line(exc: BaseException) -> str:
 
 
 def _pauses(cap: float) -> Iterator[float]:
-    """Yield sleep lengths: 1 ms, doubling up to `cap` (quick when peers are quick)."""
-    pause = 0.001
+    """Yield sleep lengths: 0.2 ms, doubling up to `cap` (quick when peers are quick).
+
+    Ranks usually arrive within a millisecond of each other: the first looks cost a few round
+    trips, and a rank that arrives sees the others notice within twice its lateness.
+    """
+    pause = 0.0002
     while True:
         yield pause
         pause = min(pause * 2, cap)
@@ -270,12 +285,13 @@ def _wait_reachable(info: RankInfo, host: str, port: int, until: float, limit: f
         delay = min(delay * 2, 1.0)
 
 
-def connect_store(info: RankInfo, deadline: Deadline, *, agent_store: bool) -> Store:
+def connect_store(info: RankInfo, deadline: Deadline, watch: Watch, *, agent_store: bool) -> Store:
     """Create (rank 0) or reach (others) the TCPStore at the master, by the deadline.
 
-    Under torchrun's agent store (`agent_store`) every rank, rank 0 included, is a client. Every
-    step runs under `bounded`: a listener that accepts connections but never answers as a store
-    is reported at the rendezvous timeout, not waited for.
+    Runs in a `watched` call: each step tells `watch` by when it must be over and what to say
+    otherwise, so a listener that accepts connections but never answers as a store is reported
+    at the rendezvous timeout, not waited for. Under torchrun's agent store (`agent_store`) every
+    rank, rank 0 included, is a client.
     """
     from torch._C._distributed_c10d import TCPStore
 
@@ -283,59 +299,48 @@ def connect_store(info: RankInfo, deadline: Deadline, *, agent_store: bool) -> S
     where = host_port(host, port)
     limit = deadline.timeout
     until = min(time.monotonic() + limit, deadline.waits_end)
+    what = "the connection to rank 0's store"
 
-    def no_answer(what: str) -> DistEnvError:
-        return RendezvousTimeoutError(
+    def no_answer(problem: str) -> Callable[[], DistEnvError]:
+        return lambda: RendezvousTimeoutError(
             info.launcher,
-            f"rank {info.rank} of {info.world_size}: {what} within {limit:g} s",
+            f"rank {info.rank} of {info.world_size}: {problem} within {limit:g} s",
             hint="check MASTER_ADDR and MASTER_PORT; with another service on that port, give "
             "this job its own MASTER_PORT",
             variable="MASTER_PORT",
             value=str(port),
         )
 
-    addresses = bounded(
-        lambda: _resolve(info, host, port),
-        until,
-        lambda: no_answer(f"the master address {host!r} did not resolve"),
-    )
+    watch.enter(what, until, no_answer(f"the master address {host!r} did not resolve"))
+    addresses = _resolve(info, host, port)
     timeout = datetime.timedelta(seconds=max(until - time.monotonic(), 1.0))
     if info.rank == 0 and not agent_store:
         fd = _listening_socket(info, host, port, addresses)
-        return bounded(
-            lambda: TCPStore(
-                host,
-                port,
-                info.world_size,
-                is_master=True,
-                timeout=timeout,
-                wait_for_workers=False,
-                master_listen_fd=fd,
-            ),
-            until,
-            lambda: no_answer(f"rank 0's store on {where} did not start"),
+        watch.enter(what, until, no_answer(f"rank 0's store on {where} did not start"))
+        return TCPStore(
+            host,
+            port,
+            info.world_size,
+            is_master=True,
+            timeout=timeout,
+            wait_for_workers=False,
+            master_listen_fd=fd,
         )
-    bounded(
-        lambda: _wait_reachable(info, host, port, until, limit),
-        deadline.at,
-        lambda: no_answer(f"{where} did not accept a connection"),
-    )
-
-    def client() -> Store:
-        try:
-            return TCPStore(host, port, info.world_size, is_master=False, timeout=timeout)
-        except RuntimeError as exc:  # torch's DistError
-            raise no_answer(
-                f"{where} accepted a connection but refused the store: {first_line(exc)}"
-            ) from None
-
-    return bounded(
-        client,
+    watch.enter(what, deadline.at, no_answer(f"{where} did not accept a connection"))
+    _wait_reachable(info, host, port, until, limit)
+    watch.enter(
+        what,
         until,
-        lambda: no_answer(
+        no_answer(
             f"{where} accepts connections but is not answering as a torch store (another service?)"
         ),
     )
+    try:
+        return TCPStore(host, port, info.world_size, is_master=False, timeout=timeout)
+    except RuntimeError as exc:  # torch's DistError
+        raise no_answer(
+            f"{where} accepted a connection but refused the store: {first_line(exc)}"
+        )() from None
 
 
 def claim_scope(store: Any, info: RankInfo, scope: str, settings: Settings) -> None:
@@ -535,6 +540,74 @@ def make_checkin(
     )
 
 
+class Presence:
+    """This rank's place in the store, once it has one: so that a signal can tell the others."""
+
+    def __init__(self, info: RankInfo, scope: str, settings: Settings) -> None:
+        self.info, self.scope, self.settings = info, scope, settings
+        self.store: Store | None = None
+
+    def left(self, signal_name: str) -> None:
+        """Record, best effort and briefly, that a signal stopped this rank."""
+        if self.store is not None:
+            mark(self.store, self.info, self.scope, self.settings, signal_name, wait=SIGNAL_MARK_S)
+
+
+def meet_in(
+    watch: Watch,
+    presence: Presence,
+    checkin: CheckIn,
+    *,
+    deadline: Deadline,
+    settings: Settings,
+    phase: str,
+    check: bool = True,
+) -> tuple[Store, Verdict]:
+    """Reach rank 0's store, prove it is this job's, and hold the roll call under `phase`.
+
+    The body of `meet`, run inside a `watched` call (``init_dist`` runs its whole bootstrap in one).
+    Returns the store (unprefixed) and the verdict.
+    """
+    from torch._C._distributed_c10d import PrefixStore
+
+    info, scope = presence.info, checkin.scope
+    store = presence.store = connect_store(info, deadline, watch, agent_store=settings.agent_store)
+    start = time.monotonic()
+
+    def stalled() -> DistEnvError:
+        return RendezvousTimeoutError(
+            info.launcher,
+            f"rank {info.rank} of {info.world_size}: rank 0's store at {checkin.master} stopped "
+            f"answering during the roll call (no reply within {deadline.bound:g} s of the start)",
+            hint="rank 0 may be stopped (SIGSTOP, a debugger) or its node overloaded; check its "
+            "log and state",
+        )
+
+    watch.enter("the roll call", deadline.at, stalled)
+    try:
+        if info.rank == 0:
+            claim_scope(store, info, scope, settings)
+        else:
+            check_scope(
+                store, info, scope, settings, min(start + deadline.timeout, deadline.waits_end)
+            )
+        verdict = roll_call(
+            PrefixStore(prefix(scope, phase, settings), store),
+            info,
+            checkin,
+            timeout=deadline.timeout,
+            until=deadline.waits_end,
+            check=check,
+        )
+    except RuntimeError as exc:  # torch's DistError: the store went away
+        raise RendezvousError(
+            info.launcher,
+            f"rank {info.rank} lost rank 0's store at {checkin.master}: {first_line(exc)}",
+            hint="rank 0 exited during the roll call; its log says why",
+        ) from None
+    return store, verdict
+
+
 def meet(
     info: RankInfo,
     checkin: CheckIn,
@@ -554,50 +627,25 @@ def meet(
         RendezvousError: The verdict found problems (with `check`), or a signal interrupted.
         DistEnvError: Rank 0 cannot listen on the port, or the master does not resolve.
     """
-    from torch._C._distributed_c10d import PrefixStore
-
-    scope = checkin.scope
-    with interruptible("the connection to rank 0's store", info.launcher):
-        store = connect_store(info, deadline, agent_store=settings.agent_store)
-    start = time.monotonic()
-
-    def stalled() -> DistEnvError:
-        return RendezvousTimeoutError(
-            info.launcher,
-            f"rank {info.rank} of {info.world_size}: rank 0's store at {checkin.master} stopped "
-            f"answering during the roll call (no reply within {deadline.bound:g} s of the start)",
-            hint="rank 0 may be stopped (SIGSTOP, a debugger) or its node overloaded; check its "
-            "log and state",
+    presence = Presence(info, checkin.scope, settings)
+    watch = Watch("the connection to rank 0's store", deadline.at, too_late(info, deadline))
+    with interruptible(watch, info.launcher, presence.left):
+        return watched(
+            lambda w: meet_in(
+                w, presence, checkin, deadline=deadline, settings=settings, phase=phase, check=check
+            ),
+            watch,
         )
 
-    def run() -> Verdict:
-        try:
-            if info.rank == 0:
-                claim_scope(store, info, scope, settings)
-            else:
-                until = min(start + deadline.timeout, deadline.waits_end)
-                check_scope(store, info, scope, settings, until)
-            return roll_call(
-                PrefixStore(prefix(scope, phase, settings), store),
-                info,
-                checkin,
-                timeout=deadline.timeout,
-                until=deadline.waits_end,
-                check=check,
-            )
-        except RuntimeError as exc:  # torch's DistError: the store went away
-            raise RendezvousError(
-                info.launcher,
-                f"rank {info.rank} lost rank 0's store at {checkin.master}: {first_line(exc)}",
-                hint="rank 0 exited during the roll call; its log says why",
-            ) from None
 
-    def left(signal_name: str) -> None:
-        mark(store, info, scope, settings, signal_name, wait=SIGNAL_MARK_S)
-
-    with interruptible("the roll call", info.launcher, left):
-        verdict = bounded(run, deadline.at, stalled)
-    return store, verdict
+def too_late(info: RankInfo, deadline: Deadline) -> Callable[[], DistEnvError]:
+    """Return the error of a bootstrap that outlived its deadline in no phase of its own."""
+    return lambda: RendezvousTimeoutError(
+        info.launcher,
+        f"rank {info.rank} of {info.world_size}: the bootstrap did not end within "
+        f"{deadline.bound:g} s",
+        hint=f"check every rank's log; raise the limit with rendezvous_timeout= or ${TIMEOUT_VAR}",
+    )
 
 
 # ---- where each rank is: what the others name when the group does not come up ------------------

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import json
 import time
-from dataclasses import asdict
 from typing import Any
 
 import pytest
@@ -123,11 +122,9 @@ def test_forged_ok_verdict_fails_within_the_bound() -> None:
         pytest.param("[" + "1," * 60_000 + "1]", id="oversized"),
         pytest.param(
             json.dumps(
-                asdict(
-                    CheckIn(
-                        2, 3, 0, 1, 0, "h", 7, "pytorch", "h:1", "gloo", "2.13.0", scope="x/y/z"
-                    )
-                )
+                CheckIn(
+                    2, 3, 0, 1, 0, "h", 7, "pytorch", "h:1", "gloo", "2.13.0", scope="x/y/z"
+                )._asdict()
             ),
             id="another-scope",
         ),

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import threading
 import time
-from dataclasses import replace
 
 import pytest
 
@@ -30,7 +29,7 @@ def checkin(rank: int, world: int = 4, per_node: int = 2, **change: object) -> C
         torch_version="2.13.0",
         scope="slurm/7/0",
     )
-    return replace(base, **change)  # type: ignore[arg-type]
+    return base._replace(**change)  # type: ignore[arg-type]
 
 
 def test_validate_accepts_a_healthy_job() -> None:
@@ -58,7 +57,7 @@ def test_validate_accepts_a_healthy_job() -> None:
 )
 def test_validate_names_each_problem(mutate: dict[int, dict[str, object]], expected: str) -> None:
     """Disagreements, duplicate ranks, shared local ranks and shared GPUs are each named."""
-    checkins = [replace(checkin(r), **mutate.get(r, {})) for r in range(4)]  # type: ignore[arg-type]
+    checkins = [checkin(r)._replace(**mutate.get(r, {})) for r in range(4)]  # type: ignore[arg-type]
     problems = [p.describe(0) for p in validate(checkins, 4)]
     assert any(expected in p for p in problems), problems
 
@@ -66,7 +65,7 @@ def test_validate_names_each_problem(mutate: dict[int, dict[str, object]], expec
 def test_gpu_sharing_can_be_allowed() -> None:
     """Two ranks on one GPU are fine when every one of them allowed sharing."""
     checkins = [checkin(r, device="GPU-9f", allow_gpu_sharing=True, hostname="h") for r in range(2)]
-    checkins = [replace(c, local_rank=i) for i, c in enumerate(checkins)]
+    checkins = [c._replace(local_rank=i) for i, c in enumerate(checkins)]
     assert validate(checkins, 2) == []
 
 

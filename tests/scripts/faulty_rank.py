@@ -96,6 +96,10 @@ def inject(what: str, events: Events) -> None:
         def act() -> None:
             events.write("fault", fault=f"{how.name} {where}", pid=os.getpid())
             os.kill(os.getpid(), how)
+            # A signal a process sends itself takes effect asynchronously when other threads
+            # exist (torch's): measured here, the sender ran on for several system calls, enough
+            # to finish the group-up check. Wait, as a process stopped from outside would.
+            time.sleep(5.0)
 
         return act
 
