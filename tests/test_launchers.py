@@ -156,9 +156,10 @@ def test_master_addr_format_maps_the_default_host() -> None:
 
 def test_torchrun_capture_keeps_its_master_and_run_id() -> None:
     """torchrun's own MASTER_* and run id come through verbatim (never DNS-resolved)."""
-    info = detect("torchrun", torchrun.TORCHRUN_4[2])
+    env = torchrun.TORCHRUN_4[2]
+    info = detect("torchrun", env)
     assert info.launcher == "pytorch"
-    assert (info.master_addr, info.master_port) == ("localhost", 45535)
+    assert (info.master_addr, info.master_port) == ("localhost", int(env["MASTER_PORT"]))
     assert info.job_id == torchrun.TORCHRUN_4[2]["TORCHELASTIC_RUN_ID"]
 
 

@@ -108,8 +108,10 @@ def test_port_formula_keeps_related_jobs_apart() -> None:
 
 def test_default_slurm_batch_script_is_local() -> None:
     """Rule 4: a 1-task batch script is rank 0 of 1 on 127.0.0.1, port from the job."""
-    found = master(slurm.SBATCH_BATCH_1T[0])
-    assert found == Master("127.0.0.1", scheduler_port("21", "batch"), "default", "default")
+    env = slurm.SBATCH_BATCH_1T[0]
+    found = master(env)
+    port = scheduler_port(env["SLURM_JOB_ID"], "batch")
+    assert found == Master("127.0.0.1", port, "default", "default")
 
 
 @pytest.mark.parametrize("distribution", ["arbitrary", "plane=4"])
@@ -132,15 +134,16 @@ def test_default_lsf_skips_the_coral_launch_node() -> None:
 
 
 @pytest.mark.parametrize(
-    ("env", "job"),
+    "env",
     [
-        pytest.param(mpi.OMPI_IN_SALLOC_2N[3], "22", id="openmpi-salloc"),
-        pytest.param(mpi.HYDRA_IN_SALLOC_2N[3], "23", id="hydra-salloc"),
-        pytest.param(mpi.OMPI_IN_SBATCH[2], "24", id="openmpi-sbatch"),
+        pytest.param(mpi.OMPI_IN_SALLOC_2N[3], id="openmpi-salloc"),
+        pytest.param(mpi.HYDRA_IN_SALLOC_2N[3], id="hydra-salloc"),
+        pytest.param(mpi.OMPI_IN_SBATCH[2], id="openmpi-sbatch"),
     ],
 )
-def test_allocation_master_for_mpi_inside_slurm(env: dict[str, str], job: str) -> None:
+def test_allocation_master_for_mpi_inside_slurm(env: dict[str, str]) -> None:
     """Rule 5: MPI ranks in an allocation take its first host and a port from the job alone."""
+    job = env["SLURM_JOB_ID"]
     assert master(env) == Master("n1", scheduler_port(job, "mpi"), "allocation", "allocation")
     explicit = master({**env, "MASTER_ADDR": "n2"})
     assert explicit == Master("n2", None, "explicit", "unresolved")

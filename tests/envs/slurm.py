@@ -8,8 +8,8 @@ dates: tests/envs/captures/README.md. Regenerate, never edit by hand.
 # cluster: one; hosts by rank: ['vm']
 SALLOC_SHELL_1T = (
     {
-        "SLURM_JOBID": "23",
-        "SLURM_JOB_ID": "23",
+        "SLURM_JOBID": "10",
+        "SLURM_JOB_ID": "10",
         "SLURM_JOB_NODELIST": "vm",
         "SLURM_JOB_NUM_NODES": "1",
         "SLURM_NNODES": "1",
@@ -24,8 +24,8 @@ SALLOC_SHELL_1T = (
 # cluster: one; hosts by rank: ['vm']
 SALLOC_SHELL_4T = (
     {
-        "SLURM_JOBID": "22",
-        "SLURM_JOB_ID": "22",
+        "SLURM_JOBID": "9",
+        "SLURM_JOB_ID": "9",
         "SLURM_JOB_NODELIST": "vm",
         "SLURM_JOB_NUM_NODES": "1",
         "SLURM_NNODES": "1",
@@ -40,8 +40,8 @@ SALLOC_SHELL_4T = (
 # cluster: one; hosts by rank: ['vm']
 SALLOC_SHELL_GPUS = (
     {
-        "SLURM_JOBID": "25",
-        "SLURM_JOB_ID": "25",
+        "SLURM_JOBID": "12",
+        "SLURM_JOB_ID": "12",
         "SLURM_JOB_NODELIST": "vm",
         "SLURM_JOB_NUM_NODES": "1",
         "SLURM_NNODES": "1",
@@ -56,8 +56,8 @@ SALLOC_SHELL_GPUS = (
 # cluster: one; hosts by rank: ['vm']
 SBATCH_BATCH_1T = (
     {
-        "SLURM_JOBID": "21",
-        "SLURM_JOB_ID": "21",
+        "SLURM_JOBID": "8",
+        "SLURM_JOB_ID": "8",
         "SLURM_JOB_NODELIST": "vm",
         "SLURM_JOB_NUM_NODES": "1",
         "SLURM_LOCALID": "0",
@@ -96,9 +96,9 @@ SBATCH_BATCH_GPUS = (
     {
         "CUDA_VISIBLE_DEVICES": "0,1,2,3",
         "GPU_DEVICE_ORDINAL": "0,1,2,3",
-        "SLURM_JOBID": "24",
+        "SLURM_JOBID": "11",
         "SLURM_JOB_GPUS": "0,1,2,3",
-        "SLURM_JOB_ID": "24",
+        "SLURM_JOB_ID": "11",
         "SLURM_JOB_NODELIST": "vm",
         "SLURM_JOB_NUM_NODES": "1",
         "SLURM_LOCALID": "0",
@@ -640,8 +640,8 @@ SRUN_PMI2_4 = (
     {
         "PMI_RANK": "0",
         "PMI_SIZE": "4",
-        "SLURM_JOBID": "27",
-        "SLURM_JOB_ID": "27",
+        "SLURM_JOBID": "14",
+        "SLURM_JOB_ID": "14",
         "SLURM_JOB_NODELIST": "vm",
         "SLURM_JOB_NUM_NODES": "1",
         "SLURM_LOCALID": "0",
@@ -661,8 +661,8 @@ SRUN_PMI2_4 = (
     {
         "PMI_RANK": "1",
         "PMI_SIZE": "4",
-        "SLURM_JOBID": "27",
-        "SLURM_JOB_ID": "27",
+        "SLURM_JOBID": "14",
+        "SLURM_JOB_ID": "14",
         "SLURM_JOB_NODELIST": "vm",
         "SLURM_JOB_NUM_NODES": "1",
         "SLURM_LOCALID": "1",
@@ -682,8 +682,8 @@ SRUN_PMI2_4 = (
     {
         "PMI_RANK": "2",
         "PMI_SIZE": "4",
-        "SLURM_JOBID": "27",
-        "SLURM_JOB_ID": "27",
+        "SLURM_JOBID": "14",
+        "SLURM_JOB_ID": "14",
         "SLURM_JOB_NODELIST": "vm",
         "SLURM_JOB_NUM_NODES": "1",
         "SLURM_LOCALID": "2",
@@ -703,8 +703,8 @@ SRUN_PMI2_4 = (
     {
         "PMI_RANK": "3",
         "PMI_SIZE": "4",
-        "SLURM_JOBID": "27",
-        "SLURM_JOB_ID": "27",
+        "SLURM_JOBID": "14",
+        "SLURM_JOB_ID": "14",
         "SLURM_JOB_NODELIST": "vm",
         "SLURM_JOB_NUM_NODES": "1",
         "SLURM_LOCALID": "3",
@@ -727,9 +727,10 @@ SRUN_PMI2_4 = (
 # cluster: one; hosts by rank: ['vm', 'vm', 'vm', 'vm']
 SRUN_PMIX_4 = (
     {
+        "PMIX_NAMESPACE": "slurm.pmix.13.0",
         "PMIX_RANK": "0",
-        "SLURM_JOBID": "26",
-        "SLURM_JOB_ID": "26",
+        "SLURM_JOBID": "13",
+        "SLURM_JOB_ID": "13",
         "SLURM_JOB_NODELIST": "vm",
         "SLURM_JOB_NUM_NODES": "1",
         "SLURM_LOCALID": "0",
@@ -747,9 +748,10 @@ SRUN_PMIX_4 = (
         "SLURM_TASKS_PER_NODE": "4",
     },
     {
+        "PMIX_NAMESPACE": "slurm.pmix.13.0",
         "PMIX_RANK": "1",
-        "SLURM_JOBID": "26",
-        "SLURM_JOB_ID": "26",
+        "SLURM_JOBID": "13",
+        "SLURM_JOB_ID": "13",
         "SLURM_JOB_NODELIST": "vm",
         "SLURM_JOB_NUM_NODES": "1",
         "SLURM_LOCALID": "1",
@@ -767,9 +769,10 @@ SRUN_PMIX_4 = (
         "SLURM_TASKS_PER_NODE": "4",
     },
     {
+        "PMIX_NAMESPACE": "slurm.pmix.13.0",
         "PMIX_RANK": "2",
-        "SLURM_JOBID": "26",
-        "SLURM_JOB_ID": "26",
+        "SLURM_JOBID": "13",
+        "SLURM_JOB_ID": "13",
         "SLURM_JOB_NODELIST": "vm",
         "SLURM_JOB_NUM_NODES": "1",
         "SLURM_LOCALID": "2",
@@ -787,9 +790,10 @@ SRUN_PMIX_4 = (
         "SLURM_TASKS_PER_NODE": "4",
     },
     {
+        "PMIX_NAMESPACE": "slurm.pmix.13.0",
         "PMIX_RANK": "3",
-        "SLURM_JOBID": "26",
-        "SLURM_JOB_ID": "26",
+        "SLURM_JOBID": "13",
+        "SLURM_JOB_ID": "13",
         "SLURM_JOB_NODELIST": "vm",
         "SLURM_JOB_NUM_NODES": "1",
         "SLURM_LOCALID": "3",
