@@ -135,7 +135,11 @@ class Launch:
             out, err = self.proc.communicate()
             code = None
             err += f"\n[killed after {self.timeout:.0f}s]".encode()
-        if code != 0 and self.conf:
+        # Only a launch killed at its timeout can leave jobs behind. A launcher that exited took
+        # its job with it, and cancelling every job of the session here would cancel the
+        # launches still running beside it (a refusal ends in a second, before torch is even
+        # imported, while its neighbour is still starting).
+        if code is None and self.conf:
             cancel_jobs(self.conf)
         files = {}
         if self.outdir is not None:
