@@ -17,11 +17,12 @@ from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 from distenv.deadline import Deadline, Watch, bounded
-from distenv.errors import DistEnvError, InitError, RendezvousError, RendezvousTimeoutError
+from distenv.errors import DistEnvError, InitError, RendezvousTimeoutError
 from distenv.rankinfo import RankInfo
 from distenv.records import MAX_SHOWN
 from distenv.rendezvous import (
     first_line,
+    lost_store,
     mark,
     master_address,
     poll_cap,
@@ -100,7 +101,7 @@ def join_group(
     deadline: Deadline,
     settings: Settings,
     scope: str,
-    hosts: Mapping[int, str] | None = None,
+    hosts: Mapping[int, str],
 ) -> None:
     """Create the default process group over `store` by the deadline, then check it is up.
 
@@ -147,17 +148,12 @@ def join_group(
             raise RendezvousTimeoutError(
                 info.launcher,
                 f"{where}: not every rank joined the process group within {deadline.bound:g} "
-                f"s: {_absent(store, info, scope, settings, 'joining', hosts or {})}",
+                f"s: {_absent(store, info, scope, settings, 'joining', hosts)}",
                 hint="a rank died or was stopped after checking in; its log (or the launcher's "
                 "exit codes) says why",
             ) from None
         except dist.DistNetworkError as exc:
-            raise RendezvousError(
-                info.launcher,
-                f"{where} lost rank 0's store during init_process_group: {first_line(exc)}",
-                hint="rank 0 ended after the roll call: it died, or gave up at its own deadline "
-                "(a rank that started later waits longer), naming the missing ranks in its log",
-            ) from None
+            raise lost_store(info, "during init_process_group", exc) from None
         except (RuntimeError, ValueError) as exc:  # DistError is a RuntimeError
             mark(store, info, scope, settings, "failed", wait=1.0)
             raise InitError(
@@ -170,7 +166,7 @@ def join_group(
         return RendezvousTimeoutError(
             info.launcher,
             f"{where}: init_process_group did not return within {deadline.bound:g} s: "
-            f"{_absent(store, info, scope, settings, 'joining', hosts or {})}",
+            f"{_absent(store, info, scope, settings, 'joining', hosts)}",
             hint="a rank died or was stopped after checking in; its log (or the launcher's exit "
             "codes) says why",
         )
@@ -200,7 +196,7 @@ def group_up(
     scope: str,
     settings: Settings,
     deadline: Deadline,
-    hosts: Mapping[int, str] | None = None,
+    hosts: Mapping[int, str],
 ) -> None:
     """Return once every rank has marked itself up; name the ranks that did not by the deadline.
 
@@ -213,7 +209,7 @@ def group_up(
         return RendezvousTimeoutError(
             info.launcher,
             f"rank {info.rank} of {info.world_size}: the process group did not come up on "
-            f"every rank within {deadline.bound:g} s: {_absent(store, info, scope, settings, 'up', hosts or {})}",
+            f"every rank within {deadline.bound:g} s: {_absent(store, info, scope, settings, 'up', hosts)}",
             hint="a rank died or was stopped (SIGSTOP, a debugger, an overloaded node) after "
             "joining; its log (or the launcher's exit codes) says why",
         )
@@ -226,10 +222,4 @@ def group_up(
         if not wait_key(store, f"{keys}/all", deadline.waits_end, poll_cap(info.world_size)):
             raise missing()
     except RuntimeError as exc:  # torch's DistError: the store went away
-        raise RendezvousError(
-            info.launcher,
-            f"rank {info.rank} lost rank 0's store at {master_address(info)} after joining the "
-            f"group: {first_line(exc)}",
-            hint="rank 0 ended during start-up: it died, or gave up at its own deadline (a rank "
-            "that started later waits longer), naming the missing ranks in its log",
-        ) from None
+        raise lost_store(info, "after joining the group", exc) from None

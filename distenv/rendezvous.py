@@ -80,6 +80,7 @@ __all__ = [
     "first_line",
     "job_scope",
     "listen_address",
+    "lost_store",
     "make_checkin",
     "mark",
     "master_address",
@@ -124,6 +125,17 @@ def scope_key(settings: Settings) -> str:
 def prefix(scope: str, phase: str, settings: Settings) -> str:
     """Return the prefix of one phase's keys (``rollcall``, ``pg``, ``up``, ``doctor``)."""
     return f"{KEY_ROOT}/{scope}/{phase}/{settings.restart}"
+
+
+def lost_store(info: RankInfo, during: str, exc: BaseException) -> RendezvousError:
+    """Return the error of a rank whose connection to rank 0's store broke `during` a phase."""
+    return RendezvousError(
+        info.launcher,
+        f"rank {info.rank} of {info.world_size} lost rank 0's store at {master_address(info)} "
+        f"{during}: {first_line(exc)}",
+        hint="rank 0 ended: it died, or gave up at its own deadline (a rank that started later "
+        "waits longer); its log says why and names any missing rank",
+    )
 
 
 def master_address(info: RankInfo) -> str:
@@ -600,11 +612,7 @@ def meet_in(
             check=check,
         )
     except RuntimeError as exc:  # torch's DistError: the store went away
-        raise RendezvousError(
-            info.launcher,
-            f"rank {info.rank} lost rank 0's store at {checkin.master}: {first_line(exc)}",
-            hint="rank 0 exited during the roll call; its log says why",
-        ) from None
+        raise lost_store(info, "during the roll call", exc) from None
     return store, verdict
 
 
