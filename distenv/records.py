@@ -15,6 +15,8 @@ import json
 import re
 from collections import Counter, defaultdict
 from collections.abc import Sequence
+from collections.abc import Set as AbstractSet
+from operator import attrgetter
 from typing import Any, NamedTuple
 
 __all__ = [
@@ -61,8 +63,13 @@ PATTERNS = {
     "device": r"(?:GPU|MIG)-[0-9A-Fa-f-]{1,64}|[0-9a-f]{4,8}:[0-9a-f]{2}:[0-9a-f]{2}",
     # scope_tag(launcher, job, step): see distenv.master.RUN_ID_PATTERN for the run ids inside.
     "scope": r"[A-Za-z0-9][A-Za-z0-9._:/@+\[\]-]{0,299}",
+    "record_key": r"(?:checkin|extra)/[0-9]{1,8}",
 }
 _COMPILED: dict[str, re.Pattern[str]] = {}  # compiled on first use: imports stay cheap
+# Values that matched, per pattern: rank 0 checks N records whose host names, versions and scope
+# repeat, so each distinct string meets its regex once. Bounded; a miss only costs the regex.
+_MATCHED: dict[str, set[str]] = {}
+_MATCHED_MAX = 1 << 16
 
 #: The check-in fields every rank must agree on.
 AGREED = ("scope", "world_size", "master", "backend", "torch_version", "launcher")
@@ -79,21 +86,29 @@ class ForeignRecordError(Exception):
 
 def matches(field: str, value: object) -> bool:
     """Return whether `value` is a string matching `field`'s pattern."""
-    if not isinstance(value, str):
+    if type(value) is not str:
         return False
+    matched = _MATCHED.get(field)
+    if matched is not None and value in matched:
+        return True
     pattern = _COMPILED.get(field)
     if pattern is None:
         pattern = _COMPILED[field] = re.compile(PATTERNS[field])
-    return pattern.fullmatch(value) is not None
+        matched = _MATCHED[field] = set()
+    if pattern.fullmatch(value) is None:
+        return False
+    if matched is not None and len(matched) < _MATCHED_MAX:
+        matched.add(value)
+    return True
 
 
 class _Fields:
     """Typed access to one JSON object's fields, raising `ForeignRecordError` for anything unexpected."""
 
-    def __init__(self, key: str, data: object, names: Sequence[str]) -> None:
+    def __init__(self, key: str, data: object, names: AbstractSet[str]) -> None:
         if not isinstance(data, dict):
             raise ForeignRecordError(key, "not a JSON object")
-        if set(data) != set(names):
+        if data.keys() != names:
             raise ForeignRecordError(key, "unexpected or missing fields")
         self.key, self.data = key, data
 
@@ -128,11 +143,15 @@ class _Fields:
         return value
 
 
+_decode = json.JSONDecoder().decode
+
+
 def _load(key: str, raw: str | bytes, cap: int) -> object:
     if len(raw) > cap:
         raise ForeignRecordError(key, f"{len(raw)} bytes, more than the {cap} allowed")
     try:
-        return json.loads(raw)
+        # Decoding first skips json.loads's encoding sniffing: rank 0 parses N of these.
+        return _decode(raw.decode("utf-8") if isinstance(raw, bytes) else raw)
     except (ValueError, UnicodeDecodeError):
         raise ForeignRecordError(key, "not JSON") from None
 
@@ -169,7 +188,7 @@ class CheckIn(NamedTuple):
         return json.dumps(self._asdict(), sort_keys=True)
 
 
-_CHECKIN_FIELDS = CheckIn._fields
+_CHECKIN_FIELDS = frozenset(CheckIn._fields)
 
 
 def _checkin(key: str, data: object) -> CheckIn:
@@ -412,18 +431,18 @@ class SharedGpu(NamedTuple):
 class ForeignCheckIn(NamedTuple):
     """A check-in under this job's keys that this job's distenv did not write."""
 
-    arrival: int
+    key: str
 
     def describe(self, timeout: float) -> str:
         return (
-            f"the check-in record number {self.arrival} was not written by this job's distenv "
-            "(malformed, oversized, or of another job's scope): a process that is not part of "
-            "this job wrote to rank 0's store"
+            f"the check-in record under {self.key} was not written by this job's distenv "
+            "(malformed, oversized, of another job's scope or under another rank's key): a "
+            "process that is not part of this job wrote to rank 0's store"
         )
 
     @classmethod
     def parse(cls, fields: "_Fields", world: int) -> "ForeignCheckIn":
-        return cls(fields.integer("arrival", 1, 10 * MAX_RANK + 1))
+        return cls(fields.text("key", "record_key"))
 
 
 Problem = (
@@ -451,7 +470,7 @@ def _parse_problem(key: str, data: object, world: int) -> Problem:
         raise ForeignRecordError(key, "a problem with an unknown code")
     kind = _PROBLEMS[data["code"]]
     body = {k: v for k, v in data.items() if k != "code"}
-    problem: Problem = kind.parse(_Fields(key, body, kind._fields), world)
+    problem: Problem = kind.parse(_Fields(key, body, frozenset(kind._fields)), world)
     return problem
 
 
@@ -484,6 +503,9 @@ class Verdict(NamedTuple):
         return any(isinstance(p, Missing) for p in self.problems)
 
 
+_VERDICT_FIELDS = frozenset(("scope", "ok", "problems"))
+
+
 def parse_verdict(key: str, raw: str | bytes, *, scope: str, world_size: int) -> Verdict:
     """Return the verdict stored under `key`, validated for this job's `scope` and world.
 
@@ -491,7 +513,7 @@ def parse_verdict(key: str, raw: str | bytes, *, scope: str, world_size: int) ->
         ForeignRecordError: If it is too large, malformed, of another scope, or inconsistent (an "ok"
             verdict with problems, a failing one without).
     """
-    fields = _Fields(key, _load(key, raw, MAX_VERDICT_BYTES), ("scope", "ok", "problems"))
+    fields = _Fields(key, _load(key, raw, MAX_VERDICT_BYTES), _VERDICT_FIELDS)
     if fields.text("scope") != scope:
         raise ForeignRecordError(key, "written for another scope")
     ok = fields.flag("ok")
@@ -507,11 +529,12 @@ def parse_verdict(key: str, raw: str | bytes, *, scope: str, world_size: int) ->
 
 
 def _agreement(checkins: Sequence[CheckIn], field: str) -> list[Problem]:
+    of = attrgetter(field)
+    if len(set(map(of, checkins))) <= 1:  # the common case, at C speed
+        return []
     values: dict[Any, list[int]] = defaultdict(list)
     for c in checkins:
-        values[getattr(c, field)].append(c.rank)
-    if len(values) <= 1:
-        return []
+        values[of(c)].append(c.rank)
     ordered = sorted(values.items(), key=lambda item: str(item[0]))[:MAX_SHOWN]
     return [
         Disagreement(
@@ -523,37 +546,50 @@ def _agreement(checkins: Sequence[CheckIn], field: str) -> list[Problem]:
     ]
 
 
+def _claimed_twice(checkins: Sequence[CheckIn]) -> list[Problem]:
+    by_rank: dict[int, list[CheckIn]] = defaultdict(list)
+    for c in checkins:
+        by_rank[c.rank].append(c)
+    return [
+        ClaimedTwice(
+            rank,
+            tuple(c.pid for c in same[:MAX_SHOWN]),
+            tuple(c.hostname for c in same[:MAX_SHOWN]),
+        )
+        for rank, same in sorted(by_rank.items())
+        if len(same) > 1
+    ]
+
+
 def validate(checkins: Sequence[CheckIn], world_size: int) -> list[Problem]:
     """Return what is wrong with a complete set of check-ins (an empty list when all is well).
 
     Checks: agreement on scope, world size, master, backend, torch version and launcher; unique
     ranks covering ``0..world_size-1``; unique local ranks per host; for MPI, the assumed by-node
     placement against the host names; no two ranks of one host on the same physical GPU unless
-    sharing was allowed.
+    sharing was allowed. Each check has a fast path for a healthy job (rank 0 runs this on every
+    check-in of the world).
     """
     problems: list[Problem] = []
     for field in AGREED:
         problems += _agreement(checkins, field)
 
-    by_rank: dict[int, list[CheckIn]] = defaultdict(list)
-    for c in checkins:
-        by_rank[c.rank].append(c)
-    for rank, same in sorted(by_rank.items()):
-        if len(same) > 1:
-            claims = same[:MAX_SHOWN]
-            problems.append(
-                ClaimedTwice(rank, tuple(c.pid for c in claims), tuple(c.hostname for c in claims))
-            )
-    missing = sorted(set(range(world_size)) - set(by_rank))
-    if missing and not any(len(s) > 1 for s in by_rank.values()):
-        problems.append(_missing(missing, world_size, checkins, None))
+    ranks = [c.rank for c in checkins]
+    distinct = set(ranks)
+    twice = _claimed_twice(checkins) if len(distinct) != len(ranks) else []
+    problems += twice
+    if not twice and len(distinct) != world_size:
+        missing = sorted(set(range(world_size)) - distinct)
+        if missing:
+            problems.append(_missing(missing, world_size, checkins, None))
 
     # Keyed by node as well as host: tests (and `distenv run --nnodes 2` twice on one machine)
     # legitimately run several "nodes" on one host.
-    local = Counter((c.hostname, c.node_rank, c.local_rank) for c in checkins)
-    for (host, node, local_rank), count in sorted(local.items()):
-        if count > 1:
-            problems.append(SharedLocalRank(host, node, local_rank, count))
+    places = list(map(attrgetter("hostname", "node_rank", "local_rank"), checkins))
+    if len(set(places)) != len(places):
+        for (host, node, local_rank), count in sorted(Counter(places).items()):
+            if count > 1:
+                problems.append(SharedLocalRank(host, node, local_rank, count))
 
     if checkins and checkins[0].launcher == "mpi":
         hosts_of_node: dict[int, set[str]] = defaultdict(set)
@@ -563,15 +599,19 @@ def validate(checkins: Sequence[CheckIn], world_size: int) -> list[Problem]:
             if len(hosts) > 1:
                 problems.append(Placement(node, tuple(sorted(hosts))[:MAX_SHOWN]))
 
+    on_gpus = [c for c in checkins if c.device is not None]
+    gpus = set(map(attrgetter("hostname", "device"), on_gpus))
+    if len(gpus) == len(on_gpus):  # one rank per GPU: nothing shares
+        return problems[:MAX_PROBLEMS]
     devices: dict[tuple[str, str], list[int]] = defaultdict(list)
     allowed: dict[tuple[str, str], bool] = defaultdict(lambda: True)
-    for c in checkins:
+    for c in on_gpus:
         if c.device is not None:
             devices[(c.hostname, c.device)].append(c.rank)
             allowed[(c.hostname, c.device)] &= c.allow_gpu_sharing
-    for (host, device), ranks in sorted(devices.items()):
-        if len(ranks) > 1 and not allowed[(host, device)]:
-            shown, total = _shown(ranks)
+    for (host, device), on_device in sorted(devices.items()):
+        if len(on_device) > 1 and not allowed[(host, device)]:
+            shown, total = _shown(on_device)
             problems.append(SharedGpu(host, device, shown, total))
     return problems[:MAX_PROBLEMS]
 

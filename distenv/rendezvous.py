@@ -11,14 +11,18 @@ another job and nobody hangs silently:
    under the scope key right after creating the store; every other rank reads it before writing
    anything and stops at once if it names another job (`StoreTakenError`). Every key this job
    writes is under a prefix holding the scope (`prefix`), and every record carries it.
-3. `roll_call`: every rank writes its `CheckIn` under a key numbered by its arrival (``add``), so two
-   processes that claim one rank are both seen; rank 0 validates the records
-   (`distenv.records`: nothing read from the store is trusted) and publishes a verdict of
-   structured problems, which every rank renders from its own templates.
+3. `roll_call`: every rank claims its rank's key with its `CheckIn` (``compare_set``, so a second
+   process claiming the same rank finds the key taken and files its record as an extra claim:
+   both are seen); rank 0 validates the records (`distenv.records`: nothing read from the store
+   is trusted) and publishes a verdict of structured problems, which every rank renders from its
+   own templates.
 
 Every blocking store call runs under the bootstrap's `Deadline` (`distenv.deadline.bounded`) and
-signals end the wait at once. Rank 0 reads N records and every rank reads one verdict: O(N) store
-traffic, not O(N^2). The scope prevents accidents, not attacks (job ids are public):
+signals end the wait at once. Rank 0 reads N records (in chunks of `CHUNK` keys) and every rank
+reads one verdict: O(N) store traffic, not O(N^2). A rank other than 0 makes four round trips when
+nobody is late: peek at the scope, claim its key, count itself written, peek at the verdict
+(`peek`: one ``compare_set`` that reads a key or says it is absent, where ``check`` + ``get`` take
+two). The scope prevents accidents, not attacks (job ids are public):
 docs/security.md says what distenv does and does not protect against.
 """
 
@@ -74,6 +78,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "Presence",
+    "check_in",
     "check_scope",
     "claim_scope",
     "connect_store",
@@ -86,6 +91,7 @@ __all__ = [
     "master_address",
     "meet",
     "meet_in",
+    "peek",
     "poll_cap",
     "prefix",
     "read_states",
@@ -99,6 +105,12 @@ KEY_ROOT = "distenv"
 # Rank 0 publishes the verdict only after its own wait; the others allow it this much longer.
 VERDICT_GRACE_S = 10.0
 POLL_S = 0.5
+# Keys per multi_get when rank 0 reads the check-ins: one huge request costs more than its chunks.
+CHUNK = 512
+# What `peek` compares with: never written by distenv (its values are JSON, scopes and states).
+_ABSENT = b"\x00distenv:absent"
+# Extra claims rank 0 reads: beyond this many, the verdict already says enough.
+MAX_EXTRA = 64
 
 
 def job_scope(scope: str, world_size: int, token: bytes | None = None) -> str:
@@ -179,6 +191,29 @@ def wait_key(store: Any, key: str, until: float, cap: float) -> bool:
             return True
         if time.monotonic() >= until:
             return False
+        pause(next(pauses))
+
+
+def peek(store: Any, key: str) -> bytes | None:
+    """Return `key`'s value, or None if it does not exist: one round trip, never blocking.
+
+    ``compare_set`` with an expected value nobody writes returns the value a key holds, or, for a
+    missing key, the expected value itself without creating the key. (A key that holds exactly
+    that value reads as absent: what a forger gains is a wait, bounded by the deadline.)
+    """
+    value = bytes(store.compare_set(key, _ABSENT, _ABSENT))
+    return None if value == _ABSENT else value
+
+
+def wait_value(store: Any, key: str, until: float, cap: float) -> bytes | None:
+    """Poll until `key` exists and return its value, or None once `until` passes."""
+    pauses = _pauses(cap)
+    while True:
+        value = peek(store, key)
+        if value is not None:
+            return value
+        if time.monotonic() >= until:
+            return None
         pause(next(pauses))
 
 
@@ -375,7 +410,8 @@ def check_scope(store: Any, info: RankInfo, scope: str, settings: Settings, unti
         RendezvousTimeoutError: If no scope was written by `until`.
     """
     key = scope_key(settings)
-    if not wait_key(store, key, until, poll_cap(info.world_size)):
+    found = wait_value(store, key, until, poll_cap(info.world_size))
+    if found is None:
         raise RendezvousTimeoutError(
             info.launcher,
             f"rank {info.rank} of {info.world_size} reached {master_address(info)}, but it is "
@@ -386,7 +422,6 @@ def check_scope(store: Any, info: RankInfo, scope: str, settings: Settings, unti
             variable="MASTER_PORT",
             value=str(info.master_port),
         )
-    found = store.get(key)
     if found != scope.encode():
         _taken(info, key, found, scope)
 
@@ -434,9 +469,7 @@ def roll_call(
         RendezvousTimeoutError: Ranks missing (rank 0), or no verdict arrived (others).
         RendezvousError: The verdict found problems, or was not written by this job's rank 0.
     """
-    arrival = int(store.add("arrived", 1))
-    store.set(f"checkin/{arrival}", checkin.to_json())
-    store.add("written", 1)  # counted after the write, so rank 0 never reads a missing key
+    check_in(store, checkin)
     if info.rank == 0:
         verdict = _gather(store, info, checkin.scope, min(time.monotonic() + timeout, until))
         # The others need the outcome, not every record: a verdict carrying N check-ins, read by
@@ -469,11 +502,25 @@ def roll_call(
     return verdict
 
 
+def check_in(store: Any, checkin: CheckIn) -> None:
+    """Write this rank's record under its rank's key (or, if taken, as an extra claim); count it.
+
+    Two round trips: the claim (``compare_set``) and the count, made after the write so that rank 0
+    never reads a missing key. A process that finds its rank's key taken (a second claimer, or a
+    forger that came first) files its record under ``extra/<n>``, so rank 0 sees both claims.
+    """
+    record = checkin.to_json()
+    if bytes(store.compare_set(f"checkin/{checkin.rank}", "", record)) != record.encode():
+        store.set(f"extra/{int(store.add('extras', 1))}", record)
+    store.add("written", 1)
+
+
 def _await_verdict(
     store: Any, info: RankInfo, checkin: CheckIn, timeout: float, until: float
 ) -> Verdict:
     limit = min(time.monotonic() + timeout + VERDICT_GRACE_S, until)
-    if not wait_key(store, "verdict", limit, poll_cap(info.world_size)):
+    raw = wait_value(store, "verdict", limit, poll_cap(info.world_size))
+    if raw is None:
         raise RendezvousTimeoutError(
             info.launcher,
             f"rank {info.rank} checked in at {checkin.master} but rank 0 published no "
@@ -481,9 +528,7 @@ def _await_verdict(
             hint="rank 0 may have died or be stuck before init_dist; check its log",
         )
     try:
-        return parse_verdict(
-            "verdict", store.get("verdict"), scope=checkin.scope, world_size=info.world_size
-        )
+        return parse_verdict("verdict", raw, scope=checkin.scope, world_size=info.world_size)
     except ForeignRecordError as exc:
         raise RendezvousError(
             info.launcher,
@@ -494,34 +539,46 @@ def _await_verdict(
         ) from None
 
 
-def _records(store: Any, count: int) -> list[bytes | None]:
-    keys = [f"checkin/{i}" for i in range(1, count + 1)]
-    if int(store.add("arrived", 0)) == count and hasattr(store, "multi_get"):
-        # Every arrival wrote its record: fetch them all in one round trip.
-        return list(store.multi_get(keys))
-    return [store.get(key) if store.check([key]) else None for key in keys]
+def _read(store: Any, keys: list[str]) -> list[bytes | None]:
+    """Return the values of `keys` (None where absent): a multi_get per chunk when all are there."""
+    values: list[bytes | None] = []
+    for start in range(0, len(keys), CHUNK):
+        chunk = keys[start : start + CHUNK]
+        # multi_get waits for a missing key: ask first (one round trip per chunk).
+        if hasattr(store, "multi_get") and store.check(chunk):
+            values += [bytes(v) for v in store.multi_get(chunk)]
+        else:
+            values += [peek(store, key) for key in chunk]
+    return values
 
 
 def _gather(store: Any, info: RankInfo, scope: str, until: float) -> Verdict:
     world = info.world_size
     _wait_count(store, "written", world, until)
-    count = min(int(store.add("written", 0)), 10 * world)
+    complete = int(store.add("written", 0)) >= world
+    keys = [f"checkin/{rank}" for rank in range(world)]
+    extras = min(int(store.add("extras", 0)), MAX_EXTRA)
+    keys += [f"extra/{n}" for n in range(1, extras + 1)]
     checkins: list[CheckIn] = []
     foreign: list[Problem] = []
-    for arrival, raw in enumerate(_records(store, count), start=1):
+    for rank, (key, raw) in enumerate(zip(keys, _read(store, keys), strict=True)):
         if raw is None:
             continue
         try:
-            record = parse_checkin(f"checkin/{arrival}", raw)
+            record = parse_checkin(key, raw)
         except ForeignRecordError:
-            foreign.append(ForeignCheckIn(arrival))
+            foreign.append(ForeignCheckIn(key))
             continue
-        if record.scope != scope or record.world_size != world:
-            foreign.append(ForeignCheckIn(arrival))
+        if (
+            record.scope != scope
+            or record.world_size != world
+            or (rank < world and record.rank != rank)
+        ):
+            foreign.append(ForeignCheckIn(key))
             continue
         checkins.append(record)
     found = tuple(checkins)
-    if count < world:
+    if not complete:
         problems = [*foreign, missing_ranks(world, info.local_world_size, found)]
         return Verdict(False, tuple(problems), found, scope)
     problems = [*foreign, *validate(found, world)]
@@ -686,11 +743,11 @@ def read_states(
     """Return each rank's recorded ``(state, host)``, None where it wrote none (or garbage)."""
     states: dict[int, tuple[str, str] | None] = {}
     for rank in ranks:
-        key = _state_key(scope, settings, rank)
-        if not store.check([key]):
+        raw = peek(store, _state_key(scope, settings, rank))
+        if raw is None:
             states[rank] = None
             continue
-        state, _, host = store.get(key).decode("ascii", "replace").partition("@")
+        state, _, host = raw.decode("ascii", "replace").partition("@")
         valid = state in STATES and matches("hostname", host)
         states[rank] = (state, host) if valid else None
     return states

@@ -52,11 +52,12 @@ def _checked_in(store: Any, count: int) -> None:
         time.sleep(0.05)
 
 
-def _forge_record(store: Any, value: str | bytes) -> int:
-    arrival = int(store.add("arrived", 1))
-    store.set(f"checkin/{arrival}", value)
+def _forge_record(store: Any, value: str | bytes) -> str:
+    """Claim the absent rank 2's key, as its check-in would, and count it written."""
+    key = "checkin/2"
+    store.compare_set(key, "", value)
     store.add("written", 1)
-    return arrival
+    return key
 
 
 def _run(forge: Any) -> tuple[list[tuple[int, str]], float]:
@@ -132,18 +133,16 @@ def test_forged_ok_verdict_fails_within_the_bound() -> None:
 )
 def test_forged_record_is_named_never_parsed(value: str) -> None:
     """A forged check-in makes the count complete; rank 0 names it as foreign and rank 2 as missing."""
-    arrivals: list[int] = []
+    keys: list[str] = []
 
     def forge(store: Any, scope: str) -> None:
-        arrivals.append(_forge_record(store, value))
+        keys.append(_forge_record(store, value))
 
     results, elapsed = _run(forge)
     _no_forged_text(results)
     for _, out in results:
         assert "RendezvousTimeoutError" in out, out
-        assert (
-            f"the check-in record number {arrivals[0]} was not written by this job's distenv" in out
-        )
+        assert f"the check-in record under {keys[0]} was not written by this job's distenv" in out
         assert "did not check in" in out
         assert "rank 2" in out
     assert elapsed < TIMEOUT + GRACE_S + SLACK

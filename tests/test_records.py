@@ -188,7 +188,7 @@ def test_verdicts_round_trip_and_render_the_same_on_every_rank() -> None:
         Placement(0, ("a", "b")),
         SharedGpu("gpu000", "GPU-5a3e", (0, 1), 2),
         SharedLocalRank("gpu000", 0, 0, 2),
-        ForeignCheckIn(5),
+        ForeignCheckIn("checkin/5"),
     )
     kinds = {type(p) for p in problems}
     assert {Disagreement, ClaimedTwice, Missing, Placement, SharedGpu, ForeignCheckIn} <= kinds
@@ -210,7 +210,7 @@ def test_verdicts_round_trip_and_render_the_same_on_every_rank() -> None:
             "unknown code",
         ),
         (
-            {"scope": SCOPE, "ok": True, "problems": [{"code": "foreign", "arrival": 1}]},
+            {"scope": SCOPE, "ok": True, "problems": [{"code": "foreign", "key": "checkin/1"}]},
             "contradicts",
         ),
         ({"scope": SCOPE, "ok": False, "problems": []}, "contradicts"),

@@ -158,9 +158,9 @@ def test_store_round_trips_per_rank() -> None:
 
     0.1.0's roll call, per rank other than 0: add, set, add, get(verdict), add(read) and its polls
     of the verdict; rank 0: add, set, add, multi_get, add, set(verdict) and its polls of the
-    counts. Now the others read the scope (get, after polling for it) before writing and no longer
-    acknowledge an OK verdict; rank 0 claims the scope (compare_set) and publishes the verdict with
-    compare_set instead of set.
+    counts. Now the others peek at the scope before writing (one compare_set, `peek`), claim their
+    rank's key (compare_set), count themselves (add) and peek at the verdict, and no longer
+    acknowledge an OK verdict; rank 0 claims the scope and publishes the verdict with compare_set.
     """
     import datetime
     from collections import Counter
@@ -237,13 +237,15 @@ def test_store_round_trips_per_rank() -> None:
     assert all(isinstance(v, Verdict) and v.ok for v in verdicts.values()), verdicts
     for rank in range(1, world):
         ops = stores[rank].ops
-        polls = ops["check"]
-        # check(scope) and check(verdict) at least once each; everything else exactly:
-        assert polls >= 2
-        assert {k: v for k, v in ops.items() if k != "check"} == {"get": 2, "add": 2, "set": 1}
-        # 0.1.0: 5 round trips + its polls (>= 1); now 5 + polls (>= 2): one more at least poll.
-        assert sum(ops.values()) - polls == 5
+        # peek(scope), claim, count, peek(verdict): the peeks repeat while rank 0 is behind.
+        peeks = ops["compare_set"] - 1
+        assert peeks >= 2
+        assert {k: v for k, v in ops.items() if k != "compare_set"} == {"add": 1}
+        # 0.1.0: 5 round trips + its polls of the verdict (>= 1), so 6 at least; now 4 at least.
+        assert sum(ops.values()) - peeks == 2
     rank0 = stores[0].ops
-    assert rank0["compare_set"] == 2  # the scope claim (new) and the verdict (was a set)
-    assert rank0["set"] == 1  # its own check-in
+    # The scope claim, its own check-in's claim and the verdict (0.1.0: add, set, set).
+    assert rank0["compare_set"] == 3
+    assert rank0["set"] == 0
+    assert rank0["check"] == 1  # before the multi_get, which would wait for a missing key
     assert rank0["multi_get"] == 1
