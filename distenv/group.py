@@ -218,8 +218,8 @@ def group_up(
     try:
         mark(store, info, scope, settings, "up")
         if int(store.add(f"{keys}/count", 1)) == info.world_size:
-            store.set(f"{keys}/all", "1")  # the last one up tells everybody
-        if not wait_key(store, f"{keys}/all", deadline.waits_end, poll_cap(info.world_size)):
+            store.set(f"{keys}/all", "1")  # the last one up tells everybody, and need not look
+        elif not wait_key(store, f"{keys}/all", deadline.waits_end, poll_cap(info.world_size)):
             raise missing()
     except RuntimeError as exc:  # torch's DistError: the store went away
         raise lost_store(info, "after joining the group", exc) from None

@@ -168,7 +168,9 @@ def test_store_round_trips_per_rank() -> None:
     import torch.distributed as dist
     from torch.distributed import PrefixStore, TCPStore
 
-    from distenv.rendezvous import check_scope, claim_scope, prefix
+    from distenv.deadline import Deadline, Watch
+    from distenv.group import group_up
+    from distenv.rendezvous import check_scope, claim_scope, mark, prefix
     from distenv.settings import Settings
 
     class Counting(dist.Store):  # type: ignore[misc]
@@ -209,6 +211,7 @@ def test_store_round_trips_per_rank() -> None:
     }
     settings, scope = Settings(), "slurm/7/0/n4"
     verdicts: dict[int, object] = {}
+    rollcall_ops: dict[int, Counter[str]] = {}
 
     def rank_main(rank: int) -> None:
         info = RankInfo(
@@ -228,6 +231,12 @@ def test_store_round_trips_per_rank() -> None:
             timeout=30,
             until=time.monotonic() + 40,
         )
+        rollcall_ops[rank] = Counter(store.ops)
+        # #13's liveness check after init_process_group (the "joining" mark comes before it).
+        mark(store, info, scope, settings, "joining")
+        deadline = Deadline.start(30)
+        watch = Watch("the check that the group is up", deadline.at, lambda: TimeoutError())
+        group_up(watch, store, info, scope=scope, settings=settings, deadline=deadline, hosts={})
 
     threads = [threading.Thread(target=rank_main, args=(r,)) for r in range(world)]
     for t in threads:
@@ -237,13 +246,20 @@ def test_store_round_trips_per_rank() -> None:
     assert all(isinstance(v, Verdict) and v.ok for v in verdicts.values()), verdicts
     for rank in range(1, world):
         ops = stores[rank].ops
-        # peek(scope), claim, count, peek(verdict): the peeks repeat while rank 0 is behind.
-        peeks = ops["compare_set"] - 1
+        # Roll call: peek(scope), claim, count, peek(verdict); the peeks repeat while rank 0 is
+        # behind. Group-up: set(joining), set(up), add(count), then check(all) until the last.
+        peeks, polls = ops["compare_set"] - 1, ops["check"]
         assert peeks >= 2
-        assert {k: v for k, v in ops.items() if k != "compare_set"} == {"add": 1}
-        # 0.1.0: 5 round trips + its polls of the verdict (>= 1), so 6 at least; now 4 at least.
-        assert sum(ops.values()) - peeks == 2
-    rank0 = stores[0].ops
+        assert (polls >= 1) != (ops["set"] == 3)  # the last one up sets "all" and need not look
+        assert ops["add"] == 2
+        assert ops["set"] in (2, 3)
+        assert set(ops) <= {"compare_set", "add", "set", "check"}
+        # 0.1.0: 5 round trips + its polls of the verdict (>= 1), so 6 at least, for the roll
+        # call, and no group-up check. Now 4 at least for the roll call, 8 with the group-up
+        # check: 2 more than 0.1.0 in all.
+        assert rollcall_ops[rank].total() - (peeks - 2) == 4
+        assert sum(ops.values()) - (peeks - 2) - max(polls - 1, 0) <= 8
+    rank0 = rollcall_ops[0]
     # The scope claim, its own check-in's claim and the verdict (0.1.0: add, set, set).
     assert rank0["compare_set"] == 3
     assert rank0["set"] == 0
