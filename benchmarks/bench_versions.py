@@ -199,21 +199,21 @@ def materialise(name: str, rev: str, dest: Path) -> Side:
     return Side(name, rev, commit, dest)
 
 
-def snapshot(name: str, dest: Path) -> Side:
-    """Copy the working tree's distenv/ (as on disk, no bytecode) into `dest`; compile, lock.
+def snapshot(name: str, dest: Path, root: Path = REPO, label: str | None = None) -> Side:
+    """Copy `root`'s distenv/ (the working tree's: as on disk, no bytecode) into `dest`; compile, lock.
 
     A copy rather than PYTHONPATH=REPO: both sides then get the same treatment (fresh .pyc files,
     read-only, same file system), the ranks' inherited PYTHONDONTWRITEBYTECODE cannot make one
     side compile its sources at every launch, and edits made during the run do not leak into it.
     """
-    source = REPO / "distenv"
+    source = root / "distenv"
     if not (source / "__init__.py").is_file():
         raise SystemExit(f"bench_versions: no {source / '__init__.py'}")
     dest.mkdir()
     ignore = shutil.ignore_patterns("__pycache__", "*.pyc")
     shutil.copytree(source, dest / "distenv", ignore=ignore, symlinks=True)
     compile_and_lock(dest)
-    return Side(name, None, None, dest)
+    return Side(name, label, None, dest)
 
 
 def compile_and_lock(root: Path) -> None:
@@ -476,6 +476,12 @@ def main(argv: list[str] | None = None) -> int:
     p.set_defaults(out=DEFAULT_OUT)
     p.add_argument("--baseline", default=DEFAULT_BASELINE, help="git revision (default: 0.1.0)")
     p.add_argument("--candidate", help="git revision (default: the working tree's distenv/)")
+    p.add_argument(
+        "--baseline-dir",
+        type=Path,
+        help="a folder holding the baseline's distenv/ (e.g. `git archive REV distenv | tar -x`), "
+        "for a machine with no git history; --baseline then only labels it",
+    )
     p.add_argument("--import-pairs", type=int, help="default 200 (3 with --smoke)")
     p.add_argument("--bootstrap-pairs", type=int, help="per launcher; default 40 (2 with --smoke)")
     p.add_argument("--launchers", default="srun,torchrun", help="subset of srun,torchrun or ''")
@@ -505,7 +511,11 @@ def main(argv: list[str] | None = None) -> int:
     rng = random.Random(SEED)
     tmp = Path(tempfile.mkdtemp(prefix="distenv-versions-"))
     try:
-        baseline = materialise("baseline", args.baseline, tmp / "baseline")
+        baseline = (
+            materialise("baseline", args.baseline, tmp / "baseline")
+            if args.baseline_dir is None
+            else snapshot("baseline", tmp / "baseline", args.baseline_dir, label=args.baseline)
+        )
         candidate = (
             snapshot("candidate", tmp / "candidate")
             if args.candidate is None

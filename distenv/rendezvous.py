@@ -7,9 +7,11 @@ another job and nobody hangs silently:
 1. `connect_store`: rank 0 listens (on the MASTER_ADDR address where that is safe), the others
    connect within the rendezvous timeout; a listener that accepts connections but never answers as
    a store is named as such.
-2. `claim_scope` / `check_scope`: rank 0 writes this job's scope (`distenv.pipeline.Detection`)
+2. `claim_scope` / `ScopeCheck`: rank 0 writes this job's scope (`distenv.pipeline.Detection`)
    under the scope key right after creating the store; every other rank reads it before writing
-   anything and stops at once if it names another job (`StoreTakenError`). Every key this job
+   anything and stops at once if it names another job (`StoreTakenError`); if rank 0 has not
+   claimed it yet, the rank checks in under its own job's keys and confirms the scope before it
+   reads the verdict. Every key this job
    writes is under a prefix holding the scope (`prefix`), and every record carries it.
 3. `roll_call`: every rank claims its rank's key with its `CheckIn` (``compare_set``, so a second
    process claiming the same rank finds the key taken and files its record as an extra claim:
@@ -60,12 +62,9 @@ from distenv.master import host_port
 from distenv.rankinfo import RankInfo
 from distenv.records import (
     CheckIn,
-    ForeignCheckIn,
     ForeignRecordError,
-    Problem,
     Verdict,
     matches,
-    missing_ranks,
     parse_checkin,
     parse_scope,
     parse_verdict,
@@ -76,10 +75,12 @@ from distenv.settings import TIMEOUT_VAR, Settings
 if TYPE_CHECKING:
     from torch._C._distributed_c10d import Store
 
+    from distenv.problems import Problem
+
 __all__ = [
     "Presence",
+    "ScopeCheck",
     "check_in",
-    "check_scope",
     "claim_scope",
     "connect_store",
     "first_line",
@@ -205,11 +206,16 @@ def peek(store: Any, key: str) -> bytes | None:
     return None if value == _ABSENT else value
 
 
-def wait_value(store: Any, key: str, until: float, cap: float) -> bytes | None:
-    """Poll until `key` exists and return its value, or None once `until` passes."""
+def wait_value(
+    store: Any, key: str, until: float, cap: float, ready: Callable[[], bool] | None = None
+) -> bytes | None:
+    """Poll until `key` exists and return its value, or None once `until` passes.
+
+    With `ready`, each poll asks it first, and looks at `key` only once it has said True.
+    """
     pauses = _pauses(cap)
     while True:
-        value = peek(store, key)
+        value = peek(store, key) if ready is None or ready() else None
         if value is not None:
             return value
         if time.monotonic() >= until:
@@ -402,39 +408,67 @@ def claim_scope(store: Any, info: RankInfo, scope: str, settings: Settings) -> N
         _taken(info, key, found, scope)
 
 
-def check_scope(store: Any, info: RankInfo, scope: str, settings: Settings, until: float) -> None:
-    """Return once the store's scope key names this job (every rank but rank 0).
+class ScopeCheck:
+    """A rank's check that the store it reached is this job's (every rank but rank 0).
 
-    Raises:
-        StoreTakenError: If it names another job, or holds something distenv did not write.
-        RendezvousTimeoutError: If no scope was written by `until`.
+    `poll` peeks at the scope key: True once it holds this job's scope, False while it is absent,
+    `StoreTakenError` at once if it names another job. A rank checks once before writing anything
+    (rank 0 has usually claimed the key by then), then checks in even if the key is still absent:
+    its record lies under this job's own prefix, which no other job reads, and the wait for the
+    verdict goes on polling the scope first. So a rank 0 that arrives last finds everybody checked
+    in, instead of everybody waiting for its claim before checking in.
     """
-    key = scope_key(settings)
-    found = wait_value(store, key, until, poll_cap(info.world_size))
-    if found is None:
-        raise RendezvousTimeoutError(
+
+    def __init__(
+        self, store: Any, info: RankInfo, scope: str, settings: Settings, until: float
+    ) -> None:
+        self.store, self.info, self.scope, self.until = store, info, scope, until
+        self.key = scope_key(settings)
+        self.confirmed = False
+        self.wrote = False  # whether this rank has checked in (said in the error)
+
+    def poll(self) -> bool:
+        """Return whether the scope is confirmed; raise if another's, or absent at `until`."""
+        if self.confirmed:
+            return True
+        found = peek(self.store, self.key)
+        if found is None:
+            if time.monotonic() >= self.until:
+                raise self.absent()
+            return False
+        if found != self.scope.encode():
+            _taken(self.info, self.key, found, self.scope, wrote=self.wrote)
+        self.confirmed = True
+        return True
+
+    def absent(self) -> RendezvousTimeoutError:
+        info = self.info
+        return RendezvousTimeoutError(
             info.launcher,
             f"rank {info.rank} of {info.world_size} reached {master_address(info)}, but it is "
             "a store not started by distenv, or rank 0 stalled before claiming it (no scope "
-            f"written under {key!r})",
+            f"written under {self.key!r})",
             hint="check rank 0's log; if another program uses that port, give this job its own "
             "MASTER_PORT",
             variable="MASTER_PORT",
             value=str(info.master_port),
         )
-    if found != scope.encode():
-        _taken(info, key, found, scope)
 
 
-def _taken(info: RankInfo, key: str, found: bytes, scope: str) -> None:
+def _taken(info: RankInfo, key: str, found: bytes, scope: str, *, wrote: bool = False) -> None:
     try:
         other = f"another job's: {parse_scope(key, found)}"
     except ForeignRecordError:
         other = "not claimed by distenv"
+    written = (
+        "wrote only its check-in, under this job's own keys, which the other job never reads"
+        if wrote
+        else "wrote nothing there"
+    )
     raise StoreTakenError(
         info.launcher,
         f"rank {info.rank} of {info.world_size}: the store at {master_address(info)} is "
-        f"{other}; this job is {scope}. It did not join, and wrote nothing there",
+        f"{other}; this job is {scope}. It did not join, and {written}",
         hint="two jobs derived or were given the same MASTER_PORT on that host: export another "
         "MASTER_PORT for this job (or unset it where the launcher derives one), or start it "
         "when the other has ended",
@@ -454,6 +488,7 @@ def roll_call(
     timeout: float,
     until: float,
     check: bool = True,
+    scope_check: ScopeCheck | None = None,
 ) -> Verdict:
     """Check in, and on rank 0 gather, validate and publish; return the verdict or raise it.
 
@@ -464,12 +499,17 @@ def roll_call(
         timeout: Seconds rank 0 waits for everybody (others wait a little longer for the verdict).
         until: The monotonic time by which every wait here ends (the bootstrap's deadline).
         check: Raise when the verdict is negative (`distenv doctor` passes False to print it).
+        scope_check: A rank other than 0 whose scope is not confirmed yet: the wait for the
+            verdict confirms it first.
 
     Raises:
+        StoreTakenError: The scope key names another job (`scope_check`).
         RendezvousTimeoutError: Ranks missing (rank 0), or no verdict arrived (others).
         RendezvousError: The verdict found problems, or was not written by this job's rank 0.
     """
     check_in(store, checkin)
+    if scope_check is not None:
+        scope_check.wrote = True
     if info.rank == 0:
         verdict = _gather(store, info, checkin.scope, min(time.monotonic() + timeout, until))
         # The others need the outcome, not every record: a verdict carrying N check-ins, read by
@@ -489,7 +529,7 @@ def roll_call(
             arrived = len(verdict.checkins) - 1
             _wait_count(store, "read", arrived, min(time.monotonic() + VERDICT_GRACE_S, until))
     else:
-        verdict = _await_verdict(store, info, checkin, timeout, until)
+        verdict = _await_verdict(store, info, checkin, timeout, until, scope_check)
         if not verdict.ok or not check:
             store.add("read", 1)
     if check and not verdict.ok:
@@ -516,11 +556,19 @@ def check_in(store: Any, checkin: CheckIn) -> None:
 
 
 def _await_verdict(
-    store: Any, info: RankInfo, checkin: CheckIn, timeout: float, until: float
+    store: Any,
+    info: RankInfo,
+    checkin: CheckIn,
+    timeout: float,
+    until: float,
+    scope_check: ScopeCheck | None,
 ) -> Verdict:
     limit = min(time.monotonic() + timeout + VERDICT_GRACE_S, until)
-    raw = wait_value(store, "verdict", limit, poll_cap(info.world_size))
+    ready = None if scope_check is None else scope_check.poll
+    raw = wait_value(store, "verdict", limit, poll_cap(info.world_size), ready)
     if raw is None:
+        if scope_check is not None and not scope_check.confirmed:
+            raise scope_check.absent()
         raise RendezvousTimeoutError(
             info.launcher,
             f"rank {info.rank} checked in at {checkin.master} but rank 0 published no "
@@ -560,29 +608,35 @@ def _gather(store: Any, info: RankInfo, scope: str, until: float) -> Verdict:
     extras = min(int(store.add("extras", 0)), MAX_EXTRA)
     keys += [f"extra/{n}" for n in range(1, extras + 1)]
     checkins: list[CheckIn] = []
-    foreign: list[Problem] = []
+    foreign: list[str] = []
     for rank, (key, raw) in enumerate(zip(keys, _read(store, keys), strict=True)):
         if raw is None:
             continue
         try:
             record = parse_checkin(key, raw)
         except ForeignRecordError:
-            foreign.append(ForeignCheckIn(key))
+            foreign.append(key)
             continue
         if (
             record.scope != scope
             or record.world_size != world
             or (rank < world and record.rank != rank)
         ):
-            foreign.append(ForeignCheckIn(key))
+            foreign.append(key)
             continue
         checkins.append(record)
     found = tuple(checkins)
+    if complete and not foreign:
+        problems = validate(found, world)
+        return Verdict(not problems, tuple(problems), found, scope)
+    from distenv.problems import ForeignCheckIn, missing_ranks
+
+    named: list[Problem] = [ForeignCheckIn(key) for key in foreign]
     if not complete:
-        problems = [*foreign, missing_ranks(world, info.local_world_size, found)]
-        return Verdict(False, tuple(problems), found, scope)
-    problems = [*foreign, *validate(found, world)]
-    return Verdict(not problems, tuple(problems), found, scope)
+        named.append(missing_ranks(world, info.local_world_size, found))
+    else:
+        named += validate(found, world)
+    return Verdict(False, tuple(named), found, scope)
 
 
 def make_checkin(
@@ -654,12 +708,14 @@ def meet_in(
 
     watch.enter("the roll call", deadline.at, stalled)
     try:
+        scope_check = None
         if info.rank == 0:
             claim_scope(store, info, scope, settings)
         else:
-            check_scope(
+            scope_check = ScopeCheck(
                 store, info, scope, settings, min(start + deadline.timeout, deadline.waits_end)
             )
+            scope_check.poll()  # another job's store: refused before writing anything
         verdict = roll_call(
             PrefixStore(prefix(scope, phase, settings), store),
             info,
@@ -667,6 +723,7 @@ def meet_in(
             timeout=deadline.timeout,
             until=deadline.waits_end,
             check=check,
+            scope_check=scope_check,
         )
     except RuntimeError as exc:  # torch's DistError: the store went away
         raise lost_store(info, "during the roll call", exc) from None

@@ -14,17 +14,19 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from distenv.records import (
-    MAX_CHECKIN_BYTES,
-    CheckIn,
+from distenv.problems import (
     ClaimedTwice,
     Disagreement,
     ForeignCheckIn,
-    ForeignRecordError,
     Missing,
     Placement,
     SharedGpu,
     SharedLocalRank,
+)
+from distenv.records import (
+    MAX_CHECKIN_BYTES,
+    CheckIn,
+    ForeignRecordError,
     Verdict,
     parse_checkin,
     parse_scope,

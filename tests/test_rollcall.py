@@ -170,7 +170,7 @@ def test_store_round_trips_per_rank() -> None:
 
     from distenv.deadline import Deadline, Watch
     from distenv.group import group_up
-    from distenv.rendezvous import check_scope, claim_scope, mark, prefix
+    from distenv.rendezvous import ScopeCheck, claim_scope, mark, prefix
     from distenv.settings import Settings
 
     class Counting(dist.Store):  # type: ignore[misc]
@@ -219,17 +219,19 @@ def test_store_round_trips_per_rank() -> None:
             local_world_size=2, node_rank=rank // 2, num_nodes=2,
             master_addr="127.0.0.1", master_port=port,
         )  # fmt: skip
-        store = stores[rank]
+        store, scope_check = stores[rank], None
         if rank == 0:
             claim_scope(store, info, scope, settings)
         else:
-            check_scope(store, info, scope, settings, time.monotonic() + 30)
+            scope_check = ScopeCheck(store, info, scope, settings, time.monotonic() + 30)
+            scope_check.poll()
         verdicts[rank] = roll_call(
             PrefixStore(prefix(scope, "rollcall", settings), store),
             info,
             checkin(rank, world),
             timeout=30,
             until=time.monotonic() + 40,
+            scope_check=scope_check,
         )
         rollcall_ops[rank] = Counter(store.ops)
         # #13's liveness check after init_process_group (the "joining" mark comes before it).
@@ -265,3 +267,98 @@ def test_store_round_trips_per_rank() -> None:
     assert rank0["set"] == 0
     assert rank0["check"] == 1  # before the multi_get, which would wait for a missing key
     assert rank0["multi_get"] == 1
+
+
+def _scoped_stores(world: int) -> tuple[object, dict[int, object], int]:
+    import datetime
+
+    from torch.distributed import TCPStore
+
+    port = free_port("127.0.0.1")
+    timeout = datetime.timedelta(seconds=30)
+    server = TCPStore("127.0.0.1", port, world, True, timeout=timeout, wait_for_workers=False)
+    clients = {r: TCPStore("127.0.0.1", port, world, False) for r in range(1, world)}
+    return server, clients, port
+
+
+def _info(rank: int, world: int, port: int) -> RankInfo:
+    return RankInfo(
+        launcher="slurm", rank=rank, world_size=world, local_rank=rank % 2,
+        local_world_size=2, node_rank=rank // 2, num_nodes=world // 2,
+        master_addr="127.0.0.1", master_port=port,
+    )  # fmt: skip
+
+
+def test_ranks_check_in_before_a_late_rank_0_claims_the_scope() -> None:
+    """Rank 0 arrives last: the others have checked in by then (they did not wait for its claim),
+    confirm the scope once it is there, and pass; rank 0 finds the count complete at once."""
+    from torch.distributed import PrefixStore
+
+    from distenv.rendezvous import ScopeCheck, claim_scope, prefix
+    from distenv.settings import Settings
+
+    world, settings, scope = 4, Settings(), "slurm/8/0/n4"
+    server, clients, port = _scoped_stores(world)
+    rollcall = prefix(scope, "rollcall", settings)
+    verdicts: dict[int, object] = {}
+
+    def rank_main(rank: int) -> None:
+        store = clients[rank]
+        scope_check = ScopeCheck(
+            store, _info(rank, world, port), scope, settings, time.monotonic() + 30
+        )
+        assert not scope_check.poll()  # rank 0 has not claimed yet
+        try:
+            verdicts[rank] = roll_call(
+                PrefixStore(rollcall, store), _info(rank, world, port), checkin(rank, world),
+                timeout=30, until=time.monotonic() + 40, scope_check=scope_check,
+            )  # fmt: skip
+        except Exception as exc:
+            verdicts[rank] = exc
+
+    threads = [threading.Thread(target=rank_main, args=(r,)) for r in range(1, world)]
+    for t in threads:
+        t.start()
+    written = PrefixStore(rollcall, server)
+    deadline = time.monotonic() + 30
+    while int(written.add("written", 0)) < world - 1:
+        assert time.monotonic() < deadline, "ranks 1-3 waited for rank 0 before checking in"
+        time.sleep(0.01)
+    claim_scope(server, _info(0, world, port), scope, settings)
+    verdicts[0] = roll_call(
+        written, _info(0, world, port), checkin(0, world), timeout=30, until=time.monotonic() + 40
+    )
+    for t in threads:
+        t.join(60)
+    assert all(isinstance(v, Verdict) and v.ok for v in verdicts.values()), verdicts
+
+
+def test_a_scope_claimed_by_another_job_after_check_in_is_refused() -> None:
+    """The key was absent when rank 1 looked, then another job's rank 0 claimed it: rank 1 stops
+    with StoreTakenError, saying it wrote only its check-in under its own job's keys."""
+    from torch.distributed import PrefixStore
+
+    from distenv.errors import StoreTakenError
+    from distenv.rendezvous import ScopeCheck, claim_scope, prefix
+    from distenv.settings import Settings
+
+    world, settings, scope = 2, Settings(), "slurm/9/0/n2"
+    server, clients, port = _scoped_stores(world)
+    store = clients[1]
+    scope_check = ScopeCheck(store, _info(1, world, port), scope, settings, time.monotonic() + 30)
+    assert not scope_check.poll()
+    other = threading.Timer(
+        0.3, lambda: claim_scope(server, _info(0, world, port), "slurm/10/0/n2", settings)
+    )
+    other.start()
+    start = time.monotonic()
+    with pytest.raises(StoreTakenError) as refused:
+        roll_call(
+            PrefixStore(prefix(scope, "rollcall", settings), store), _info(1, world, port),
+            checkin(1, world), timeout=30, until=time.monotonic() + 40, scope_check=scope_check,
+        )  # fmt: skip
+    other.join()
+    assert time.monotonic() - start < 5
+    message = str(refused.value)
+    assert "is another job's: slurm/10/0/n2; this job is slurm/9/0/n2" in message
+    assert "wrote only its check-in, under this job's own keys" in message

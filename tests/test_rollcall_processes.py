@@ -11,7 +11,9 @@ import time
 
 import pytest
 
-from distenv.rendezvous import listen_address
+from distenv.pipeline import explain
+from distenv.rendezvous import job_scope, listen_address, prefix
+from distenv.settings import Settings
 from tests._spawn import REPO, contract_env, free_port
 
 CHILD = r"""
@@ -197,7 +199,8 @@ def test_listen_address_rule(host: str, resolved: str, expected: str) -> None:
 
 
 def test_a_store_not_started_by_distenv_is_named() -> None:
-    """A torch store that no distenv rank 0 claimed: rank 1 says so at its timeout, joins nothing."""
+    """A torch store that no distenv rank 0 claimed: rank 1 says so at its timeout, joins nothing,
+    and wrote nothing outside its own job's keys."""
     import datetime
 
     from torch.distributed import TCPStore
@@ -211,4 +214,10 @@ def test_a_store_not_started_by_distenv_is_named() -> None:
     assert "it is a store not started by distenv, or rank 0 stalled before claiming it" in out
     assert time.monotonic() - began < 3.0 + 10
     assert not other.check(["distenv/scope/0"])
-    assert other.num_keys() <= 1  # nothing of the rank's was written (the count key at most)
+    # What the rank wrote lies under its own job's prefix, which no other job reads: its check-in
+    # and its count (the store's own count key besides).
+    ours = prefix(
+        job_scope(explain("pytorch", contract_env(1, 2, port)).scope, 2), "rollcall", Settings()
+    )
+    assert other.check([f"{ours}/checkin/1", f"{ours}/written"])
+    assert other.num_keys() <= 3

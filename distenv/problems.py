@@ -1,0 +1,401 @@
+"""The roll call's problems: structured, validated when read, rendered by each rank's own templates.
+
+Imported only when there is a problem to build, publish or read: a healthy roll call never loads
+it (its classes cost about a millisecond to create, inside every rank's bootstrap). Pure, like
+`distenv.records`: no torch, no store, no process state.
+"""
+
+from collections import Counter, defaultdict
+from collections.abc import Iterable, Sequence
+from operator import attrgetter
+from typing import Any, NamedTuple
+
+from distenv.records import (
+    AGREED,
+    MAX_PID,
+    MAX_RANK,
+    MAX_SHOWN,
+    CheckIn,
+    ForeignRecordError,
+    _Fields,
+    matches,
+)
+
+__all__ = [
+    "CODES",
+    "ClaimedTwice",
+    "Disagreement",
+    "ForeignCheckIn",
+    "Missing",
+    "Placement",
+    "Problem",
+    "SharedGpu",
+    "SharedLocalRank",
+    "claimed_twice",
+    "disagreement",
+    "expected_hosts",
+    "missing_ranks",
+    "parse_problem",
+    "placements",
+    "problem_json",
+    "shared_gpus",
+    "shared_local_ranks",
+]
+
+
+def _shown(ranks: Sequence[int]) -> tuple[tuple[int, ...], int]:
+    ordered = sorted(ranks)
+    return tuple(ordered[:MAX_SHOWN]), len(ordered)
+
+
+def _ranks_text(shown: Sequence[int], total: int) -> str:
+    text = ", ".join(str(r) for r in shown[:8])
+    return text + (f", ... ({total} in all)" if total > 8 else "")
+
+
+def _rank_list(fields: _Fields, name: str, world: int) -> tuple[int, ...]:
+    ranks = fields.items(name)
+    if not all(type(r) is int and 0 <= r < world for r in ranks):
+        raise ForeignRecordError(fields.key, f"field {name!r} is not a list of ranks")
+    return tuple(ranks)
+
+
+def _host_list(fields: _Fields, name: str) -> tuple[str, ...]:
+    hosts = fields.items(name)
+    if not all(matches("hostname", h) for h in hosts):
+        raise ForeignRecordError(fields.key, f"field {name!r} is not a list of host names")
+    return tuple(hosts)
+
+
+class Missing(NamedTuple):
+    """Ranks that did not check in: each named with the hosts it was expected on."""
+
+    total: int
+    world_size: int
+    ranks: tuple[int, ...]
+    hosts: tuple[tuple[str, ...], ...]
+    nodes: tuple[int | None, ...]
+
+    def describe(self, timeout: float) -> str:
+        lines = []
+        for rank, hosts, node in zip(self.ranks, self.hosts, self.nodes, strict=True):
+            where = ", ".join(hosts) if hosts else (f"node {node}" if node is not None else "")
+            lines.append(f"rank {rank} (expected on {where or 'an unknown host'})")
+        more = f" and {self.total - len(self.ranks)} more" if self.total > len(self.ranks) else ""
+        return (
+            f"{self.total} of {self.world_size} ranks did not check in within {timeout:.0f} s: "
+            + ", ".join(lines)
+            + more
+        )
+
+    @classmethod
+    def parse(cls, fields: "_Fields", world: int) -> "Missing":
+        ranks = _rank_list(fields, "ranks", world)
+        hosts_raw = fields.items("hosts")
+        nodes_raw = fields.items("nodes")
+        if len(hosts_raw) != len(ranks) or len(nodes_raw) != len(ranks):
+            raise ForeignRecordError(fields.key, "ranks, hosts and nodes differ in length")
+        hosts = []
+        for entry in hosts_raw:
+            if not isinstance(entry, list) or len(entry) > MAX_SHOWN:
+                raise ForeignRecordError(fields.key, "hosts is not a list of host lists")
+            if not all(matches("hostname", h) for h in entry):
+                raise ForeignRecordError(fields.key, "hosts is not a list of host lists")
+            hosts.append(tuple(entry))
+        if not all(n is None or (type(n) is int and 0 <= n < world) for n in nodes_raw):
+            raise ForeignRecordError(fields.key, "nodes is not a list of node indexes")
+        total = fields.integer("total", len(ranks), world + 1)
+        return cls(
+            total,
+            fields.integer("world_size", world, world + 1),
+            ranks,
+            tuple(hosts),
+            tuple(nodes_raw),
+        )
+
+
+class Disagreement(NamedTuple):
+    """Ranks that disagree on one of the `AGREED` fields: each value with its ranks."""
+
+    field: str
+    values: tuple[str | int, ...]
+    ranks: tuple[tuple[int, ...], ...]
+    totals: tuple[int, ...]
+
+    def describe(self, timeout: float) -> str:
+        parts = "; ".join(
+            f"{value!r} on ranks {_ranks_text(ranks, total)}"
+            for value, ranks, total in zip(self.values, self.ranks, self.totals, strict=True)
+        )
+        return f"ranks disagree on {self.field}: {parts}"
+
+    @classmethod
+    def parse(cls, fields: "_Fields", world: int) -> "Disagreement":
+        field = fields.data["field"]
+        if field not in AGREED:
+            raise ForeignRecordError(fields.key, "field 'field' names no agreed field")
+        values = fields.items("values")
+        if field == "world_size":
+            if not all(type(v) is int and 0 < v <= MAX_RANK for v in values):
+                raise ForeignRecordError(fields.key, "values are not world sizes")
+        elif not all(matches(field, v) for v in values):
+            raise ForeignRecordError(fields.key, f"values do not match the pattern of {field}")
+        groups = fields.items("ranks")
+        totals = fields.items("totals")
+        if len(groups) != len(values) or len(totals) != len(values):
+            raise ForeignRecordError(fields.key, "values, ranks and totals differ in length")
+        ranks = []
+        for group, total in zip(groups, totals, strict=True):
+            if not isinstance(group, list) or len(group) > MAX_SHOWN:
+                raise ForeignRecordError(fields.key, "ranks is not a list of rank lists")
+            if not all(type(r) is int and 0 <= r < world for r in group):
+                raise ForeignRecordError(fields.key, "ranks is not a list of rank lists")
+            if type(total) is not int or not len(group) <= total <= MAX_RANK:
+                raise ForeignRecordError(fields.key, "totals are not counts")
+            ranks.append(tuple(group))
+        return cls(field, tuple(values), tuple(ranks), tuple(totals))
+
+
+class ClaimedTwice(NamedTuple):
+    """One rank claimed by several processes: each claim's pid and host."""
+
+    rank: int
+    pids: tuple[int, ...]
+    hosts: tuple[str, ...]
+
+    def describe(self, timeout: float) -> str:
+        who = ", ".join(f"pid {p} on {h}" for p, h in zip(self.pids, self.hosts, strict=True))
+        return f"rank {self.rank} was claimed by {len(self.pids)} processes ({who})"
+
+    @classmethod
+    def parse(cls, fields: "_Fields", world: int) -> "ClaimedTwice":
+        pids = fields.items("pids")
+        if not all(type(p) is int and 0 < p <= MAX_PID for p in pids):
+            raise ForeignRecordError(fields.key, "pids are not process ids")
+        hosts = _host_list(fields, "hosts")
+        if len(hosts) != len(pids):
+            raise ForeignRecordError(fields.key, "pids and hosts differ in length")
+        return cls(fields.integer("rank", 0, world), tuple(pids), hosts)
+
+
+class SharedLocalRank(NamedTuple):
+    """Several ranks of one host and node with the same local rank."""
+
+    host: str
+    node: int
+    local_rank: int
+    sharing: int
+
+    def describe(self, timeout: float) -> str:
+        return (
+            f"{self.sharing} ranks on {self.host} (node {self.node}) share local rank "
+            f"{self.local_rank}"
+        )
+
+    @classmethod
+    def parse(cls, fields: "_Fields", world: int) -> "SharedLocalRank":
+        return cls(
+            fields.text("host", "hostname"),
+            fields.integer("node", 0, world),
+            fields.integer("local_rank", 0, world),
+            fields.integer("sharing", 2, MAX_RANK),
+        )
+
+
+class Placement(NamedTuple):
+    """MPI ranks assumed on one node (by-node placement) that run on several hosts."""
+
+    node: int
+    hosts: tuple[str, ...]
+
+    def describe(self, timeout: float) -> str:
+        return (
+            f"MPI ranks assumed on node {self.node} (by-node placement) run on "
+            f"{list(self.hosts)}: the job does not place ranks node by node; export "
+            "MASTER_ADDR and use --map-by node-compatible placement"
+        )
+
+    @classmethod
+    def parse(cls, fields: "_Fields", world: int) -> "Placement":
+        return cls(fields.integer("node", 0, world), _host_list(fields, "hosts"))
+
+
+class SharedGpu(NamedTuple):
+    """Ranks of one host driving the same physical GPU without having allowed it."""
+
+    host: str
+    device: str
+    ranks: tuple[int, ...]
+    total: int
+
+    def describe(self, timeout: float) -> str:
+        return (
+            f"ranks {_ranks_text(self.ranks, self.total)} on {self.host} drive the same GPU "
+            f"({self.device}); give each rank its own GPU or pass allow_gpu_sharing=True"
+        )
+
+    @classmethod
+    def parse(cls, fields: "_Fields", world: int) -> "SharedGpu":
+        ranks = _rank_list(fields, "ranks", world)
+        return cls(
+            fields.text("host", "hostname"),
+            fields.text("device"),
+            ranks,
+            fields.integer("total", len(ranks), MAX_RANK + 1),
+        )
+
+
+class ForeignCheckIn(NamedTuple):
+    """A check-in under this job's keys that this job's distenv did not write."""
+
+    key: str
+
+    def describe(self, timeout: float) -> str:
+        return (
+            f"the check-in record under {self.key} was not written by this job's distenv "
+            "(malformed, oversized, of another job's scope or under another rank's key): a "
+            "process that is not part of this job wrote to rank 0's store"
+        )
+
+    @classmethod
+    def parse(cls, fields: "_Fields", world: int) -> "ForeignCheckIn":
+        return cls(fields.text("key", "record_key"))
+
+
+Problem = (
+    Missing | Disagreement | ClaimedTwice | SharedLocalRank | Placement | SharedGpu | ForeignCheckIn
+)
+#: Each problem's code in the published verdict.
+CODES: dict[type, str] = {
+    Missing: "missing",
+    Disagreement: "disagree",
+    ClaimedTwice: "claimed",
+    SharedLocalRank: "local_rank",
+    Placement: "placement",
+    SharedGpu: "gpu",
+    ForeignCheckIn: "foreign",
+}
+_PROBLEMS: dict[str, Any] = {code: kind for kind, code in CODES.items()}
+
+
+def problem_json(problem: Problem) -> dict[str, Any]:
+    return {"code": CODES[type(problem)], **problem._asdict()}
+
+
+def parse_problem(key: str, data: object, world: int) -> Problem:
+    if not isinstance(data, dict) or data.get("code") not in _PROBLEMS:
+        raise ForeignRecordError(key, "a problem with an unknown code")
+    kind = _PROBLEMS[data["code"]]
+    body = {k: v for k, v in data.items() if k != "code"}
+    problem: Problem = kind.parse(_Fields(key, body, frozenset(kind._fields)), world)
+    return problem
+
+
+# ---- the slow paths of `distenv.records.validate`: called once a fast check has found a problem --
+
+
+def disagreement(checkins: Sequence[CheckIn], field: str) -> Disagreement:
+    """Return how the ranks disagree on `field`: each value (the first `MAX_SHOWN`) with its ranks."""
+    of = attrgetter(field)
+    values: dict[Any, list[int]] = defaultdict(list)
+    for c in checkins:
+        values[of(c)].append(c.rank)
+    ordered = sorted(values.items(), key=lambda item: str(item[0]))[:MAX_SHOWN]
+    return Disagreement(
+        field,
+        tuple(value for value, _ in ordered),
+        tuple(_shown(ranks)[0] for _, ranks in ordered),
+        tuple(len(ranks) for _, ranks in ordered),
+    )
+
+
+def claimed_twice(checkins: Sequence[CheckIn]) -> list[Problem]:
+    """Return a `ClaimedTwice` for each rank that several check-ins claim."""
+    by_rank: dict[int, list[CheckIn]] = defaultdict(list)
+    for c in checkins:
+        by_rank[c.rank].append(c)
+    return [
+        ClaimedTwice(
+            rank,
+            tuple(c.pid for c in same[:MAX_SHOWN]),
+            tuple(c.hostname for c in same[:MAX_SHOWN]),
+        )
+        for rank, same in sorted(by_rank.items())
+        if len(same) > 1
+    ]
+
+
+def shared_local_ranks(places: Sequence[tuple[str, int, int]]) -> list[Problem]:
+    """Return a `SharedLocalRank` for each (host, node, local rank) that several ranks hold."""
+    return [
+        SharedLocalRank(host, node, local_rank, count)
+        for (host, node, local_rank), count in sorted(Counter(places).items())
+        if count > 1
+    ]
+
+
+def placements(node_hosts: Iterable[tuple[int, str]]) -> list[Problem]:
+    """Return a `Placement` for each node that MPI ranks assumed on it find on several hosts."""
+    hosts_of_node: dict[int, set[str]] = defaultdict(set)
+    for node, host in node_hosts:
+        hosts_of_node[node].add(host)
+    return [
+        Placement(node, tuple(sorted(hosts))[:MAX_SHOWN])
+        for node, hosts in sorted(hosts_of_node.items())
+        if len(hosts) > 1
+    ]
+
+
+def shared_gpus(on_gpus: Sequence[CheckIn]) -> list[Problem]:
+    """Return a `SharedGpu` for each GPU that several ranks of a host drive without allowing it."""
+    devices: dict[tuple[str, str], list[int]] = defaultdict(list)
+    allowed: dict[tuple[str, str], bool] = defaultdict(lambda: True)
+    for c in on_gpus:
+        if c.device is not None:
+            devices[(c.hostname, c.device)].append(c.rank)
+            allowed[(c.hostname, c.device)] &= c.allow_gpu_sharing
+    problems: list[Problem] = []
+    for (host, device), ranks in sorted(devices.items()):
+        if len(ranks) > 1 and not allowed[(host, device)]:
+            shown, total = _shown(ranks)
+            problems.append(SharedGpu(host, device, shown, total))
+    return problems
+
+
+def expected_hosts(
+    rank: int, world_size: int, local_world_size: int, arrived: Sequence[CheckIn]
+) -> tuple[tuple[str, ...], int | None]:
+    """Return where a missing rank should run: the hosts of its node's arrivals, and the node."""
+    node = rank // local_world_size if world_size % local_world_size == 0 else None
+    hosts = sorted({c.hostname for c in arrived if node is not None and c.node_rank == node})
+    return tuple(hosts[:MAX_SHOWN]), node
+
+
+def _missing(
+    missing: Sequence[int],
+    world_size: int,
+    arrived: Sequence[CheckIn],
+    local_world_size: int | None,
+) -> Missing:
+    named = list(missing)[:MAX_SHOWN]
+    local = local_world_size or (arrived[0].local_world_size if arrived else 1)
+    places = [expected_hosts(r, world_size, local, arrived) for r in named]
+    return Missing(
+        len(missing),
+        world_size,
+        tuple(named),
+        tuple(hosts for hosts, _ in places),
+        tuple(node for _, node in places),
+    )
+
+
+def missing_ranks(
+    world_size: int, local_world_size: int | None, arrived: Sequence[CheckIn]
+) -> Missing:
+    """Return the `Missing` problem for the ranks of ``0..world_size-1`` that did not arrive.
+
+    `local_world_size` places them on nodes; None takes the arrivals' own.
+    """
+    seen = {c.rank for c in arrived}
+    absent = [r for r in range(world_size) if r not in seen]
+    return _missing(absent, world_size, arrived, local_world_size)
