@@ -113,10 +113,12 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     # Two ranks per core on a laptop: intra-op threads would only fight each other.
     torch.set_num_threads(1)
+    # --8<-- [start:watch]
     if args.checkpoint is not None:
         # Before init_dist: a warning that arrives while the ranks meet is not lost.
         distenv.watch_preemption([args.warning_signal])
     info = distenv.init_dist(args.launcher, seed=args.seed)
+    # --8<-- [end:watch]
     device = (
         torch.device("cuda", torch.cuda.current_device()) if dist.get_backend() == "nccl" else None
     )
@@ -129,6 +131,7 @@ def main(argv: list[str] | None = None) -> int:
     generator = torch.Generator().manual_seed(args.seed + 1000 * info.rank)
     target_weights = torch.linspace(-1, 1, 16)
 
+    # --8<-- [start:loop]
     start = 0
     if args.checkpoint is not None and info.restart_count > 0:
         start = load_checkpoint(args.checkpoint, info.rank, model, optimizer, generator)
@@ -145,6 +148,7 @@ def main(argv: list[str] | None = None) -> int:
                 distenv.requeue()  # a barrier first: every rank's checkpoint is written
             dist.destroy_process_group()
             return 0
+        # --8<-- [end:loop]
         time.sleep(args.step_time)
         inputs = torch.randn(args.batch_size, 16, generator=generator)
         targets = (inputs @ target_weights).unsqueeze(1)
