@@ -17,7 +17,7 @@ import subprocess
 import time
 from collections.abc import Iterable, Mapping
 from types import FrameType
-from typing import TYPE_CHECKING, NoReturn
+from typing import TYPE_CHECKING, Any, NoReturn
 
 from distenv.comm import barrier, get_dist_info
 from distenv.errors import ConfigurationError, RequeueError
@@ -78,7 +78,7 @@ class Preemption:
         self.requested = False
         self._calls = 0
         self._previous: dict[signal.Signals, object] = {}
-        self._flag: torch.Tensor | None = None
+        self._pending: tuple[Any, torch.Tensor] | None = None  # (torch's Work, its tensor)
 
     def _on_signal(self, signum: int, frame: FrameType | None) -> None:
         # A Python handler runs between bytecodes of the main thread: a collective in flight
@@ -111,16 +111,29 @@ class Preemption:
         return local
 
     def _agree(self, local: bool) -> bool:
+        """Return the group's answer to the previous ask; start this ask's all-reduce.
+
+        Asynchronous, so that the all-reduce overlaps the next step instead of adding its latency
+        to this one: every rank reads the result of the same collective at the same call, so the
+        answer still agrees, one ask later.
+        """
         import torch
         import torch.distributed as dist
 
-        if self._flag is None:
+        agreed = False
+        if self._pending is not None:
+            work, flag = self._pending
+            work.wait()
+            agreed = bool(flag.item())
+        if not agreed:
             on_gpu = dist.get_backend() == "nccl"
             device = torch.device("cuda", torch.cuda.current_device()) if on_gpu else None
-            self._flag = torch.zeros(1, dtype=torch.int32, device=device)
-        self._flag.fill_(int(local))
-        dist.all_reduce(self._flag, op=dist.ReduceOp.MAX)
-        return bool(self._flag.item())
+            flag = torch.full((1,), int(local), dtype=torch.int32, device=device)
+            work = dist.all_reduce(flag, op=dist.ReduceOp.MAX, async_op=True)
+            self._pending = (work, flag)
+        else:
+            self._pending = None
+        return agreed
 
 
 _watch: Preemption | None = None
