@@ -2,8 +2,8 @@
 
 Nothing here runs on import. `watch_preemption` installs a handler for the warning signal that
 only notes its arrival; `stop_requested`, called by every rank at the same step boundary, reduces
-the ranks' notes (MAX over the default process group), so every rank stops at the same step even
-when the signal reached only some of them. `requeue` then puts the job back in the queue: every
+the ranks' notes (MAX over the default process group, overlapped with the next step), so every
+rank stops at the same step even when the signal reached only some of them. `requeue` then puts the job back in the queue: every
 rank enters a barrier after writing its checkpoint, rank 0 runs the scheduler's command once, and
 the scheduler ends the run. docs/preemption.md has the recipes per scheduler.
 """
@@ -171,8 +171,9 @@ def watch_preemption(signals: Iterable[str | int] = ("USR1",), *, every: int = 1
 def stop_requested() -> bool:
     """Return whether a warning signal reached any rank: call it on every rank at each step.
 
-    A collective over the default process group (one 4-byte all-reduce; without a group, this
-    process's own flag). Once true it stays true.
+    A collective over the default process group: one 4-byte all-reduce, started without waiting
+    and read at the next ask, so a warning is seen one ask after it arrived, at the same step on
+    every rank (without a group: this process's own flag, at once). Once true it stays true.
 
     Raises:
         ConfigurationError: If `watch_preemption` was not called first.
