@@ -14,6 +14,7 @@ import os
 import shlex
 import signal
 import subprocess
+import threading
 import time
 from collections.abc import Iterable, Mapping
 from types import FrameType
@@ -87,7 +88,17 @@ class Preemption:
             self.received = signal.Signals(signum)
 
     def install(self) -> None:
-        """Install the handler for `signals` (remembering what was there)."""
+        """Install the handler for `signals` (remembering what was there).
+
+        Raises:
+            ConfigurationError: Outside the main thread, where Python cannot install handlers.
+        """
+        if threading.current_thread() is not threading.main_thread():
+            raise ConfigurationError(
+                "preempt",
+                f"watch_preemption() was called in thread {threading.current_thread().name!r}",
+                hint="call it in the main thread (Python runs signal handlers there only)",
+            )
         for sig in self.signals:
             self._previous[sig] = signal.signal(sig, self._on_signal)
 
@@ -151,7 +162,8 @@ def watch_preemption(signals: Iterable[str | int] = ("USR1",), *, every: int = 1
         every: Ask the process group on every `every`-th `stop_requested` call only.
 
     Raises:
-        ConfigurationError: On a signal other than those, or `every` below 1.
+        ConfigurationError: On a signal other than those, `every` below 1, or outside the main
+            thread.
     """
     global _watch
     chosen = tuple(dict.fromkeys(_signal(s) for s in signals))
@@ -161,11 +173,13 @@ def watch_preemption(signals: Iterable[str | int] = ("USR1",), *, every: int = 1
             f"watch_preemption(signals={list(signals)!r}, every={every!r}) watches nothing",
             hint="name at least one of USR1, USR2, TERM and an every of 1 or more",
         )
+    watch = Preemption(chosen, every)
     if _watch is not None:
         _watch.uninstall()
-    _watch = Preemption(chosen, every)
-    _watch.install()
-    return _watch
+        _watch = None
+    watch.install()
+    _watch = watch
+    return watch
 
 
 def stop_requested() -> bool:

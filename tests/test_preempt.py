@@ -12,6 +12,7 @@ import signal
 import stat
 import subprocess
 import sys
+import threading
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -137,6 +138,24 @@ def test_watch_refuses_signals_it_cannot_handle(
     with pytest.raises(ConfigurationError, match="USR1, USR2"):
         watch_preemption(signals)
     assert signal.getsignal(signal.SIGUSR1) is before
+
+
+def test_watch_outside_the_main_thread_is_refused(watch_reset: None) -> None:
+    """Python installs signal handlers in the main thread only: say so, not a bare ValueError."""
+    caught: list[BaseException] = []
+
+    def watch() -> None:
+        try:
+            watch_preemption(["USR1"])
+        except BaseException as exc:  # handed to the main thread
+            caught.append(exc)
+
+    thread = threading.Thread(target=watch, name="loader")
+    thread.start()
+    thread.join(timeout=30)
+    assert len(caught) == 1
+    assert isinstance(caught[0], ConfigurationError)
+    assert "thread 'loader'" in str(caught[0])
 
 
 def test_stop_requested_needs_a_watch(watch_reset: None) -> None:
