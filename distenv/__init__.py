@@ -28,6 +28,7 @@ if TYPE_CHECKING:
     )
     from distenv.init import init_dist, setup
     from distenv.log import get_logger
+    from distenv.preempt import requeue, stop_requested, watch_preemption
     from distenv.seeding import seed_everything
     from distenv.spawn import launch
 
@@ -51,6 +52,9 @@ _LAZY = frozenset(
         "get_logger",
         "seed_everything",
         "launch",
+        "requeue",
+        "stop_requested",
+        "watch_preemption",
     }
 )
 
@@ -72,6 +76,10 @@ def _load(name: str) -> Any:
         from distenv import seeding
 
         return seeding.seed_everything
+    if name in ("requeue", "stop_requested", "watch_preemption"):
+        from distenv import preempt
+
+        return getattr(preempt, name)
     if name == "launch":
         from distenv import spawn
 
@@ -111,7 +119,10 @@ __all__ = [
     "is_main_process",
     "launch",
     "master_only",
+    "requeue",
     "resolve",
     "seed_everything",
     "setup",
+    "stop_requested",
+    "watch_preemption",
 ]

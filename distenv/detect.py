@@ -110,10 +110,17 @@ def choose(launcher: str, env: Mapping[str, str]) -> Choice:
         for c in candidates
     ]
     try:
-        return _choose(name, env, detected, notes)
+        choice = _choose(name, env, detected, notes)
     except DistEnvError as exc:
         exc.considered = tuple(notes)
         raise
+    # A restart at any layer counts: a requeued sbatch job restarts the torchrun, mpirun or
+    # `distenv run` inside it, whose own count starts again at 0.
+    layers = {id(c): c for c in (*detected, choice.launcher, choice.owner)}
+    restarts = sum(layer.restart_count(env) for layer in layers.values())
+    if restarts != choice.info.restart_count:
+        choice = choice._replace(info=choice.info.replace(restart_count=restarts))
+    return choice
 
 
 def _choose(

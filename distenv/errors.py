@@ -25,6 +25,7 @@ __all__ = [
     "NotLaunchedError",
     "RendezvousError",
     "RendezvousTimeoutError",
+    "RequeueError",
     "StoreTakenError",
     "WorkerFailedError",
 ]
@@ -132,6 +133,10 @@ class RendezvousTimeoutError(RendezvousError):
 
 class StoreTakenError(RendezvousError):
     """The store at the master's port belongs to another job (or is no distenv store at all)."""
+
+
+class RequeueError(DistEnvError):
+    """The job could not be requeued: no scheduler to ask, or its command failed."""
 
 
 class WorkerFailedError(DistEnvError):

@@ -23,6 +23,7 @@ JSON_FIELDS = (
     "master_addr",
     "master_port",
     "job_id",
+    "restart_count",
 )
 
 
@@ -72,6 +73,9 @@ def check_fields(
     addr = fields["master_addr"]
     if addr is not None and (not isinstance(addr, str) or not addr):
         fail(f"{label('master_addr')} is not a host name")
+    restarts = fields.get("restart_count", 0)
+    if type(restarts) is not int or restarts < 0:
+        fail(f"{label('restart_count')} is not a non-negative int")
 
 
 # torchrun's environment contract (torch.distributed.run, "Environment Variables"), in the order
@@ -110,6 +114,10 @@ class RankInfo:
             MPI master (or a single process's free port) is resolved by `distenv.resolve`.
         master_port: Port of rank 0's store; ``None`` under the same condition.
         job_id: The scheduler's job id, when there is one.
+        restart_count: How many times the launcher restarted this job or rank before this run:
+            Slurm's ``SLURM_RESTART_COUNT`` (after a requeue), torchrun's
+            ``TORCHELASTIC_RESTART_COUNT``, 1 when LSF's ``LSB_RESTART`` is ``Y``; else 0. A
+            training script resumes from its checkpoint when it is above 0.
     """
 
     launcher: str
@@ -122,6 +130,7 @@ class RankInfo:
     master_addr: str | None
     master_port: int | None
     job_id: str | None = None
+    restart_count: int = 0
 
     def __post_init__(self) -> None:
         # to_dict, not dataclasses.asdict: every field is a scalar, and asdict's recursive deep
@@ -131,7 +140,7 @@ class RankInfo:
     @classmethod
     def checked(cls, launcher: str, sources: Mapping[str, str], **fields: Any) -> RankInfo:
         """Build a RankInfo whose validation errors name the variables in `sources`."""
-        check_fields(launcher, {"job_id": None, **fields}, sources)
+        check_fields(launcher, {"job_id": None, "restart_count": 0, **fields}, sources)
         return cls(launcher=launcher, **fields)
 
     @classmethod
@@ -142,6 +151,7 @@ class RankInfo:
         master_addr: str | None = "127.0.0.1",
         master_port: int | None = None,
         job_id: str | None = None,
+        restart_count: int = 0,
     ) -> RankInfo:
         """Return rank 0 of a 1-process world."""
         return cls(
@@ -155,6 +165,7 @@ class RankInfo:
             master_addr=master_addr,
             master_port=master_port,
             job_id=job_id,
+            restart_count=restart_count,
         )
 
     @property

@@ -92,3 +92,11 @@ def test_fault_matrix_records_the_silent_listener() -> None:
     assert rec["measured_s"] <= rec["bound_s"]
     assert "not answering as a torch store" in rec["excerpt"]
     assert rec["survivors"] == []
+
+
+def test_preempt_benchmark_times_the_step_with_and_without_the_check() -> None:
+    """Two ranks run train.py's step plain and with `stop_requested()`; no stop is ever seen."""
+    data = smoke("bench_preempt.py")
+    assert set(data["methods"]) == {"plain", "check", "check_10"}
+    assert all(m["p50"] > 0 for m in data["methods"].values())
+    assert data["methods"]["plain"]["overhead_vs_plain"] == 0

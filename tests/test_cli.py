@@ -45,8 +45,19 @@ def test_info_json_is_one_object_with_stable_fields_and_types() -> None:
         "master_addr": "n1",
         "master_port": data["master_port"],
         "job_id": slurm.SRUN_2N_4T[2]["SLURM_JOB_ID"],
+        "restart_count": 0,
     }
     assert isinstance(data["master_port"], int)
+
+
+def test_info_shows_the_restart_count_after_a_requeue() -> None:
+    """A requeued Slurm job (SLURM_RESTART_COUNT=1) says so in both `info` forms."""
+    env = {**slurm.SRUN_2N_4T[2], "SLURM_RESTART_COUNT": "1"}
+    data = json.loads(run_cli("info", "--json", env=env).stdout)
+    assert data["restart_count"] == 1
+    table = run_cli("info", env=env)
+    assert table.returncode == 0, table.stderr
+    assert any(line.split() == ["restart_count", "1"] for line in table.stdout.splitlines())
 
 
 def test_info_no_resolve_prints_null_master_for_mpi() -> None:

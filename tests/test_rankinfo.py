@@ -18,6 +18,7 @@ GOOD = {
     "master_addr": "node01",
     "master_port": 12345,
     "job_id": "77",
+    "restart_count": 0,
 }
 
 
@@ -58,6 +59,8 @@ def test_to_dict_has_the_stable_json_fields_in_order() -> None:
         ({"master_addr": ""}, "master_addr='' is not a host name"),
         ({"rank": "5"}, "rank='5' is not an int"),
         ({"rank": True}, "rank=True is not an int"),
+        ({"restart_count": -1}, "restart_count=-1 is not a non-negative int"),
+        ({"restart_count": "1"}, "restart_count='1' is not a non-negative int"),
     ],
 )
 def test_invalid_fields_are_refused(change: dict[str, object], message: str) -> None:

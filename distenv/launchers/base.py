@@ -81,6 +81,22 @@ class Launcher(abc.ABC):
         as given; leave them None to let `distenv.master` decide (from `default_master`).
         """
 
+    def restart_count(self, env: Mapping[str, str]) -> int:
+        """Return how many times this launcher restarted the job or rank before (0: first run).
+
+        A launcher that restarts nothing keeps the default; `rank_info` fills
+        `RankInfo.restart_count` from it, and an MPI job inside a scheduler's allocation takes
+        the scheduler's.
+        """
+        return 0
+
+    def requeue_command(self, env: Mapping[str, str]) -> list[str] | None:
+        """Return the argument list that puts this job back in the queue, or None if it can't.
+
+        Only a `Scheduler` answers (`distenv.requeue` runs it on one rank); others return None.
+        """
+        return None
+
     def placed_rank_info(self, env: Mapping[str, str], nodes: Nodes | None) -> RankInfo:
         """Return the `RankInfo` when an enclosing scheduler's daemon step numbers the nodes.
 

@@ -29,7 +29,8 @@ class LsfLauncher(Scheduler):
     | variable | fills | required |
     |---|---|---|
     | LSB_JOBID | job_id, detection | yes |
-    | LSB_JOBINDEX | master_port (array element), scope | no |
+    | LSB_JOBINDEX | master_port (array element), scope, requeue target | no |
+    | LSB_RESTART | restart_count: 1 when "Y" (a flag, not a count) | no |
     | PMIX_NAMESPACE | scope: one jsrun step | no |
     | JSM_NAMESPACE_RANK | rank | under jsrun |
     | JSM_NAMESPACE_SIZE | world_size | under jsrun |
@@ -50,6 +51,7 @@ class LsfLauncher(Scheduler):
     variables = (
         Var("LSB_JOBID", "job_id", "yes", "the LSF job id; its presence means an LSF job"),
         Var("LSB_JOBINDEX", "master_port", "no", "array element index (0 outside arrays)"),
+        Var("LSB_RESTART", "restart_count", "no", "'Y' in a restarted (requeued) job: 1"),
         Var("PMIX_NAMESPACE", "(scope)", "no", "jsrun's PMIx namespace: one jsrun step"),
         Var("JSM_NAMESPACE_RANK", "rank", "under jsrun", "global rank"),
         Var("JSM_NAMESPACE_SIZE", "world_size", "under jsrun", "number of ranks"),
@@ -185,7 +187,22 @@ class LsfLauncher(Scheduler):
             master_addr=None,
             master_port=None,
             job_id=job_id,
+            restart_count=self.restart_count(env),
         )
+
+    def restart_count(self, env: Mapping[str, str]) -> int:
+        # LSB_RESTART is a flag, not a count (LSF "Environment variables reference"): "Y" in a
+        # job restarted by brequeue or as rerunnable.
+        return 1 if self.reader(env).get("LSB_RESTART") == "Y" else 0
+
+    def requeue_command(self, env: Mapping[str, str]) -> list[str] | None:
+        reader = self.reader(env)
+        job = reader.get("LSB_JOBID")
+        if job is None:
+            return None
+        # An array element is JOBID[INDEX]; the bare id would requeue every element (brequeue(1)).
+        index = reader.get("LSB_JOBINDEX")
+        return ["brequeue", f"{job}[{index}]" if index not in (None, "0") else job]
 
     def _outside_jsrun(self, reader: Reader, job_id: str, slots: list[tuple[str, int]]) -> RankInfo:
         total = sum(count for _, count in slots)
@@ -198,4 +215,9 @@ class LsfLauncher(Scheduler):
                 variable="JSM_NAMESPACE_RANK",
             )
         warn("lsf: job %s has one slot; running as rank 0 of 1", job_id)
-        return RankInfo.single(self.name, master_addr=None, job_id=job_id)
+        return RankInfo.single(
+            self.name,
+            master_addr=None,
+            job_id=job_id,
+            restart_count=self.restart_count(reader.env),
+        )

@@ -48,6 +48,8 @@ class SlurmLauncher(Scheduler):
     | SLURM_STEP_NUM_NODES (SLURM_NNODES, SLURM_JOB_NUM_NODES) | num_nodes | in a step |
     | SLURM_STEP_NODELIST (SLURM_NODELIST, SLURM_JOB_NODELIST) | master_addr (first host) | in a step |
     | SLURM_DISTRIBUTION | arbitrary/plane need MASTER_ADDR | no |
+    | SLURM_RESTART_COUNT | restart_count (unset on the first run: 0) | no |
+    | SLURM_ARRAY_JOB_ID, SLURM_ARRAY_TASK_ID | requeue: the array element's own id | no |
     | MASTER_ADDR, MASTER_PORT, DISTENV_SCOPE, DISTENV_MASTER_ADDR_FORMAT | master | no |
 
     The master (`default_master`) is the step's first host and `scheduler_port` of the job and step;
@@ -85,6 +87,14 @@ class SlurmLauncher(Scheduler):
             "no",
             "task distribution; with 'arbitrary' or 'plane' MASTER_ADDR is required",
         ),
+        Var(
+            "SLURM_RESTART_COUNT",
+            "restart_count",
+            "no",
+            "times the job was requeued; unset on its first run (sbatch(1))",
+        ),
+        Var("SLURM_ARRAY_JOB_ID", "(requeue)", "no", "an array's job id (not the element's)"),
+        Var("SLURM_ARRAY_TASK_ID", "(requeue)", "no", "this array element's index"),
         *MASTER_VARS,
     )
 
@@ -97,6 +107,21 @@ class SlurmLauncher(Scheduler):
         if step is None or (step > MAX_NORMAL_STEP_ID and step != INTERACTIVE_STEP_ID):
             return None
         return step
+
+    def restart_count(self, env: Mapping[str, str]) -> int:
+        return self.reader(env).optional_int("SLURM_RESTART_COUNT") or 0
+
+    def requeue_command(self, env: Mapping[str, str]) -> list[str] | None:
+        reader = self.reader(env)
+        job = reader.first(*JOB_ID)
+        if job is None:
+            return None
+        # One array element's SLURM_JOB_ID equals SLURM_ARRAY_JOB_ID, and `scontrol requeue`
+        # given that id requeues the whole array (measured: its sibling was cancelled "DUE TO JOB
+        # REQUEUE"). ARRAY_ID_TASK_ID names the element alone (scontrol(1), "JOB ARRAYS").
+        array, task = reader.get("SLURM_ARRAY_JOB_ID"), reader.get("SLURM_ARRAY_TASK_ID")
+        target = f"{array}_{task}" if array and task else job[1]
+        return ["scontrol", "requeue", target]
 
     def world(self, env: Mapping[str, str]) -> World | None:
         reader = self.reader(env)
@@ -212,6 +237,7 @@ class SlurmLauncher(Scheduler):
             master_addr=None,
             master_port=None,
             job_id=job_id,
+            restart_count=self.restart_count(env),
         )
 
     def _outside_step(self, reader: Reader, job_id: str) -> RankInfo:
@@ -234,4 +260,9 @@ class SlurmLauncher(Scheduler):
             job_id,
             ntasks or "no stated",
         )
-        return RankInfo.single(self.name, master_addr=None, job_id=job_id)
+        return RankInfo.single(
+            self.name,
+            master_addr=None,
+            job_id=job_id,
+            restart_count=self.restart_count(reader.env),
+        )

@@ -34,7 +34,7 @@ class TorchrunLauncher(Launcher):
     | variable | fills | required |
     |---|---|---|
     | TORCHELASTIC_RUN_ID | job_id, scope, detection | or the full set below |
-    | TORCHELASTIC_RESTART_COUNT | scope | no |
+    | TORCHELASTIC_RESTART_COUNT | restart_count, scope | no |
     | DISTENV_RUN_ID | job_id, scope (distenv run's ranks) | no |
     | RANK | rank | yes |
     | WORLD_SIZE | world_size | yes |
@@ -55,7 +55,12 @@ class TorchrunLauncher(Launcher):
     aliases = ("torchrun",)
     variables = (
         Var("TORCHELASTIC_RUN_ID", "job_id", "or the full set", "torchrun's --rdzv-id"),
-        Var("TORCHELASTIC_RESTART_COUNT", "(scope)", "no", "torchrun's restart number"),
+        Var(
+            "TORCHELASTIC_RESTART_COUNT",
+            "restart_count, (scope)",
+            "no",
+            "torchrun's restart number (--max-restarts)",
+        ),
         Var(RUN_ID_VAR, "job_id", "no", "distenv run's run id (--run-id, else drawn)"),
         Var("RANK", "rank", "yes", "global rank"),
         Var("WORLD_SIZE", "world_size", "yes", "number of processes"),
@@ -149,4 +154,8 @@ class TorchrunLauncher(Launcher):
             master_addr=addr,
             master_port=port,
             job_id=self._run_id(reader),
+            restart_count=self.restart_count(env),
         )
+
+    def restart_count(self, env: Mapping[str, str]) -> int:
+        return self.reader(env).optional_int("TORCHELASTIC_RESTART_COUNT") or 0

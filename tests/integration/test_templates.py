@@ -26,7 +26,6 @@ from tests.integration.helpers import (
     Harness,
     Result,
     check_world,
-    parse_records,
     wait_all,
 )
 
@@ -45,7 +44,8 @@ def test_slurm_templates_submitted_unmodified(harness: Harness) -> None:
 
     single_node: 4 tasks, one fake GPU each (device 0), and once running examples/train.py for real;
     multi_node: 2 nodes x 2 tasks; multi_node_torchrun: one torchrun per node, each task seeing both
-    GPUs (device == local rank); requeue_array: two elements, each a full 4-rank run;
+    GPUs (device == local rank); the requeue templates run examples/train.py through a requeue in
+    test_preemption.py;
     mpi/mpirun_hostfile.sh: mpirun from a batch script over a hostfile written from the allocation.
     """
     check = {"TRAIN": str(RANK_CHECK)}
@@ -61,14 +61,12 @@ def test_slurm_templates_submitted_unmodified(harness: Harness) -> None:
         harness.sbatch(slurm / "multi_node_torchrun.sbatch", cluster="multi",
                        options=["--gpus-per-node=2", "--cpus-per-task=4"], export=check,
                        label="torchrun"),
-        harness.sbatch(slurm / "requeue_array.sbatch", cluster="one", options=["--array=0-1"],
-                       export=check, label="array"),
         harness.sbatch(SCRIPTS / "mpi" / "mpirun_hostfile.sh", cluster="multi",
                        options=["-N", "2", "--ntasks-per-node", "2"],
                        export={**check, "MPIRUN": "mpirun.openmpi"},
                        env=harness.env("multi", ompi=True), label="mpirun"),
     ]  # fmt: skip
-    single, train, multi, torchrun, array, mpirun = wait_all(launches)
+    single, train, multi, torchrun, mpirun = wait_all(launches)
 
     recs = check_world(single, launcher="slurm", layouts=ONE_NODE)
     assert sorted(r["cuda_visible_devices"] for r in recs) == ["0", "1", "2", "3"], recs
@@ -84,15 +82,6 @@ def test_slurm_templates_submitted_unmodified(harness: Harness) -> None:
     recs = check_world(torchrun, launcher="pytorch", layouts=TWO_BY_TWO)
     assert {r["cuda_visible_devices"] for r in recs} == {"0,1"}, recs
     assert [r["device"] for r in recs] == [0, 1, 0, 1]
-
-    array.ok()
-    outs = {name: body for name, body in array.files.items() if name.endswith(".out")}
-    assert sorted(name.rsplit("-", 1)[1] for name in outs) == ["0.out", "1.out"], array.text
-    for name, body in outs.items():
-        recs = parse_records(body)
-        check_world(Result([name], 0, body, "", 0.0), launcher="slurm", layouts=ONE_NODE)
-        assert re.search(r"^requeue_array: element [01] of job \d+, run 0$", body, re.M), body
-        assert {r["device"] for r in recs} == {0}
 
     recs = check_world(mpirun, launcher="mpi", layouts=TWO_BY_TWO)
     assert len({r["hostname"] for r in recs}) == 2
