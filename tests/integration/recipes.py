@@ -98,11 +98,4 @@ def check(result: Result, out: Path, world_size: int = 2) -> list[dict[str, Any]
     return recs
 
 
-def gpu_count() -> int:
-    """Return how many CUDA devices this machine shows (0 without torch.cuda)."""
-    import torch
-
-    return torch.cuda.device_count() if torch.cuda.is_available() else 0
-
-
-__all__ = ["ON_CPU", "check", "docs_code", "gpu_count", "launch", "script"]
+__all__ = ["ON_CPU", "check", "docs_code", "launch", "script"]
