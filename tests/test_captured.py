@@ -205,3 +205,59 @@ def test_every_captured_environment_detects_without_unexpected_errors() -> None:
                         detect("auto", env)
                     except DistEnvError:
                         assert name.startswith(("SBATCH_BATCH", "SALLOC_SHELL")), name
+
+
+# ---- What the pages state as measured, read from the captures --------------------------------
+
+
+def test_measured_srun_pmi_layers() -> None:
+    """docs/start/slurm.md: pmix sets PMIX_RANK without a size; pmi2 PMI_RANK and PMI_SIZE only."""
+    for rank, env in enumerate(slurm.SRUN_PMIX_4):
+        assert env["PMIX_RANK"] == str(rank)
+        assert "PMIX_SIZE" not in env
+        assert env["SLURM_STEP_ID"] == "0"
+    for rank, env in enumerate(slurm.SRUN_PMI2_4):
+        assert sorted(k for k in env if k.startswith("PMI_")) == ["PMI_RANK", "PMI_SIZE"]
+        assert (env["PMI_RANK"], env["PMI_SIZE"]) == (str(rank), "4")
+        assert env["SLURM_STEP_ID"] == "0"
+
+
+def test_measured_step_subset_nodelists() -> None:
+    """docs/start/slurm.md: in srun_subset_r2 the job's nodelist is n[1-4], the step's n[3-4]."""
+    for env in slurm.SRUN_SUBSET_R2:
+        assert (env["SLURM_NODELIST"], env["SLURM_STEP_NODELIST"]) == ("n[1-4]", "n[3-4]")
+
+
+def test_measured_torchrun_master() -> None:
+    """docs/start/torchrun.md: torchrun's MASTER_PORT is not 29500, its MASTER_ADDR localhost."""
+    for env in torchrun.TORCHRUN_4:
+        assert env["MASTER_ADDR"] == "localhost"
+        assert env["MASTER_PORT"] != "29500"
+
+
+def test_measured_mpi_in_allocation_slurm_vars() -> None:
+    """docs/start/mpi.md's table: inside an allocation the ranks' SLURM_* describe the daemons."""
+    nodeids = {
+        name: [env.get("SLURM_NODEID") for env in envs]
+        for name, envs in [
+            ("ompi_in_salloc_2n", mpi.OMPI_IN_SALLOC_2N),
+            ("hydra_in_salloc_2n", mpi.HYDRA_IN_SALLOC_2N),
+            ("hydra_in_sbatch", mpi.HYDRA_IN_SBATCH),
+        ]
+    }
+    assert nodeids == {
+        "ompi_in_salloc_2n": ["0", "0", "0", "1"],
+        "hydra_in_salloc_2n": ["0", "0", "0", "1"],
+        "hydra_in_sbatch": ["0", "0", "1", "1"],
+    }
+    # Open MPI in a batch script: the first node's ranks carry the batch step (no step id), the
+    # second node's a daemon step of that node alone (step-relative node id 0).
+    steps = [(env.get("SLURM_STEP_ID"), env.get("SLURM_NODEID")) for env in mpi.OMPI_IN_SBATCH]
+    assert steps == [(None, "0"), (None, "0"), ("0", "0"), ("0", "0")]
+    for envs in (
+        mpi.OMPI_IN_SALLOC_2N,
+        mpi.HYDRA_IN_SALLOC_2N,
+        mpi.OMPI_IN_SBATCH,
+        mpi.HYDRA_IN_SBATCH,
+    ):
+        assert {env["SLURM_PROCID"] for env in envs} <= {"0", "1"}  # daemons, not the 4 ranks

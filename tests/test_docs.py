@@ -13,6 +13,7 @@ import pytest
 import distenv.errors
 from distenv.launchers import BUILTIN
 from distenv.master import PORT_LOW, PORT_SPAN, PORT_STRIDE, scheduler_port
+from tests import docblocks
 
 DOCS = Path(__file__).resolve().parent.parent / "docs"
 
@@ -123,3 +124,56 @@ def test_settings_table_lists_every_setting() -> None:
     names = _table_names(hooks.render_settings_table())
     assert [v.name for v in SETTINGS] == names[-len(SETTINGS) :]
     assert names[:2] == ["DISTENV_SCOPE", "DISTENV_MASTER_ADDR_FORMAT"]
+
+
+@pytest.mark.parametrize("block", docblocks.python_blocks(), ids=lambda b: b.where)
+def test_every_recipe_block_is_run_or_says_why_not(block: docblocks.Block) -> None:
+    """A Python block of docs/start/ or migration.md names the tests that run it, or why none does."""
+    assert block.kind is not None, (
+        f"{block.where}: a Python block needs '<!-- run: tests/...::test_name -->' or "
+        "'<!-- not-run: reason -->' on the line before it"
+    )
+    if block.kind == "not-run":
+        assert len(block.arg.split()) >= 3, f"{block.where}: say why the block is not run"
+    for test_id in block.tests:
+        assert docblocks.names_a_test(test_id), f"{block.where}: no test {test_id}"
+
+
+@pytest.mark.parametrize("page", docblocks.recipe_pages(), ids=lambda p: p.name)
+def test_every_checked_claim_names_its_test(page: Path) -> None:
+    """A "checked with"/"tested with"/"measured" paragraph names the existing tests behind it."""
+    for claim in docblocks.claims(page):
+        assert claim.backed_by, (
+            f"{claim.where}: {claim.text[:80]!r}... says it was checked; add "
+            "'<!-- backed-by: tests/...::test_name -->' naming the test that checks it"
+        )
+        for test_id in claim.backed_by:
+            assert docblocks.names_a_test(test_id), f"{claim.where}: no test {test_id}"
+
+
+def test_a_run_marker_is_read_by_the_test_it_names() -> None:
+    """`recipe` finds a test's blocks, and refuses a test that no block names."""
+    assert docblocks.recipe("tests/integration/test_recipes.py::test_accelerate")
+    with pytest.raises(LookupError, match="no python block"):
+        docblocks.recipe("tests/integration/test_recipes.py::test_nothing")
+
+
+def test_claim_and_marker_parsing() -> None:
+    """An unmarked block and an unbacked claim are found; markers render to nothing."""
+    page = DOCS.parent / ".pytest-docblocks.md"
+    page.write_text(
+        "Measured here.\n\n```python\nx = 1\n```\n\nChecked with X.\n"
+        "<!-- backed-by: tests/test_docs.py::test_claim_and_marker_parsing -->\n",
+        encoding="utf-8",
+    )
+    try:
+        found = docblocks.blocks(page)
+        claims = docblocks.claims(page)
+    finally:
+        page.unlink()
+    assert [(b.lang, b.kind, b.code) for b in found] == [("python", None, "x = 1\n")]
+    assert [(c.line, c.backed_by) for c in claims] == [
+        (1, []),
+        (7, ["tests/test_docs.py::test_claim_and_marker_parsing"]),
+    ]
+    assert hooks.expand_markers("a<!-- not-run: needs detectron2 -->b") == "ab"

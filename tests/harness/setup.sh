@@ -3,7 +3,9 @@
 #
 #   packages  munge, Slurm 22.05, Open MPI 4.1, MPICH 4.0, shellcheck (apt)
 #   venv      $REPO/.venv: torch==2.13.0 (CPU wheel from /opt/wheels), python-hostlist, mpi4py,
-#             pytest, hypothesis, ruff, mypy, then distenv itself (editable) when it exists
+#             pytest, hypothesis, ruff, mypy, then distenv itself (editable) when it exists, with
+#             the frameworks of the docs recipes (setup.cfg's `frameworks` extra: Lightning,
+#             accelerate, DeepSpeed, mmengine), torch held by tests/harness/constraints.txt
 #   mpich     $STATE/mpich-lib: libmpi.so.12 -> libmpich.so.12, so mpi4py's wheel runs on MPICH
 #   munge     munged, started without systemd
 #   slurm     cluster "one":   one node named $(hostname), 8 CPUs, 4 fake GPUs
@@ -82,7 +84,7 @@ have_pkg=no
 stamp_key=$(
     {
         echo "torch==2.13.0 ${PIP_BASE[*]} pkg=$have_pkg"
-        cat "$REPO/setup.cfg" "$REPO/pyproject.toml" 2>/dev/null || true
+        cat "$REPO/setup.cfg" "$REPO/pyproject.toml" "$HERE/constraints.txt" 2>/dev/null || true
     } | sha256sum | cut -d' ' -f1
 )
 stamp=$VENV/.distenv-setup-stamp
@@ -100,9 +102,14 @@ else
     log "venv: pip install ${PIP_BASE[*]}"
     "${pip[@]}" "${PIP_BASE[@]}"
     if [[ $have_pkg == yes ]]; then
-        # Last, so that it adds nothing but distenv itself.
-        log "venv: pip install -e ${REPO}[mpi,test,lint,docs]"
-        "${pip[@]}" -e "${REPO}[mpi,test,lint,docs]"
+        # Last: distenv itself and its extras.
+        # The constraints hold torch at the CPU wheel, in the build environments too (DeepSpeed
+        # is an sdist).
+        log "venv: pip install -e ${REPO}[mpi,test,lint,docs,frameworks]"
+        PIP_CONSTRAINT=$HERE/constraints.txt "${pip[@]}" -c "$HERE/constraints.txt" \
+            -e "${REPO}[mpi,test,lint,docs,frameworks]"
+        "$VENV/bin/python" -c 'import torch; assert torch.__version__ == "2.13.0+cpu", torch.__version__' \
+            || die "the venv's torch is no longer the CPU wheel 2.13.0"
     else
         log "venv: $REPO/distenv/__init__.py missing; distenv itself not installed (re-run later)"
     fi

@@ -177,6 +177,14 @@ class Harness:
         }
         self._dirs = 0
 
+    @classmethod
+    def local(cls, work: Path) -> Harness:
+        """Return a harness for launches on this machine alone (`distenv run`, `python`).
+
+        It needs neither the Slurm clusters nor MPI, so tests that use it need no setup.sh run.
+        """
+        return cls({"DISTENV_TEST_SLURM_ONE": "", "DISTENV_TEST_SLURM_MULTI": ""}, work)
+
     def env(
         self,
         cluster: str | None = None,
