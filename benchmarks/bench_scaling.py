@@ -102,6 +102,7 @@ def rollcall(sizes: list[int], repeats: int) -> dict[str, Any]:
     out: dict[str, Any] = {"store": "TCPStore (libuv)" if master.libuvBackend else "TCPStore"}
     out["torch"] = torch.__version__
     out["poll_s"] = getattr(rollcall_module, "POLL_S", None)
+    out["chunk"] = getattr(rollcall_module, "CHUNK", None)
     for n in sizes:
         info = RankInfo(
             launcher="slurm",
