@@ -4,8 +4,8 @@
 # allocation the master is the allocation's first host, elsewhere distenv asks rank 0 over MPI
 # (pip install 'distenv[mpi]' for mpi4py).
 #
-#   HOSTFILE=hosts.txt scripts/mpi/mpirun_hostfile.sh [train args...]     # NP = sum of slots
-#   sbatch -N 2 --ntasks-per-node 4 scripts/mpi/mpirun_hostfile.sh        # hostfile from Slurm
+#   TRAIN=train.py HOSTFILE=hosts.txt scripts/mpi/mpirun_hostfile.sh [train args...]  # NP = sum of slots
+#   sbatch -N 2 --ntasks-per-node 4 --export=ALL,TRAIN=train.py scripts/mpi/mpirun_hostfile.sh
 #
 # hosts.txt, Open MPI syntax (MPICH's mpiexec -f wants "node01:4" instead):
 #   node01 slots=4
@@ -15,7 +15,7 @@
 # node holds the same number of ranks (it derives node_rank from the local size).
 set -euo pipefail
 
-TRAIN=${TRAIN:-examples/train.py}
+TRAIN=${TRAIN:?set TRAIN to your training script, e.g. TRAIN=train.py HOSTFILE=hosts.txt ...}
 LAUNCHER=${LAUNCHER:-mpi}
 MPIRUN=${MPIRUN:-mpirun}
 

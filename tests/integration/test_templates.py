@@ -54,6 +54,7 @@ def test_slurm_templates_submitted_unmodified(harness: Harness) -> None:
         harness.sbatch(slurm / "single_node.sbatch", cluster="one",
                        export={**check, "LAUNCHER": "auto"}, label="single"),
         harness.sbatch(slurm / "single_node.sbatch", cluster="one", label="train",
+                       export={"TRAIN": str(REPO / "examples" / "train.py")},
                        args=["--steps", "5"]),
         # multi: 2 fake GPUs and 4 CPUs per node.
         harness.sbatch(slurm / "multi_node.sbatch", cluster="multi",
@@ -110,6 +111,30 @@ def test_templates_pass_bash_n_and_shellcheck() -> None:
     lint = subprocess.run([shellcheck, "--shell=bash", *map(str, TEMPLATES)], capture_output=True,
                           text=True, timeout=60, check=False)  # fmt: skip
     assert lint.returncode == 0, lint.stdout + lint.stderr
+
+
+STARTERS = ("srun", "mpirun", "mpiexec", "jsrun", "torchrun", "python", "scontrol")
+
+
+@pytest.mark.parametrize("template", TEMPLATES, ids=lambda p: p.name)
+def test_templates_require_train(tmp_path: Path, template: Path) -> None:
+    """Every template stops at once, naming TRAIN, when the training script is not given.
+
+    It starts nothing: every launcher it could call is a stand-in that records being called.
+    """
+    fake = tmp_path / "bin"
+    fake.mkdir()
+    for name in STARTERS:
+        (fake / name).write_text(f"#!/bin/sh\necho {name} >>{tmp_path}/called\n")
+        (fake / name).chmod(0o755)
+    env = {**scrubbed_environ(), "PATH": f"{fake}:/usr/bin:/bin", "SLURM_JOB_ID": "7",
+           "SLURM_JOB_NODELIST": "n1", "LSB_MCPU_HOSTS": "h1 4", "HOSTFILE": "/dev/null"}  # fmt: skip
+    env.pop("TRAIN", None)
+    done = subprocess.run(["bash", str(template)], env=env, cwd=tmp_path, capture_output=True,
+                          text=True, timeout=30, check=False)  # fmt: skip
+    assert done.returncode != 0, done.stdout + done.stderr
+    assert "TRAIN: set TRAIN to your training script" in done.stderr, done.stderr
+    assert not (tmp_path / "called").exists(), (tmp_path / "called").read_text()
 
 
 FAKE_JSRUN = """#!/bin/sh
