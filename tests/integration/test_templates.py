@@ -9,7 +9,9 @@ its arguments (no LSF here); every template passes ``bash -n`` and shellcheck.
 from __future__ import annotations
 
 import re
+import shlex
 import shutil
+import socket
 import subprocess
 from pathlib import Path
 
@@ -18,6 +20,7 @@ import pytest
 from distenv import detect
 from tests.conftest import scrubbed_environ
 from tests.integration.helpers import (
+    OMPI,
     ONE_NODE,
     RANK_CHECK,
     REPO,
@@ -46,7 +49,8 @@ def test_slurm_templates_submitted_unmodified(harness: Harness) -> None:
     single_node: 4 tasks, one fake GPU each (device 0), and once running examples/train.py for real;
     multi_node: 2 nodes x 2 tasks; multi_node_torchrun: one torchrun per node, each task seeing both
     GPUs (device == local rank); requeue_array: two elements, each a full 4-rank run;
-    mpi/mpirun_hostfile.sh: mpirun from a batch script over a hostfile written from the allocation.
+    mpi/mpirun_hostfile.sh: Open MPI's mpirun and MPICH's mpiexec.hydra from a batch script, over a
+    hostfile written from the allocation in each one's syntax.
     """
     check = {"TRAIN": str(RANK_CHECK)}
     slurm = SCRIPTS / "slurm"
@@ -68,8 +72,12 @@ def test_slurm_templates_submitted_unmodified(harness: Harness) -> None:
                        options=["-N", "2", "--ntasks-per-node", "2"],
                        export={**check, "MPIRUN": "mpirun.openmpi"},
                        env=harness.env("multi", ompi=True), label="mpirun"),
+        harness.sbatch(SCRIPTS / "mpi" / "mpirun_hostfile.sh", cluster="multi",
+                       options=["-N", "2", "--ntasks-per-node", "2"],
+                       export={**check, "MPIRUN": "mpiexec.hydra"},
+                       env=harness.env("multi", mpich=True), label="hydra"),
     ]  # fmt: skip
-    single, train, multi, torchrun, array, mpirun = wait_all(launches)
+    single, train, multi, torchrun, array, mpirun, hydra = wait_all(launches)
 
     recs = check_world(single, launcher="slurm", layouts=ONE_NODE)
     assert sorted(r["cuda_visible_devices"] for r in recs) == ["0", "1", "2", "3"], recs
@@ -95,8 +103,38 @@ def test_slurm_templates_submitted_unmodified(harness: Harness) -> None:
         assert re.search(r"^requeue_array: element [01] of job \d+, run 0$", body, re.M), body
         assert {r["device"] for r in recs} == {0}
 
-    recs = check_world(mpirun, launcher="mpi", layouts=TWO_BY_TWO)
-    assert len({r["hostname"] for r in recs}) == 2
+    for result in (mpirun, hydra):
+        recs = check_world(result, launcher="mpi", layouts=TWO_BY_TWO)
+        assert len({r["hostname"] for r in recs}) == 2
+
+
+THREE_RANKS = [(r, 3, r, 3, 0, 1) for r in range(3)]
+
+
+@pytest.mark.mpi
+def test_mpirun_hostfile_template_with_open_mpi_and_mpich(harness: Harness) -> None:
+    """scripts/mpi/mpirun_hostfile.sh run as users run it, by Open MPI's mpirun and by MPICH's
+    mpiexec.hydra, over a hostfile in each syntax its comment gives ("host slots=3", "host:3"):
+    3 ranks every time (MPICH got NP=0 from "host:N", and Hydra refused "slots=")."""
+    host = socket.gethostname()
+    engines = {
+        "openmpi": ({"MPIRUN": OMPI[0], "MPIRUN_ARGS": shlex.join([*OMPI[1:], "--oversubscribe"])},
+                    {"ompi": True}),
+        "hydra": ({"MPIRUN": "mpiexec.hydra"}, {"mpich": True}),
+    }  # fmt: skip
+    launches = []
+    for engine, (variables, options) in engines.items():
+        for label, text in (("slots", f"{host} slots=3\n"), ("colon", f"# ranks\n{host}:3\n")):
+            hostfile = harness.outdir(f"hostfile-{engine}-{label}") / "hosts.txt"
+            hostfile.write_text(text)
+            extra = {**variables, "TRAIN": str(RANK_CHECK), "HOSTFILE": str(hostfile)}
+            env = harness.env(**options, extra=extra)
+            launches.append(
+                harness.start(["bash", SCRIPTS / "mpi" / "mpirun_hostfile.sh"], env=env)
+            )
+    for result in wait_all(launches):
+        recs = check_world(result, launcher="mpi", layouts=THREE_RANKS)
+        assert {r["hostname"] for r in recs} == {host}
 
 
 def test_templates_pass_bash_n_and_shellcheck() -> None:
