@@ -17,7 +17,7 @@ from distenv.errors import ConfigurationError
 if TYPE_CHECKING:
     from importlib.abc import Traversable  # importlib.resources.abc from Python 3.11
 
-__all__ = ["find", "names", "read", "summary"]
+__all__ = ["description", "find", "names", "read", "summary"]
 
 _ROOT = "scripts"
 _WIDTH = 72
@@ -74,12 +74,18 @@ def read(name: str) -> str:
     return text
 
 
-def summary(name: str) -> str:
-    """Return what template `name` is for: the first clause of its leading comment."""
+def description(name: str) -> str:
+    """Return the first paragraph of template `name`'s leading comment (after the shebang)."""
     words: list[str] = []
     for line in read(name).splitlines()[1:]:
-        if not line.startswith("#") or not line.lstrip("#").strip():
+        text = line.lstrip("#").strip()
+        if not line.startswith("#") or not text or line.startswith(("#SBATCH", "#BSUB")):
             break
-        words.append(line.lstrip("#").strip())
-    first = re.split(r"[.:](?:\s|$)", " ".join(words), maxsplit=1)[0]
+        words.append(text)
+    return " ".join(words)
+
+
+def summary(name: str) -> str:
+    """Return what template `name` is for: the first clause of its `description`, shortened."""
+    first = re.split(r"[.:](?:\s|$)", description(name), maxsplit=1)[0]
     return first if len(first) <= _WIDTH else first[: _WIDTH - 3].rstrip() + "..."
