@@ -255,3 +255,13 @@ def test_info_device_shows_the_device_init_dist_would_select_and_why() -> None:
     assert re.search(r"^device +cpu$", text.stdout, re.M)
     assert re.search(r"^visible_devices +0$", text.stdout, re.M)
     assert re.search(r"^  device +cpu: torch .* is a CPU-only build", text.stdout, re.M)
+
+
+def test_launcher_slurm_on_a_login_node_says_how_to_submit() -> None:
+    """`distenv info --launcher slurm` outside any job: exit 1, the hint says sbatch/srun first."""
+    result = run_cli("info", "--launcher", "slurm")
+    assert result.returncode == 1
+    assert result.stderr.startswith("distenv: slurm: none of its variables are set"), result.stderr
+    hint = result.stderr.split(". Hint: ", 1)[1]
+    assert hint.startswith("submit it: `sbatch job.sbatch` whose script runs `srun python"), hint
+    assert hint.index("srun -N 2") < hint.index("--launcher none")
