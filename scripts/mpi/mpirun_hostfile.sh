@@ -41,7 +41,9 @@ fi
 # refuses the other ("token slots not supported"). Hydra names itself in --version.
 HOSTS=$(mktemp "${TMPDIR:-/tmp}/hostfile.XXXXXX")
 trap 'rm -f "$HOSTS"' EXIT
-if "$MPIRUN" --version 2>&1 | grep -qi hydra; then
+# (Read whole first: `| grep -q` under pipefail fails whenever $MPIRUN is killed by SIGPIPE.)
+VERSION=$("$MPIRUN" --version 2>&1 || true)
+if [[ ${VERSION,,} == *hydra* ]]; then
     awk '{ print $1 ":" $2 }' <<<"$PAIRS" >"$HOSTS"
     HOSTFILE_OPTION=-f
 else
