@@ -32,7 +32,7 @@ if TYPE_CHECKING:
     from distenv.seeding import seed_everything
     from distenv.spawn import launch
 
-__version__ = "0.1.0"
+__version__ = "0.2.0.dev0"
 
 # Public names loaded on first use (PEP 562): `import distenv; distenv.detect()` must not pay for
 # subprocess, multiprocessing or logging set-up it never uses. Plain import statements, so that the

@@ -1,18 +1,22 @@
-"""The ``distenv`` command: info, export, run (distenv.run) and doctor (distenv.doctor)."""
+"""The ``distenv`` command: info, export, template, run (distenv.run) and doctor (distenv.doctor)."""
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import shlex
 import sys
 from collections.abc import Sequence
 
+from distenv import __version__, templates
 from distenv.args import add_launcher_option
+from distenv.device import rank_backend, rank_device_reason, visible_device_count
 from distenv.doctor import add_doctor_parser
 from distenv.errors import DistEnvError, MasterResolutionError
 from distenv.master import SCOPE_VAR
 from distenv.pipeline import Detection, locate
+from distenv.rankinfo import RankInfo
 from distenv.run import add_run_parser
 
 __all__ = ["main"]
@@ -46,12 +50,31 @@ def _detect(args: argparse.Namespace, *, resolved: bool) -> Detection:
     )
 
 
+def _device_fields(info: RankInfo, check: bool) -> tuple[dict[str, object], str | None]:
+    """Return the device fields of `distenv info` and why that device; torch only if `check`.
+
+    The device rule is init_dist's (`distenv.device`); asking it imports torch, seconds on a
+    login node, so `distenv info` does only with --device.
+    """
+    visible_env = os.environ.get("CUDA_VISIBLE_DEVICES")
+    fields: dict[str, object] = {"cuda_visible_devices": visible_env}
+    if not check:
+        return fields, None
+    device, why = rank_device_reason(info, visible_env)
+    fields.update(
+        device=device, visible_devices=visible_device_count(), backend=rank_backend(device)
+    )
+    return fields, why
+
+
 def _cmd_info(args: argparse.Namespace) -> int:
     resolved = not args.no_resolve
     detection = _detect(args, resolved=resolved)
     info = detection.info
+    device, why = _device_fields(info, args.device)
     if args.json:
-        _write_whole(json.dumps(info.to_dict()) + "\n")
+        extra = {} if why is None else {"device_reason": why}
+        _write_whole(json.dumps({**info.to_dict(), **device, **extra}) + "\n")
         return 0
     # Resolved at runtime and still unknown: only rank 0, over MPI, can say (find_master rule 7).
     at_init = resolved and not args.mpi
@@ -62,12 +85,22 @@ def _cmd_info(args: argparse.Namespace) -> int:
         return str(value)
 
     rows = [(name, shown(name, value)) for name, value in info.to_dict().items()]
+    visible_env = device["cuda_visible_devices"]
+    rows.append(("cuda_visible_devices", "unset" if visible_env is None else repr(visible_env)))
+    if why is None:
+        rows.append(("device", "not checked: pass --device (imports torch)"))
+    else:
+        index = device["device"]
+        rows.append(("device", "cpu" if index is None else f"cuda:{index}"))
+        rows += [(name, str(device[name])) for name in ("visible_devices", "backend")]
     width = max(len(name) for name, _ in rows)
     for name, value in rows:
         print(f"{name:<{width}}  {value}")
     print("\nhow it was chosen:")
     for name, verdict in detection.considered:
         print(f"  {name:<8} {verdict}")
+    if why is not None:
+        print(f"  {'device':<8} {why}")
     return 0
 
 
@@ -87,6 +120,18 @@ def _cmd_export(args: argparse.Namespace) -> int:
         for name, value in {**info.to_env(), SCOPE_VAR: detection.scope}.items()
     ]
     _write_whole("".join(lines))
+    return 0
+
+
+def _cmd_template(args: argparse.Namespace) -> int:
+    if args.name is None:
+        known = templates.names()
+        width = max(len(name) for name in known)
+        for name in known:
+            print(f"{name:<{width}}  {templates.summary(name)}")
+        print("\nprint one with `distenv template NAME > job.sh`; every one needs TRAIN set")
+        return 0
+    _write_whole(templates.read(args.name))
     return 0
 
 
@@ -114,12 +159,19 @@ def build_parser() -> argparse.ArgumentParser:
         prog="distenv",
         description="Start PyTorch distributed jobs correctly under any launcher.",
     )
+    parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     info = sub.add_parser("info", help="show what this process is in the job, and why")
     add_launcher_option(info)
     _add_format_option(info)
     info.add_argument("--json", action="store_true", help="print one JSON object")
+    info.add_argument(
+        "--device",
+        action="store_true",
+        help="also show the CUDA device init_dist would select, the visible device count, the "
+        "backend and why (imports torch: seconds on some login nodes)",
+    )
     how = info.add_mutually_exclusive_group()
     _add_mpi_option(how)
     how.add_argument(
@@ -134,6 +186,21 @@ def build_parser() -> argparse.ArgumentParser:
     _add_format_option(export)
     _add_mpi_option(export)
     export.set_defaults(func=_cmd_export)
+
+    template = sub.add_parser(
+        "template",
+        help="list the job-script templates (sbatch, bsub, mpirun), or print one",
+        description="List the job-script templates shipped with distenv (the repository's "
+        "scripts/), or print one to copy: `distenv template single_node > job.sbatch`.",
+    )
+    template.add_argument(
+        "name",
+        nargs="?",
+        metavar="NAME",
+        help="a template's name as listed (slurm/single_node.sbatch), or its file name or stem "
+        "when unique (single_node)",
+    )
+    template.set_defaults(func=_cmd_template)
 
     add_run_parser(sub)
     add_doctor_parser(sub)

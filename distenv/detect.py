@@ -146,11 +146,15 @@ def _choose(
         return Choice(NONE, NONE.rank_info(env), NONE, None, tuple(notes))
     if not chosen.detect(env):
         found = detected[0].name if detected else "none"
+        start = chosen.how_to_start or f"start the job with {chosen.name}'s launcher"
         raise LauncherNotFoundError(
             chosen.name,
             f"none of its variables are set ({', '.join(v.name for v in chosen.variables[:3])}"
             f", ...); auto-detection finds {found!r}",
-            hint=f"use --launcher {found} (or auto), or start the job with {chosen.name}'s launcher",
+            # Nothing detected (a login node): starting the job is the fix, not --launcher none.
+            hint=f"{start}; or use --launcher {found} (or auto) to run here as a single process"
+            if found == "none"
+            else f"use --launcher {found} (or auto), or {start}",
         )
     refuse_leftovers(chosen, env, detected, notes)
     if chosen not in detected or detected[0] is chosen:  # a plug-in not opted in, or innermost

@@ -14,8 +14,10 @@ from distenv.rankinfo import RankInfo
 __all__ = [
     "choose_backend",
     "device_identity",
+    "device_reason",
     "rank_backend",
     "rank_device",
+    "rank_device_reason",
     "select_device",
     "visible_device_count",
 ]
@@ -71,6 +73,61 @@ def choose_backend(*, cuda_available: bool, has_device: bool, explicit: str | No
             )
         return explicit.strip()
     return "nccl" if cuda_available and has_device else "gloo"
+
+
+#: CUDA_VISIBLE_DEVICES values that hide every device (CUDA's documentation; Slurm's "NoDevFiles").
+_HIDE_ALL = ("", "-1", "NoDevFiles")
+
+
+def device_reason(
+    device: int | None,
+    *,
+    local_rank: int,
+    visible: int,
+    torch_version: str,
+    cuda_build: str | None,
+    cuda_visible_devices: str | None,
+) -> str:
+    """Return why `select_device` gave `device` (``cuda:N`` or ``cpu``), in one line.
+
+    Args:
+        device: What `select_device` returned for these numbers.
+        local_rank: The rank's local rank.
+        visible: The devices this process sees (`visible_device_count`).
+        torch_version: ``torch.__version__``.
+        cuda_build: ``torch.version.cuda``: None for a CPU-only build of torch.
+        cuda_visible_devices: ``$CUDA_VISIBLE_DEVICES``, None when unset.
+    """
+    shown = "unset" if cuda_visible_devices is None else repr(cuda_visible_devices)
+    if device is not None:
+        how = "its local rank" if device == local_rank else f"local rank {local_rank} wrapped"
+        return (
+            f"cuda:{device}: {how}, among {visible} visible device(s) "
+            f"(CUDA_VISIBLE_DEVICES {shown})"
+        )
+    if cuda_build is None:
+        return f"cpu: torch {torch_version} is a CPU-only build (torch.version.cuda is None)"
+    if cuda_visible_devices is not None and cuda_visible_devices.strip() in _HIDE_ALL:
+        return f"cpu: CUDA_VISIBLE_DEVICES={cuda_visible_devices!r} hides every GPU"
+    return (
+        f"cpu: torch {torch_version} (CUDA {cuda_build}) sees no GPU: no NVIDIA driver or GPU "
+        f"on this host, or none of CUDA_VISIBLE_DEVICES ({shown}) exists"
+    )
+
+
+def rank_device_reason(info: RankInfo, cuda_visible_devices: str | None) -> tuple[int | None, str]:
+    """Return this rank's device (`rank_device`) and why (`device_reason`); imports torch."""
+    import torch
+
+    device = rank_device(info)
+    return device, device_reason(
+        device,
+        local_rank=info.local_rank,
+        visible=visible_device_count(),
+        torch_version=str(torch.__version__),
+        cuda_build=torch.version.cuda,
+        cuda_visible_devices=cuda_visible_devices,
+    )
 
 
 def rank_device(info: RankInfo) -> int | None:

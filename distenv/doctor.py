@@ -16,7 +16,7 @@ from typing import TextIO
 from distenv import state
 from distenv.args import add_launcher_option
 from distenv.deadline import Deadline
-from distenv.device import rank_backend, rank_device
+from distenv.device import rank_backend, rank_device, rank_device_reason
 from distenv.errors import DistEnvError
 from distenv.pipeline import locate
 from distenv.rankinfo import RankInfo
@@ -112,6 +112,7 @@ def doctor(
                 settings=settings,
                 phase="doctor",
                 check=False,
+                master_from=detection.master_from,
             )
         except DistEnvError as exc:
             if info.rank == 0:
@@ -126,6 +127,10 @@ def doctor(
         f"torch={checkin.torch_version}\n"
     )
     _explanation(detection.considered, out)
+    # Why rank 0 got its device (each rank's own is in the table), e.g. a CPU-only torch build.
+    out.write(
+        f"rank 0's device: {rank_device_reason(info, os.environ.get('CUDA_VISIBLE_DEVICES'))[1]}\n"
+    )
     _table(info, verdict, out)
     if verdict.ok:
         out.write(f"verdict: OK: {info.world_size} of {info.world_size} ranks checked in\n")

@@ -64,6 +64,7 @@ from distenv.watchdog import Watchdog
 
 __all__ = [
     "ABI_HINT",
+    "MPICH_RECIPE",
     "PAYLOAD",
     "TOKEN_BYTES",
     "WATCHDOG_S",
@@ -75,10 +76,19 @@ __all__ = [
     "mpi_exchange",
 ]
 
+#: How mpi4py loads MPICH's library on Debian/Ubuntu, which ship it as libmpich.so.12 only
+#: (mpi4py's MPI4PY_MPIABI=mpich loads libmpi.so.12); tests/harness/setup.sh makes the same link.
+MPICH_RECIPE = (
+    "Or make mpi4py load MPICH's library: MPI4PY_MPIABI=mpich and a libmpi.so.12 first on "
+    "LD_LIBRARY_PATH; Debian/Ubuntu ship it as libmpich.so.12 only, so link it: `mkdir -p "
+    "~/mpich-lib && ln -sf \"$(/sbin/ldconfig -p | awk '/libmpich[.]so[.]12 /{print $NF; exit}')\" "
+    "~/mpich-lib/libmpi.so.12`, then `mpiexec -genv MPI4PY_MPIABI mpich -genv LD_LIBRARY_PATH "
+    "~/mpich-lib ...`"
+)
 ABI_HINT = (
-    "mpi4py is talking to a different MPI library than the one that started the ranks: under "
-    "MPICH/Intel MPI set MPI4PY_MPIABI=mpich and put a libmpi.so.12 of that library first on "
-    "LD_LIBRARY_PATH (or export MASTER_ADDR and MASTER_PORT so no MPI call is needed)"
+    "mpi4py is talking to a different MPI library than the one that started the ranks. Simplest: "
+    "give every rank the master so that no MPI call is needed (`mpiexec -genv MASTER_ADDR "
+    "<rank 0's host> -genv MASTER_PORT <free port>`; `mpirun -x` under Open MPI). " + MPICH_RECIPE
 )
 LATE_HINT = (
     "export MASTER_ADDR and MASTER_PORT so that no MPI call is needed, or check rank 0's log "
@@ -288,12 +298,30 @@ def _no_mpi4py(info: RankInfo) -> MasterResolutionError:
     )
 
 
+def _unloadable(info: RankInfo, exc: ImportError) -> MasterResolutionError:
+    """Return the error for a failed import of mpi4py: not installed, or installed but broken.
+
+    Only a missing mpi4py package is "not installed"; anything else (its MPI library missing,
+    MPI4PY_MPIABI naming a library that is not there) is shown with its cause.
+    """
+    if isinstance(exc, ModuleNotFoundError) and exc.name == "mpi4py":
+        return _no_mpi4py(info)
+    return MasterResolutionError(
+        info.launcher,
+        f"rank {info.rank} of {info.world_size} has no MASTER_ADDR and mpi4py, which would ask "
+        f"rank 0 for its host, cannot be loaded: {type(exc).__name__}: {exc}",
+        hint="give every rank the master so that no MPI call is needed (`mpiexec -genv "
+        "MASTER_ADDR <rank 0's host> -genv MASTER_PORT <free port>`; `mpirun -x` under Open "
+        "MPI). " + MPICH_RECIPE,
+    )
+
+
 def _mpi_initialised(info: RankInfo) -> bool:
     """Return whether MPI is initialised already (only if mpi4py.MPI is loaded can it be)."""
     try:
         import mpi4py  # noqa: F401  (the package only: no MPI_Init)
-    except ImportError:
-        raise _no_mpi4py(info) from None
+    except ImportError as exc:
+        raise _unloadable(info, exc) from exc
     mpi = sys.modules.get("mpi4py.MPI")
     return mpi is not None and bool(mpi.Is_initialized())
 
@@ -302,8 +330,8 @@ def _comm_world(info: RankInfo) -> Any:
     """Import mpi4py.MPI (MPI_Init, unless done already) and return ``MPI.COMM_WORLD``."""
     try:
         from mpi4py import MPI
-    except ImportError:
-        raise _no_mpi4py(info) from None
+    except ImportError as exc:
+        raise _unloadable(info, exc) from exc
     if not MPI.Is_initialized():  # mpi4py.rc.initialize = False
         MPI.Init()
     return MPI.COMM_WORLD

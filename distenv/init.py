@@ -184,7 +184,13 @@ def _init_process_group(
         # Everybody checks in before torch is asked to wait: a missing rank is named, not waited
         # for. One thread for every step, each of which tells `watch` its phase and limit.
         store, verdict = meet_in(
-            watch, presence, checkin, deadline=deadline, settings=settings, phase="rollcall"
+            watch,
+            presence,
+            checkin,
+            deadline=deadline,
+            settings=settings,
+            phase="rollcall",
+            master_from=detection.master_from,
         )
         join_group(
             watch,

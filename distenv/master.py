@@ -53,6 +53,7 @@ __all__ = [
     "LocalLaunch",
     "Master",
     "MasterQuery",
+    "addr_origin",
     "explicit_master",
     "find_master",
     "free_port",
@@ -172,12 +173,15 @@ class Default(NamedTuple):
         port: The port every rank derives alike, or None.
         missing: When `host` is None: why, and what to do; ``MASTER_ADDR`` is then required.
         source: The layer's name, for the note that says where the master came from.
+        variable: The variable `host` was read from (``SLURM_STEP_NODELIST``), named by errors
+            about the host; empty when it is not one variable.
     """
 
     host: str | None
     port: int | None
     missing: str | None = None
     source: str = ""
+    variable: str = ""
 
 
 class LocalLaunch(NamedTuple):
@@ -358,3 +362,20 @@ def find_master(
 
         answer.offer("exchange", *exchange(rank0_master))
     return answer.master()
+
+
+def addr_origin(query: MasterQuery, master: Master) -> str:
+    """Return where `master`'s address came from, for errors about it.
+
+    A variable (``MASTER_ADDR``, ``SLURM_STEP_NODELIST``), an option (``--master-addr``), or a
+    phrase; errors name it instead of a ``MASTER_ADDR`` the user never set.
+    """
+    rule = master.addr_rule
+    if rule in ("stated", "explicit"):
+        return "MASTER_ADDR"
+    if rule == "flags":
+        return query.local.option if query.local is not None else "MASTER_ADDR"
+    layer = query.default if rule == "default" else query.allocation
+    if rule in ("default", "allocation") and layer is not None:
+        return layer.variable or f"the {layer.source or query.source} job's host list"
+    return {"local": "this host", "exchange": "rank 0's host name"}.get(rule, "MASTER_ADDR")

@@ -18,7 +18,7 @@ from typing import Any
 from distenv.detect import Choice, choose
 from distenv.errors import DistEnvError
 from distenv.launchers import Launcher
-from distenv.master import FORMAT_VAR, MasterQuery, find_master
+from distenv.master import FORMAT_VAR, MasterQuery, addr_origin, find_master
 from distenv.rankinfo import RankInfo
 from distenv.settings import Settings
 
@@ -36,6 +36,8 @@ class Detection:
         considered: One ``(launcher, verdict)`` line per backend looked at, innermost first.
         mpi_token: The job's 16 random bytes that rank 0 sent with its master over MPI (the
             same on every rank), when this rank took part in that exchange; else None.
+        master_from: Where the master address came from (`distenv.master.addr_origin`):
+            ``MASTER_ADDR``, ``SLURM_STEP_NODELIST``, ...; errors about the address name it.
     """
 
     info: RankInfo
@@ -43,6 +45,7 @@ class Detection:
     scope: str
     considered: tuple[tuple[str, str], ...]
     mpi_token: bytes | None = None
+    master_from: str = "MASTER_ADDR"
 
 
 def master_query(choice: Choice, env: Mapping[str, str]) -> MasterQuery:
@@ -131,7 +134,9 @@ def locate(
         notes += ((choice.allocation.source, f"master taken from its allocation: {master.addr}"),)
     info = choice.info.replace(master_addr=master.addr, master_port=master.port)
     token = None if exchange is None else exchange.token
-    return Detection(info, choice.launcher, choice.launcher.scope(env), notes, token)
+    return Detection(
+        info, choice.launcher, choice.launcher.scope(env), notes, token, addr_origin(query, master)
+    )
 
 
 def explain(

@@ -35,6 +35,7 @@ import datetime
 import hashlib
 import ipaddress
 import os
+import re
 import socket
 import time
 from collections.abc import Callable, Iterator, Sequence
@@ -58,7 +59,7 @@ from distenv.errors import (
     RendezvousTimeoutError,
     StoreTakenError,
 )
-from distenv.master import host_port
+from distenv.master import FORMAT_VAR, host_port
 from distenv.rankinfo import RankInfo
 from distenv.records import (
     CheckIn,
@@ -233,11 +234,29 @@ def _wait_count(store: Any, key: str, count: int, until: float) -> None:
 # ---- the store ----------------------------------------------------------------------------------
 
 
-def _resolve(info: RankInfo, host: str, port: int) -> list[Any]:
-    """Return the master's addresses, raising at once, naming MASTER_ADDR, if it does not resolve."""
+def _resolve(info: RankInfo, host: str, port: int, origin: str = "MASTER_ADDR") -> list[Any]:
+    """Return the master's addresses, raising at once if it does not resolve.
+
+    The error names where the address came from (`origin`): the user's MASTER_ADDR, or a
+    scheduler's node list, whose node names need not be host names (Slurm's NodeName may differ
+    from NodeHostname).
+    """
     try:
         return socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
     except socket.gaierror as exc:
+        if origin not in ("", "MASTER_ADDR"):
+            where = f"${origin}" if re.fullmatch(r"[A-Z_][A-Z0-9_]*", origin) else origin
+            raise MasterResolutionError(
+                info.launcher,
+                f"rank {info.rank} cannot resolve the master address {host!r}, which distenv "
+                f"took from {where} (MASTER_ADDR is not set): {exc.strerror}",
+                hint="a node name need not be a host name; export MASTER_ADDR=<a name or IP "
+                "address of rank 0's node that every node resolves>, or map node names to host "
+                f"names with {FORMAT_VAR} (--master-addr-format, init_dist(master_addr_format=)),"
+                " e.g. '{host}-ib' or '{host}.cluster.example'",
+                variable=origin if where != origin else None,
+                value=host,
+            ) from None
         raise MasterResolutionError(
             info.launcher,
             f"rank {info.rank} cannot resolve the master address {host!r} "
@@ -338,13 +357,21 @@ def _wait_reachable(info: RankInfo, host: str, port: int, until: float, limit: f
         delay = min(delay * 2, 1.0)
 
 
-def connect_store(info: RankInfo, deadline: Deadline, watch: Watch, *, agent_store: bool) -> Store:
+def connect_store(
+    info: RankInfo,
+    deadline: Deadline,
+    watch: Watch,
+    *,
+    agent_store: bool,
+    master_from: str = "MASTER_ADDR",
+) -> Store:
     """Create (rank 0) or reach (others) the TCPStore at the master, by the deadline.
 
     Runs in a `watched` call: each step tells `watch` by when it must be over and what to say
     otherwise, so a listener that accepts connections but never answers as a store is reported
     at the rendezvous timeout, not waited for. Under torchrun's agent store (`agent_store`) every
-    rank, rank 0 included, is a client.
+    rank, rank 0 included, is a client. `master_from` says where the master address came from
+    (`distenv.pipeline.Detection.master_from`), for the error when it does not resolve.
     """
     from torch._C._distributed_c10d import TCPStore
 
@@ -365,7 +392,7 @@ def connect_store(info: RankInfo, deadline: Deadline, watch: Watch, *, agent_sto
         )
 
     watch.enter(what, until, no_answer(f"the master address {host!r} did not resolve"))
-    addresses = _resolve(info, host, port)
+    addresses = _resolve(info, host, port, master_from)
     timeout = datetime.timedelta(seconds=max(until - time.monotonic(), 1.0))
     if info.rank == 0 and not agent_store:
         fd = _listening_socket(info, host, port, addresses)
@@ -685,6 +712,7 @@ def meet_in(
     settings: Settings,
     phase: str,
     check: bool = True,
+    master_from: str = "MASTER_ADDR",
 ) -> tuple[Store, Verdict]:
     """Reach rank 0's store, prove it is this job's, and hold the roll call under `phase`.
 
@@ -694,7 +722,9 @@ def meet_in(
     from torch._C._distributed_c10d import PrefixStore
 
     info, scope = presence.info, checkin.scope
-    store = presence.store = connect_store(info, deadline, watch, agent_store=settings.agent_store)
+    store = presence.store = connect_store(
+        info, deadline, watch, agent_store=settings.agent_store, master_from=master_from
+    )
     start = time.monotonic()
 
     def stalled() -> DistEnvError:
@@ -738,6 +768,7 @@ def meet(
     settings: Settings,
     phase: str,
     check: bool = True,
+    master_from: str = "MASTER_ADDR",
 ) -> tuple[Store, Verdict]:
     """Reach rank 0's store, prove it is this job's, and hold the roll call under `phase`.
 
@@ -754,7 +785,14 @@ def meet(
     with interruptible(watch, info.launcher, presence.left):
         return watched(
             lambda w: meet_in(
-                w, presence, checkin, deadline=deadline, settings=settings, phase=phase, check=check
+                w,
+                presence,
+                checkin,
+                deadline=deadline,
+                settings=settings,
+                phase=phase,
+                check=check,
+                master_from=master_from,
             ),
             watch,
         )

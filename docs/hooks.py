@@ -204,24 +204,39 @@ def render_refused_flags() -> str:
     return "\n".join(rows) + "\n"
 
 
-def _summary(path: Path) -> str:
-    """Return the first comment paragraph of a script (after the shebang), as one line."""
-    words: list[str] = []
-    for line in path.read_text(encoding="utf-8").splitlines()[1:]:
-        text = line.strip()
-        if not text.startswith("#") or text == "#" or text.startswith("#SBATCH"):
-            break
-        words.append(text.lstrip("#").strip())
-    return " ".join(words)
+def render_scripts(_: str = "") -> str:
+    """Return the job templates shipped in the package: a table, then each file, folded.
 
+    Read through `distenv.templates`, the package data `distenv template` prints, so the page
+    shows exactly what pip users get.
+    """
+    from distenv import templates
 
-def render_scripts(folder: str) -> str:
-    """Return a table of the job templates under `folder` (relative to the repository root)."""
-    root = REPO / folder
     rows = ["| template | what it is for |", "|---|---|"]
-    for path in sorted(p for p in root.rglob("*") if p.is_file()):
-        rows.append(f"| `{path.relative_to(REPO)}` | {_cell(_summary(path))} |")
-    return "\n".join(rows) + "\n"
+    folded: list[str] = []
+    for name in templates.names():
+        rows.append(f"| [`{name}`](#{_anchor(name)}) | {_cell(templates.description(name))} |")
+        body = "\n".join(
+            f"    {line}" if line else "" for line in templates.read(name).splitlines()
+        )
+        folded += [
+            f"### {name} {{#{_anchor(name)}}}",
+            "",
+            f"`distenv template {name}` prints it; it is `scripts/{name}` in the repository.",
+            "",
+            f'??? example "{name}"',
+            "",
+            "    ```bash",
+            body,
+            "    ```",
+            "",
+        ]
+    return "\n".join(rows) + "\n\n" + "\n".join(folded)
+
+
+def _anchor(name: str) -> str:
+    """Return the heading id of template `name` on the page (``slurm-single_node``)."""
+    return re.sub(r"[^a-z0-9_]+", "-", name.rsplit(".", 1)[0].lower())
 
 
 def render_fault_matrix(path: str) -> str:

@@ -261,3 +261,36 @@ def test_measured_mpi_in_allocation_slurm_vars() -> None:
         mpi.HYDRA_IN_SBATCH,
     ):
         assert {env["SLURM_PROCID"] for env in envs} <= {"0", "1"}  # daemons, not the 4 ranks
+
+
+@pytest.mark.parametrize(
+    ("named", "start"),
+    [
+        pytest.param("slurm", "submit it: `sbatch job.sbatch` whose script runs `srun", id="slurm"),
+        pytest.param("mpi", "start it with `mpirun -np 4 python train.py ...`", id="mpi"),
+        pytest.param("lsf", "submit it: `bsub job.bsub` whose script runs `jsrun", id="lsf"),
+        pytest.param("torchrun", "start it with `torchrun --nproc-per-node", id="torchrun"),
+    ],
+)
+def test_explicit_launcher_on_a_login_node_says_how_to_start_the_job(
+    named: str, start: str
+) -> None:
+    """`--launcher NAME` where nothing is detected (a login node): the hint starts the job first.
+
+    Running as a single process is offered after it, not instead of it.
+    """
+    with pytest.raises(LauncherNotFoundError) as caught:
+        detect(named, {})
+    hint = caught.value.hint or ""
+    assert hint.startswith(start), hint
+    assert hint.endswith("; or use --launcher none (or auto) to run here as a single process")
+
+
+def test_explicit_launcher_beside_another_one_names_both_fixes() -> None:
+    """`--launcher lsf` under srun: use the launcher detected, or start the job with LSF's."""
+    with pytest.raises(LauncherNotFoundError) as caught:
+        detect("lsf", slurm.SRUN_1N_4T[0])
+    assert caught.value.hint == (
+        "use --launcher slurm (or auto), or submit it: `bsub job.bsub` whose script runs "
+        "`jsrun ... python train.py ...` (`distenv template lsf/jsrun.bsub` prints one)"
+    )

@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import json
+import re
 import shlex
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -46,6 +48,7 @@ def test_info_json_is_one_object_with_stable_fields_and_types() -> None:
         "master_port": data["master_port"],
         "job_id": slurm.SRUN_2N_4T[2]["SLURM_JOB_ID"],
         "restart_count": 0,
+        "cuda_visible_devices": None,
     }
     assert isinstance(data["master_port"], int)
 
@@ -94,12 +97,16 @@ def test_info_text_says_the_master_comes_over_mpi_at_init() -> None:
     """The table says where an MPI job's master will come from, and how to ask now."""
     result = run_cli("info", env=mpi.HYDRA_4[2])
     assert result.returncode == 0, result.stderr
-    assert "master_addr       rank 0's host over MPI at init (pass --mpi to ask now)" in (
-        result.stdout
-    )
-    assert "master_port       rank 0's free port over MPI at init (pass --mpi to ask now)" in (
-        result.stdout
-    )
+    assert re.search(
+        r"^master_addr +rank 0's host over MPI at init \(pass --mpi to ask now\)$",
+        result.stdout,
+        re.M,
+    ), result.stdout
+    assert re.search(
+        r"^master_port +rank 0's free port over MPI at init \(pass --mpi to ask now\)$",
+        result.stdout,
+        re.M,
+    ), result.stdout
 
 
 def test_info_mpi_and_no_resolve_exclude_each_other(capsys: pytest.CaptureFixture[str]) -> None:
@@ -133,7 +140,7 @@ def test_info_table_explains_the_choice() -> None:
     """The human table lists the fields and why auto chose what it chose."""
     result = run_cli("info", env=torchrun.TORCHRUN_IN_SRUN_2N[3])
     assert result.returncode == 0, result.stderr
-    assert "launcher          pytorch" in result.stdout
+    assert re.search(r"^launcher +pytorch$", result.stdout, re.M), result.stdout
     assert "chosen: innermost launcher detected" in result.stdout
     assert "slurm    detected" in result.stdout
 
@@ -182,3 +189,90 @@ def test_master_addr_format_option() -> None:
     """`--master-addr-format '{host}-ib'` maps the step's first host, like the env setting."""
     result = run_cli("info", "--json", "--master-addr-format", "{host}-ib", env=slurm.SRUN_2N_4T[1])
     assert json.loads(result.stdout)["master_addr"] == "n1-ib"
+
+
+def test_version_prints_the_package_version() -> None:
+    """`distenv --version` prints the version the package (and its metadata) carries."""
+    import distenv
+
+    result = run_cli("-m", "distenv", "--version")
+    assert result.returncode == 0, result.stderr
+    assert result.stdout == f"distenv {distenv.__version__}\n"
+
+
+def test_template_lists_every_file_of_scripts() -> None:
+    """`distenv template` lists each file under scripts/ by its path, with what it is for."""
+    scripts = Path(__file__).resolve().parent.parent / "scripts"
+    expected = sorted(str(p.relative_to(scripts)) for p in scripts.rglob("*") if p.is_file())
+    result = run_cli("template")
+    assert result.returncode == 0, result.stderr
+    listed = [line.split()[0] for line in result.stdout.split("\n\n")[0].splitlines()]
+    assert listed == expected
+    assert re.search(
+        r"^slurm/single_node\.sbatch +One node, one task per GPU$", result.stdout, re.M
+    )
+
+
+@pytest.mark.parametrize("name", ["slurm/multi_node.sbatch", "multi_node.sbatch", "multi_node"])
+def test_template_prints_the_file_byte_for_byte(name: str) -> None:
+    """`distenv template NAME` prints scripts/NAME exactly; a unique file name or stem will do."""
+    scripts = Path(__file__).resolve().parent.parent / "scripts"
+    result = run_cli("template", name)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout == (scripts / "slurm" / "multi_node.sbatch").read_text()
+
+
+def test_template_unknown_name_lists_the_templates() -> None:
+    """An unknown template name is a DistEnvError (exit 1) that names every template."""
+    result = run_cli("template", "single")
+    assert result.returncode == 1
+    assert result.stderr.startswith("distenv: template: no template 'single'. Hint: name one of: ")
+    assert "slurm/single_node.sbatch" in result.stderr
+
+
+def test_info_shows_cuda_visible_devices_and_leaves_torch_unloaded() -> None:
+    """Plain `distenv info` shows CUDA_VISIBLE_DEVICES and does not import torch (seconds on a
+    login node); the device row says how to ask for it."""
+    code = (
+        "import sys; from distenv.cli import main; main(['info']); main(['info', '--json']); "
+        "print('torch loaded:', 'torch' in sys.modules)"
+    )
+    result = run_cli("-c", code, env={"CUDA_VISIBLE_DEVICES": "2,3"})
+    assert result.returncode == 0, result.stderr
+    assert re.search(r"^cuda_visible_devices +'2,3'$", result.stdout, re.M), result.stdout
+    assert re.search(r"^device +not checked: pass --device \(imports torch\)$", result.stdout, re.M)
+    data = json.loads(result.stdout.splitlines()[-2])
+    assert data["cuda_visible_devices"] == "2,3"
+    assert "device" not in data
+    assert result.stdout.endswith("torch loaded: False\n")
+
+
+def test_info_device_shows_the_device_init_dist_would_select_and_why() -> None:
+    """`distenv info --device` applies init_dist's device rule: on this CPU-only torch, cpu,
+    no visible device, gloo, and the reason names the CPU-only build."""
+    import torch
+
+    result = run_cli("info", "--device", "--json", env={"CUDA_VISIBLE_DEVICES": "0"})
+    assert result.returncode == 0, result.stderr
+    data = json.loads(result.stdout)
+    assert data["cuda_visible_devices"] == "0"
+    assert (data["device"], data["visible_devices"], data["backend"]) == (None, 0, "gloo")
+    assert data["device_reason"] == (
+        f"cpu: torch {torch.__version__} is a CPU-only build (torch.version.cuda is None)"
+    )
+    text = run_cli("info", "--device", env={"CUDA_VISIBLE_DEVICES": ""})
+    assert text.returncode == 0, text.stderr
+    assert re.search(r"^cuda_visible_devices +''$", text.stdout, re.M), text.stdout
+    assert re.search(r"^device +cpu$", text.stdout, re.M)
+    assert re.search(r"^visible_devices +0$", text.stdout, re.M)
+    assert re.search(r"^  device +cpu: torch .* is a CPU-only build", text.stdout, re.M)
+
+
+def test_launcher_slurm_on_a_login_node_says_how_to_submit() -> None:
+    """`distenv info --launcher slurm` outside any job: exit 1, the hint says sbatch/srun first."""
+    result = run_cli("info", "--launcher", "slurm")
+    assert result.returncode == 1
+    assert result.stderr.startswith("distenv: slurm: none of its variables are set"), result.stderr
+    hint = result.stderr.split(". Hint: ", 1)[1]
+    assert hint.startswith("submit it: `sbatch job.sbatch` whose script runs `srun python"), hint
+    assert hint.index("srun -N 2") < hint.index("--launcher none")

@@ -10,7 +10,13 @@ with warnings.catch_warnings():
     warnings.simplefilter("ignore")  # torch warns at import when NumPy is missing
     import torch
 
-from distenv.device import choose_backend, device_identity, select_device, visible_device_count
+from distenv.device import (
+    choose_backend,
+    device_identity,
+    device_reason,
+    select_device,
+    visible_device_count,
+)
 from distenv.errors import ConfigurationError
 
 
@@ -84,3 +90,38 @@ def test_device_identity_rejects_invisible_index():
     """Asking the identity of a device this process cannot see is a ConfigurationError."""
     with pytest.raises(ConfigurationError, match=r"device index 99 is not among the"):
         device_identity(99)
+
+
+@pytest.mark.parametrize(
+    ("device", "local_rank", "visible", "cuda", "env", "expected"),
+    [
+        pytest.param(1, 1, 4, "12.4", None,
+                     "cuda:1: its local rank, among 4 visible device(s) (CUDA_VISIBLE_DEVICES unset)",
+                     id="local-rank"),
+        pytest.param(0, 3, 1, "12.4", "5",
+                     "cuda:0: local rank 3 wrapped, among 1 visible device(s) "
+                     "(CUDA_VISIBLE_DEVICES '5')", id="one-per-task"),
+        pytest.param(None, 0, 0, None, "0",
+                     "cpu: torch 2.13.0 is a CPU-only build (torch.version.cuda is None)",
+                     id="cpu-build"),
+        pytest.param(None, 0, 0, "12.4", "",
+                     "cpu: CUDA_VISIBLE_DEVICES='' hides every GPU", id="hidden"),
+        pytest.param(None, 0, 0, "12.4", "NoDevFiles",
+                     "cpu: CUDA_VISIBLE_DEVICES='NoDevFiles' hides every GPU", id="slurm-nodev"),
+        pytest.param(None, 0, 0, "12.4", None,
+                     "cpu: torch 2.13.0 (CUDA 12.4) sees no GPU: no NVIDIA driver or GPU on this "
+                     "host, or none of CUDA_VISIBLE_DEVICES (unset) exists", id="no-driver"),
+    ],
+)  # fmt: skip
+def test_device_reason_says_why(
+    device: int | None,
+    local_rank: int,
+    visible: int,
+    cuda: str | None,
+    env: str | None,
+    expected: str,
+) -> None:
+    """The reason `distenv info --device` and `doctor` print for each way a device is chosen."""
+    assert select_device(local_rank, 4, visible) == device
+    assert device_reason(device, local_rank=local_rank, visible=visible, torch_version="2.13.0",
+                         cuda_build=cuda, cuda_visible_devices=env) == expected  # fmt: skip

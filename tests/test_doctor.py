@@ -26,6 +26,7 @@ def test_doctor_alone_explains_and_passes() -> None:
     assert result.returncode == 0, result.stderr
     assert "none     chosen: no launcher detected" in result.stdout
     assert "verdict: OK: 1 of 1 ranks checked in" in result.stdout
+    assert "rank 0's device: cpu: torch 2.13.0+cpu is a CPU-only build" in result.stdout
 
 
 def test_doctor_refuses_a_batch_script_and_says_why() -> None:
@@ -47,6 +48,8 @@ def test_doctor_under_distenv_run_prints_one_table() -> None:
     rows = [line.split() for line in result.stdout.splitlines() if line[:1].isdigit()]
     assert [(row[0], row[-1]) for row in rows] == [("0", "ok"), ("1", "ok"), ("2", "ok")]
     assert "verdict: OK: 3 of 3 ranks checked in" in result.stdout
+    # Why cpu: this venv's torch is the CPU-only build.
+    assert "rank 0's device: cpu: torch 2.13.0+cpu is a CPU-only build" in result.stdout
 
 
 def test_doctor_under_torchrun_uses_the_agent_store() -> None:

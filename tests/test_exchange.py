@@ -14,10 +14,12 @@ from hypothesis import strategies as st
 from distenv.errors import MasterResolutionError, RendezvousError, RendezvousTimeoutError
 from distenv.exchange import (
     ABI_HINT,
+    MPICH_RECIPE,
     PAYLOAD,
     TOKEN_BYTES,
     MpiExchange,
     Published,
+    _unloadable,
     decode,
     encode,
     exchange_deadline,
@@ -276,3 +278,30 @@ def test_a_signal_while_waiting_ends_the_rank_at_once(
     )
     assert capfd.readouterr().err == f"distenv: {caught.value}\n"
     assert {s: signal.getsignal(s) for s in before} == before
+
+
+def test_missing_mpi4py_is_not_installed() -> None:
+    """Only a missing mpi4py package reads "not installed", with the install hint."""
+    error = _unloadable(rank(1), ModuleNotFoundError("No module named 'mpi4py'", name="mpi4py"))
+    assert str(error) == (
+        "mpi: rank 1 of 4 has no MASTER_ADDR and mpi4py is not installed to ask rank 0 for its "
+        "host. Hint: pip install 'distenv[mpi]', or export MASTER_ADDR and MASTER_PORT"
+    )
+
+
+def test_unloadable_mpi4py_shows_its_cause_and_the_debian_recipe() -> None:
+    """mpi4py installed but unable to load its MPI library: the cause is shown, not "not installed".
+
+    The hint gives the master first (no MPI call at all), then the link Debian needs.
+    """
+    cause = ImportError("libmpi.so.12: cannot open shared object file", name="MPI")
+    error = _unloadable(rank(1), cause)
+    assert "not installed" not in str(error)
+    assert error.problem == (
+        "rank 1 of 4 has no MASTER_ADDR and mpi4py, which would ask rank 0 for its host, cannot "
+        "be loaded: ImportError: libmpi.so.12: cannot open shared object file"
+    )
+    assert error.hint is not None
+    assert error.hint.startswith("give every rank the master so that no MPI call is needed")
+    assert error.hint.index("-genv MASTER_ADDR") < error.hint.index("libmpich.so.12")
+    assert MPICH_RECIPE in error.hint

@@ -25,6 +25,7 @@ from distenv.master import (
     scheduler_port,
 )
 from distenv.pipeline import master_query
+from distenv.rankinfo import RankInfo
 from tests.envs import lsf, mpi, slurm, torchrun
 
 
@@ -224,3 +225,53 @@ def test_master_errors_carry_the_reasons_of_the_choice() -> None:
         explain("auto", {**mpi.HYDRA_IN_SALLOC_2N[0], "DISTENV_MASTER_ADDR_FORMAT": "bad"})
     assert info.value.source == "slurm"
     assert ("mpi", "chosen: innermost launcher detected") in info.value.considered
+
+
+@pytest.mark.parametrize(
+    ("env", "extra", "origin"),
+    [
+        pytest.param(slurm.SRUN_2N_4T[2], {}, "SLURM_STEP_NODELIST", id="srun-step-nodelist"),
+        pytest.param(
+            slurm.SRUN_2N_4T[2], {"MASTER_ADDR": "n9"}, "MASTER_ADDR", id="srun-master-addr"
+        ),
+        pytest.param(mpi.HYDRA_IN_SALLOC_2N[1], {}, "SLURM_JOB_NODELIST", id="hydra-allocation"),
+        pytest.param(torchrun.TORCHRUN_4[0], {}, "MASTER_ADDR", id="torchrun-stated"),
+    ],
+)
+def test_detection_says_where_the_master_address_came_from(
+    env: Mapping[str, str], extra: Mapping[str, str], origin: str
+) -> None:
+    """locate() reports the variable the master address was read from (errors name it)."""
+    from distenv.pipeline import locate
+
+    assert locate("auto", {**env, **extra}, mpi=False).master_from == origin
+
+
+def test_unresolvable_node_name_names_the_node_list_not_master_addr() -> None:
+    """A master host from $SLURM_STEP_NODELIST that does not resolve: the error names that
+    variable, says MASTER_ADDR is not set, and gives both fixes."""
+    from distenv.errors import MasterResolutionError
+    from distenv.rendezvous import _resolve
+
+    info = detect_info(slurm.SRUN_2N_4T[2])
+    with pytest.raises(MasterResolutionError) as caught:
+        _resolve(info, "gvm.invalid", 29500, "SLURM_STEP_NODELIST")
+    error = caught.value
+    assert str(error).startswith(
+        "slurm: rank 2 cannot resolve the master address 'gvm.invalid', which distenv took from "
+        "$SLURM_STEP_NODELIST (MASTER_ADDR is not set): "
+    )
+    assert (error.variable, error.value) == ("SLURM_STEP_NODELIST", "gvm.invalid")
+    assert error.hint is not None
+    assert "export MASTER_ADDR=" in error.hint
+    assert "DISTENV_MASTER_ADDR_FORMAT (--master-addr-format" in error.hint
+    with pytest.raises(MasterResolutionError) as given:
+        _resolve(info, "gvm.invalid", 29500, "MASTER_ADDR")
+    assert "($MASTER_ADDR='gvm.invalid')" in str(given.value)
+
+
+def detect_info(env: Mapping[str, str]) -> RankInfo:
+    """Return the RankInfo detection finds in `env`."""
+    from distenv.pipeline import detect
+
+    return detect("auto", env)

@@ -59,6 +59,9 @@ class Launcher(abc.ABC):
     #: inside ``salloc``). MPI sets it: detection then takes the scheduler's layout when both
     #: layers agree, else its daemon step's node numbering and its allocation's master.
     tasks_of_scheduler: ClassVar[bool] = False
+    #: How a user starts processes under this launcher: the hint when ``--launcher NAME`` finds
+    #: none of its variables (typically a login node). A plug-in says how its jobs start.
+    how_to_start: ClassVar[str] = ""
 
     def reader(self, env: Mapping[str, str]) -> Reader:
         """Return a `Reader` over `env` limited to this backend's declared variables."""

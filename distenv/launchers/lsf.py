@@ -48,6 +48,10 @@ class LsfLauncher(Scheduler):
     """
 
     name = "lsf"
+    how_to_start = (
+        "submit it: `bsub job.bsub` whose script runs `jsrun ... python train.py ...` "
+        "(`distenv template lsf/jsrun.bsub` prints one)"
+    )
     variables = (
         Var("LSB_JOBID", "job_id", "yes", "the LSF job id; its presence means an LSF job"),
         Var("LSB_JOBINDEX", "master_port", "no", "array element index (0 outside arrays)"),

@@ -107,6 +107,10 @@ class MpiLauncher(Launcher):
     """
 
     name = "mpi"
+    how_to_start = (
+        "start it with `mpirun -np 4 python train.py ...` (Open MPI) or `mpiexec -n 4 python "
+        "train.py ...` (MPICH, Intel MPI), or with `srun --mpi=pmix` inside a Slurm job"
+    )
     variables = (
         *_declare(),
         Var("PMIX_NAMESPACE", "(scope)", "no", "PMIx: this launch's namespace (Open MPI, srun)"),

@@ -58,6 +58,11 @@ class SlurmLauncher(Scheduler):
     """
 
     name = "slurm"
+    how_to_start = (
+        "submit it: `sbatch job.sbatch` whose script runs `srun python train.py ...` "
+        "(`distenv template` prints ready-made ones), or `srun -N 2 --ntasks-per-node 4 python "
+        "train.py ...` (inside salloc or from the login node)"
+    )
     variables = (
         Var("SLURM_JOB_ID", "job_id", "yes", "the job id; its presence means a Slurm job"),
         Var("SLURM_JOBID", "job_id", "no", "older spelling of SLURM_JOB_ID"),
@@ -158,7 +163,7 @@ class SlurmLauncher(Scheduler):
         # Ranks of one MPI job see different step ids (mpirun's own node has none), so the port
         # depends on the job alone.
         host = expand_nodelist(self.name, *nodelist)[0]
-        return Default(host, scheduler_port(job[1], "mpi"), source=self.name)
+        return Default(host, scheduler_port(job[1], "mpi"), source=self.name, variable=nodelist[0])
 
     def default_master(self, env: Mapping[str, str]) -> Default | None:
         reader = self.reader(env)
@@ -180,8 +185,10 @@ class SlurmLauncher(Scheduler):
                 source=self.name,
             )
         found = reader.first(*NODELIST)
-        host = expand_nodelist(self.name, *found)[0] if found is not None else None
-        return Default(host, port, source=self.name)
+        if found is None:
+            return Default(None, port, source=self.name)
+        host = expand_nodelist(self.name, *found)[0]
+        return Default(host, port, source=self.name, variable=found[0])
 
     def rank_info(self, env: Mapping[str, str]) -> RankInfo:
         reader = self.reader(env)

@@ -53,6 +53,7 @@ class TorchrunLauncher(Launcher):
 
     name = "pytorch"
     aliases = ("torchrun",)
+    how_to_start = "start it with `torchrun --nproc-per-node 4 train.py ...`"
     variables = (
         Var("TORCHELASTIC_RUN_ID", "job_id", "or the full set", "torchrun's --rdzv-id"),
         Var(

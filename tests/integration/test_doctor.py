@@ -27,5 +27,6 @@ def test_doctor_under_srun_and_mpirun(harness: Harness) -> None:
         assert [row[0] for row in rows] == ["0", "1", "2", "3"]
         assert all(row[-1] == "ok" for row in rows)
         assert "verdict: OK: 4 of 4 ranks checked in" in result.stdout
+        assert "rank 0's device: cpu: torch 2.13.0+cpu is a CPU-only build" in result.stdout
     hosts = {line.split()[1] for line in srun.wait().stdout.splitlines() if line[:1].isdigit()}
     assert len(hosts) == 2

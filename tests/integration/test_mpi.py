@@ -10,14 +10,18 @@ from __future__ import annotations
 
 import json
 import os
+import re
+import shlex
 import signal
 import socket
+import subprocess
 import time
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+from distenv.exchange import MPICH_RECIPE
 from tests.integration.helpers import (
     HERE,
     JOB_NAME,
@@ -149,6 +153,35 @@ def test_mpi4py_on_the_wrong_mpi_library_is_explained(harness: Harness) -> None:
     assert result.returncode != 0, result.text
     assert "mpi4py sees rank 0 of 1, but the launcher's variables say rank" in result.stderr
     assert "MPI4PY_MPIABI=mpich" in result.stderr
+
+
+def test_mpi4py_without_its_library_shows_the_cause_and_the_hint_recipe_works(
+    harness: Harness, tmp_path: Path
+) -> None:
+    """MPI4PY_MPIABI=mpich without a libmpi.so.12 (Debian ships libmpich.so.12): the error shows
+    the loader's message, not "not installed"; the hint's recipe, run as written, then works.
+    """
+    info = [PYTHON, "-m", "distenv", "info", "--json", "--mpi"]
+    env = harness.env(extra={"MPI4PY_MPIABI": "mpich", "HOME": str(tmp_path)})
+    broken = harness.run(["mpiexec.hydra", "-n", "2", *info], env=env)
+    assert broken.returncode != 0, broken.text
+    assert "mpi4py, which would ask rank 0 for its host, cannot be loaded: ImportError: " \
+        "libmpi.so.12: cannot open shared object file" in broken.stderr, broken.text  # fmt: skip
+    assert "not installed" not in broken.stderr
+    link, run = re.findall(r"`([^`]*)`", MPICH_RECIPE)
+    made = subprocess.run(["bash", "-c", link], env=env, capture_output=True, text=True,
+                          timeout=30, check=False)  # fmt: skip
+    assert made.returncode == 0, made.stderr
+    assert (tmp_path / "mpich-lib" / "libmpi.so.12").resolve().name.startswith("libmpich.so.12")
+    # The hint's mpiexec line, with "..." being the job; mpiexec.hydra: Debian's mpiexec may be
+    # Open MPI's.
+    command = run.replace("mpiexec ", "mpiexec.hydra ").replace("...", "-n 2 " + shlex.join(info))
+    fixed = harness.run(["bash", "-c", command], env=env)
+    assert fixed.returncode == 0, fixed.text
+    ranks = [json.loads(line) for line in fixed.stdout.splitlines()]
+    assert sorted(r["rank"] for r in ranks) == [0, 1]
+    assert ranks[0]["master_addr"] is not None
+    assert ranks[0]["master_addr"] == ranks[1]["master_addr"]
 
 
 def stalled(

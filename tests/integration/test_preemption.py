@@ -74,7 +74,7 @@ def submit(harness: Harness, script: str, label: str, options: list[str], *args:
     array = any(o.startswith("--array") for o in options)
     argv = ["sbatch", "--parsable", "-J", JOB_NAME, "--chdir", str(REPO),
             "-o", f"{out}/job-%A_%a.out" if array else f"{out}/job-%j.out",
-            f"--export=ALL,CHECKPOINT_ROOT={out}", *SMALL, *options,
+            f"--export=ALL,CHECKPOINT_ROOT={out},TRAIN=examples/train.py", *SMALL, *options,
             str(SCRIPTS / "slurm" / script), *args]  # fmt: skip
     env = harness.env("one")
     done = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=60,

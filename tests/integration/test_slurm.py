@@ -202,3 +202,24 @@ def test_stale_launcher_variables_are_refused_on_every_task(harness: Harness) ->
     assert "different MPI library" not in ompi_vars.stderr
     layouts = [(r, 2, r, 2, 0, 1) for r in range(2)]
     check_world(local, launcher="pytorch", layouts=layouts, master="127.0.0.1")
+
+
+def test_unresolvable_node_name_names_the_node_list_and_both_fixes(harness: Harness) -> None:
+    """A master host taken from the step's node list that does not resolve (a NodeName that is
+    not a host name; here made so by DISTENV_MASTER_ADDR_FORMAT): every task fails at once naming
+    $SLURM_STEP_NODELIST, not a MASTER_ADDR the user never set, and gives both fixes."""
+    env = harness.env("one", extra={"DISTENV_MASTER_ADDR_FORMAT": "{host}.invalid", **BOUND})
+    result = harness.run([*SRUN, "-n", "2", *INIT_ONLY], env=env, cluster="one")
+    assert result.returncode == 1, result.text
+    assert result.seconds < REFUSAL_S, result.text
+    host = f"{socket.gethostname()}.invalid"
+    errors = [line for line in result.stderr.splitlines() if "cannot resolve" in line]
+    assert len(errors) == 2, result.text
+    for line in errors:
+        assert (
+            f"cannot resolve the master address {host!r}, which distenv took from "
+            "$SLURM_STEP_NODELIST (MASTER_ADDR is not set)"
+        ) in line, line
+        assert "export MASTER_ADDR=" in line, line
+        assert "--master-addr-format" in line, line
+        assert "($MASTER_ADDR=" not in line

@@ -9,7 +9,9 @@ its arguments (no LSF here); every template passes ``bash -n`` and shellcheck.
 from __future__ import annotations
 
 import re
+import shlex
 import shutil
+import socket
 import subprocess
 from pathlib import Path
 
@@ -18,6 +20,7 @@ import pytest
 from distenv import detect
 from tests.conftest import scrubbed_environ
 from tests.integration.helpers import (
+    OMPI,
     ONE_NODE,
     RANK_CHECK,
     REPO,
@@ -46,7 +49,8 @@ def test_slurm_templates_submitted_unmodified(harness: Harness) -> None:
     multi_node: 2 nodes x 2 tasks; multi_node_torchrun: one torchrun per node, each task seeing both
     GPUs (device == local rank); the requeue templates run examples/train.py through a requeue in
     test_preemption.py;
-    mpi/mpirun_hostfile.sh: mpirun from a batch script over a hostfile written from the allocation.
+    mpi/mpirun_hostfile.sh: mpirun from a batch script over a hostfile written from the allocation
+    (MPICH's mpiexec.hydra: its own test below).
     """
     check = {"TRAIN": str(RANK_CHECK)}
     slurm = SCRIPTS / "slurm"
@@ -54,6 +58,7 @@ def test_slurm_templates_submitted_unmodified(harness: Harness) -> None:
         harness.sbatch(slurm / "single_node.sbatch", cluster="one",
                        export={**check, "LAUNCHER": "auto"}, label="single"),
         harness.sbatch(slurm / "single_node.sbatch", cluster="one", label="train",
+                       export={"TRAIN": str(REPO / "examples" / "train.py")},
                        args=["--steps", "5"]),
         # multi: 2 fake GPUs and 4 CPUs per node.
         harness.sbatch(slurm / "multi_node.sbatch", cluster="multi",
@@ -87,6 +92,48 @@ def test_slurm_templates_submitted_unmodified(harness: Harness) -> None:
     assert len({r["hostname"] for r in recs}) == 2
 
 
+@pytest.mark.slurm
+@pytest.mark.mpi
+def test_mpirun_hostfile_template_under_sbatch_with_mpich(harness: Harness) -> None:
+    """mpi/mpirun_hostfile.sh as a batch script with MPIRUN=mpiexec.hydra: the allocation's
+    hostfile is written in Hydra's syntax (it refused Open MPI's), 2 nodes x 2 ranks."""
+    hydra = harness.sbatch(SCRIPTS / "mpi" / "mpirun_hostfile.sh", cluster="multi",
+                           options=["-N", "2", "--ntasks-per-node", "2"],
+                           export={"TRAIN": str(RANK_CHECK), "MPIRUN": "mpiexec.hydra"},
+                           env=harness.env("multi", mpich=True), label="hydra").wait()  # fmt: skip
+    recs = check_world(hydra, launcher="mpi", layouts=TWO_BY_TWO)
+    assert len({r["hostname"] for r in recs}) == 2
+
+
+THREE_RANKS = [(r, 3, r, 3, 0, 1) for r in range(3)]
+
+
+@pytest.mark.mpi
+def test_mpirun_hostfile_template_with_open_mpi_and_mpich(harness: Harness) -> None:
+    """scripts/mpi/mpirun_hostfile.sh run as users run it, by Open MPI's mpirun and by MPICH's
+    mpiexec.hydra, over a hostfile in each syntax its comment gives ("host slots=3", "host:3"):
+    3 ranks every time (MPICH got NP=0 from "host:N", and Hydra refused "slots=")."""
+    host = socket.gethostname()
+    engines = {
+        "openmpi": ({"MPIRUN": OMPI[0], "MPIRUN_ARGS": shlex.join([*OMPI[1:], "--oversubscribe"])},
+                    {"ompi": True}),
+        "hydra": ({"MPIRUN": "mpiexec.hydra"}, {"mpich": True}),
+    }  # fmt: skip
+    launches = []
+    for engine, (variables, options) in engines.items():
+        for label, text in (("slots", f"{host} slots=3\n"), ("colon", f"# ranks\n{host}:3\n")):
+            hostfile = harness.outdir(f"hostfile-{engine}-{label}") / "hosts.txt"
+            hostfile.write_text(text)
+            extra = {**variables, "TRAIN": str(RANK_CHECK), "HOSTFILE": str(hostfile)}
+            env = harness.env(**options, extra=extra)
+            launches.append(
+                harness.start(["bash", SCRIPTS / "mpi" / "mpirun_hostfile.sh"], env=env)
+            )
+    for result in wait_all(launches):
+        recs = check_world(result, launcher="mpi", layouts=THREE_RANKS)
+        assert {r["hostname"] for r in recs} == {host}
+
+
 def test_templates_pass_bash_n_and_shellcheck() -> None:
     """Every template in scripts/ parses (bash -n) and is shellcheck-clean."""
     assert len(TEMPLATES) >= 6, TEMPLATES
@@ -99,6 +146,30 @@ def test_templates_pass_bash_n_and_shellcheck() -> None:
     lint = subprocess.run([shellcheck, "--shell=bash", *map(str, TEMPLATES)], capture_output=True,
                           text=True, timeout=60, check=False)  # fmt: skip
     assert lint.returncode == 0, lint.stdout + lint.stderr
+
+
+STARTERS = ("srun", "mpirun", "mpiexec", "jsrun", "torchrun", "python", "scontrol")
+
+
+@pytest.mark.parametrize("template", TEMPLATES, ids=lambda p: p.name)
+def test_templates_require_train(tmp_path: Path, template: Path) -> None:
+    """Every template stops at once, naming TRAIN, when the training script is not given.
+
+    It starts nothing: every launcher it could call is a stand-in that records being called.
+    """
+    fake = tmp_path / "bin"
+    fake.mkdir()
+    for name in STARTERS:
+        (fake / name).write_text(f"#!/bin/sh\necho {name} >>{tmp_path}/called\n")
+        (fake / name).chmod(0o755)
+    env = {**scrubbed_environ(), "PATH": f"{fake}:/usr/bin:/bin", "SLURM_JOB_ID": "7",
+           "SLURM_JOB_NODELIST": "n1", "LSB_MCPU_HOSTS": "h1 4", "HOSTFILE": "/dev/null"}  # fmt: skip
+    env.pop("TRAIN", None)
+    done = subprocess.run(["bash", str(template)], env=env, cwd=tmp_path, capture_output=True,
+                          text=True, timeout=30, check=False)  # fmt: skip
+    assert done.returncode != 0, done.stdout + done.stderr
+    assert "TRAIN: set TRAIN to your training script" in done.stderr, done.stderr
+    assert not (tmp_path / "called").exists(), (tmp_path / "called").read_text()
 
 
 FAKE_JSRUN = """#!/bin/sh
