@@ -153,6 +153,9 @@ def test_installed_wheel_runs_the_cli_and_the_readme_example(built: Built) -> No
     readme = (REPO / "README.md").read_text()
     example = next(b for b in re.findall(r"```python\n(.*?)```", readme, re.S) if "init_dist" in b)
     (built.work / "train.py").write_text(example)
-    out = _run([bin_ / "distenv", "run", "-n", "2", "train.py"], built.work, timeout=180)
-    ranks = sorted(re.findall(r"^(?:\S+ )?(\d) 2 (\d) 127\.0\.0\.1$", out, re.M))
+    # --prefix-output: each rank's lines arrive whole (two ranks' print() on one pipe interleave).
+    out = _run(
+        [bin_ / "distenv", "run", "-n", "2", "--prefix-output", "train.py"], built.work, timeout=180
+    )
+    ranks = sorted(re.findall(r"^\[rank \d\] (\d) 2 (\d) 127\.0\.0\.1$", out, re.M))
     assert ranks == [("0", "0"), ("1", "1")], out

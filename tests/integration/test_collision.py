@@ -78,9 +78,14 @@ def _victim_trained(a: Result, world: int) -> None:
 
 
 def _intruder_refused(b: Result, ranks: int, victim_scope: str) -> None:
+    """B failed fast, at least one of its `ranks` ranks naming A's store, and none passed init.
+
+    Launchers that stop every rank when one fails (distenv run, torchrun) may stop a sibling
+    before it reaches the store, so not every rank need print the refusal.
+    """
     assert b.returncode != 0, b.text
     assert b.seconds < INTRUDER_S, b.text
-    assert b.stdout.count("ERROR StoreTakenError") == ranks, b.text
+    assert 1 <= b.stdout.count("ERROR StoreTakenError") <= ranks, b.text
     assert f"is another job's: {victim_scope}" in b.stdout, b.text
     assert "It did not join, and wrote nothing there" in b.stdout, b.text
     assert "INIT" not in b.stdout, b.text
