@@ -211,7 +211,8 @@ def snapshot(name: str, dest: Path, root: Path = REPO, label: str | None = None)
         raise SystemExit(f"bench_versions: no {source / '__init__.py'}")
     dest.mkdir()
     ignore = shutil.ignore_patterns("__pycache__", "*.pyc")
-    shutil.copytree(source, dest / "distenv", ignore=ignore, symlinks=True)
+    # symlinks=False: distenv/scripts links to ../scripts, which a copy elsewhere would lose.
+    shutil.copytree(source, dest / "distenv", ignore=ignore, symlinks=False)
     compile_and_lock(dest)
     return Side(name, label, None, dest)
 
@@ -233,7 +234,11 @@ def compile_and_lock(root: Path) -> None:
 def fingerprint(package: Path) -> str:
     """Hash of the sources under `package` (to notice edits of the working tree during a run)."""
     digest = hashlib.sha256()
-    for path in sorted(package.rglob("*")):
+    # os.walk follows the distenv/scripts link as the copy's real folder does (rglob would not).
+    files = [
+        Path(root, name) for root, _, names in os.walk(package, followlinks=True) for name in names
+    ]
+    for path in sorted(files):
         if path.is_file() and "__pycache__" not in path.parts and path.suffix != ".pyc":
             digest.update(str(path.relative_to(package)).encode() + b"\0" + path.read_bytes())
     return digest.hexdigest()[:16]
