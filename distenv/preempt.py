@@ -261,6 +261,9 @@ def requeue(*, timeout: float = DEFAULT_REQUEUE_TIMEOUT) -> NoReturn:
     command = requeue_command(os.environ)
     rank, world = get_dist_info()
     barrier()
+    if rank == 0:
+        # Said before, not after: the scheduler may end this run before the command returns.
+        warn("requeue: running `%s`", shlex.join(command))
     failure = _run(command, timeout) if rank == 0 else None
     if world > 1:
         failure = _from_rank0(failure)
@@ -269,7 +272,7 @@ def requeue(*, timeout: float = DEFAULT_REQUEUE_TIMEOUT) -> NoReturn:
     if _watch is not None:
         _watch.uninstall()  # the scheduler's SIGTERM must end this process, not set a flag
     if rank == 0:
-        warn("requeue: ran `%s`; waiting for the scheduler to end this run", shlex.join(command))
+        warn("requeue: `%s` accepted; waiting for the scheduler to end this run", command[0])
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         time.sleep(0.05)

@@ -98,7 +98,12 @@ def requeued(job: Job) -> bool:
 
 
 def finished(job: Job) -> bool:
-    return job.show().get("JobState") in ("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", None)
+    state = job.show().get("JobState")
+    if state is None:
+        # No record (an array element's, once done) or no answer under load: finished only if
+        # its output says a run completed (a requeued run that has not restarted has no summary).
+        return any(SUMMARY.match(line) for line in job.text().splitlines())
+    return state in ("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT")
 
 
 def started(job: Job, step: int, restart: int) -> Callable[[], bool]:
@@ -117,7 +122,7 @@ def check_resumed(job: Job, template: str) -> int:
     assert len(saved) == 1, text
     step = int(saved[0])
     assert 0 < step < 150, text
-    assert f"ran `scontrol requeue {job.job}`" in text, text
+    assert f"requeue: running `scontrol requeue {job.job}`" in text, text
     assert "DUE TO JOB REQUEUE" in text, text
     runs = re.findall(rf"^{template}: .*run (\d+)$", text, re.M)
     assert runs == ["0", "1"], text
