@@ -1,7 +1,7 @@
 """Preemption: restart counts, the requeue command, the warning-signal watch and its agreement.
 
 The multi-rank tests run examples/train.py under the real `distenv run` (4 gloo ranks); the Slurm
-end-to-end runs (requeue, array, B:, a real --time) are in tests/integration/preemption_e2e.py (not yet in CI).
+end-to-end runs (requeue, array, B:, a real --time) are in tests/integration/test_preemption.py.
 """
 
 from __future__ import annotations

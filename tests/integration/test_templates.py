@@ -48,7 +48,7 @@ def test_slurm_templates_submitted_unmodified(harness: Harness) -> None:
     single_node: 4 tasks, one fake GPU each (device 0), and once running examples/train.py for real;
     multi_node: 2 nodes x 2 tasks; multi_node_torchrun: one torchrun per node, each task seeing both
     GPUs (device == local rank); the requeue templates run examples/train.py through a requeue in
-    preemption_e2e.py (run by hand, not yet in CI);
+    test_preemption.py;
     mpi/mpirun_hostfile.sh: mpirun from a batch script over a hostfile written from the allocation
     (MPICH's mpiexec.hydra: its own test below).
     """
