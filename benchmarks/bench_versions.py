@@ -61,6 +61,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import _trace_probes
 import bench_bootstrap
 from _common import HERE, REPO, SEED, bootstrap_ci, machine, median, note, parser, summary
 from bench_import import child_env
@@ -142,6 +143,10 @@ def rank_main() -> int:
     if bad:
         raise SystemExit(f"bench_versions rank: distenv not from {expect}: {bad}")
     distenv.init_dist = functools.partial(real, launcher=os.environ[LAUNCHER_VAR])
+    if _trace_probes.TRACE_VAR in os.environ:
+        _trace_probes.install(
+            _trace_probes.rank_of_env(), Path(os.environ[_trace_probes.TRACE_VAR]), distenv
+        )
     sys.argv[0] = str(WORKER)
     try:
         runpy.run_path(str(WORKER), run_name="__main__")
@@ -319,18 +324,21 @@ def measure_import(sides: list[Side], pairs: int, rng: random.Random) -> dict[st
 
 
 @contextlib.contextmanager
-def rank_entry(side: Side, launcher: str) -> Iterator[None]:
+def rank_entry(side: Side, launcher: str, trace_dir: Path | None = None) -> Iterator[None]:
     """Make bench_bootstrap.launch start this script, on `side`'s copy, as every rank.
 
     launch() builds the ranks' environment from os.environ and their command from its module's
-    WORKER: both are set for the one call and restored after.
+    WORKER: both are set for the one call and restored after. With `trace_dir`, the ranks write
+    their phase probes' events there (_trace_probes.py).
     """
     values = {
         "PYTHONPATH": str(side.root),
         EXPECT_VAR: str(side.package),
         LAUNCHER_VAR: INIT_LAUNCHER[launcher],
     }
-    saved = {key: os.environ.get(key) for key in values}
+    if trace_dir is not None:
+        values[_trace_probes.TRACE_VAR] = str(trace_dir)
+    saved = {key: os.environ.get(key) for key in (*values, _trace_probes.TRACE_VAR)}
     saved_worker = bench_bootstrap.WORKER
     os.environ.update(values)
     bench_bootstrap.WORKER = Path(__file__).resolve()
@@ -346,12 +354,25 @@ def rank_entry(side: Side, launcher: str) -> Iterator[None]:
 
 
 def launch_once(
-    side: Side, launcher: str, nprocs: int, slurm_conf: str | None, sync_root: Path
+    side: Side,
+    launcher: str,
+    nprocs: int,
+    slurm_conf: str | None,
+    sync_root: Path,
+    trace: bool = False,
 ) -> dict[str, Any]:
-    with rank_entry(side, launcher):
+    trace_dir = sync_root / f"trace-{time.monotonic_ns()}"
+    with rank_entry(side, launcher, trace_dir if trace else None):
         record = bench_bootstrap.launch(launcher, "distenv", nprocs, slurm_conf, sync_root)
     if record.get("method") != "distenv" or record.get("world_size") != nprocs:
         raise SystemExit(f"bench_versions: unexpected record from {launcher}: {record}")
+    if trace:
+        files = sorted(trace_dir.glob("*.json"))
+        if len(files) != nprocs:
+            raise SystemExit(f"bench_versions: {len(files)} traces of {nprocs} in {trace_dir}")
+        ranks = [json.loads(f.read_text()) for f in files]
+        record["trace"] = {r["rank"]: _trace_probes.phases(r["events"]) for r in ranks}
+        shutil.rmtree(trace_dir, ignore_errors=True)
     return record
 
 
@@ -362,6 +383,7 @@ def measure_bootstrap(
     nprocs: int,
     slurm_conf: str | None,
     rng: random.Random,
+    trace: bool = False,
 ) -> dict[str, Any]:
     records: dict[str, list[dict[str, Any]]] = {s.name: [] for s in sides}
     orders = []
@@ -369,7 +391,7 @@ def measure_bootstrap(
         for index, first in enumerate(pair_orders(BOOTSTRAP_WARMUP, pairs, rng)):
             order = sides if first == sides[0].name else sides[::-1]
             for side in order:
-                record = launch_once(side, launcher, nprocs, slurm_conf, Path(tmp))
+                record = launch_once(side, launcher, nprocs, slurm_conf, Path(tmp), trace)
                 tag = "warm-up" if index < BOOTSTRAP_WARMUP else f"pair {index - BOOTSTRAP_WARMUP}"
                 note(f"{launcher} {tag} {side.name}: {record['max_s'] * 1000:.1f} ms")
                 if index >= BOOTSTRAP_WARMUP:
@@ -388,7 +410,29 @@ def measure_bootstrap(
         name: max((max(r["events_per_rank"]) for r in recs), default=0)
         for name, recs in records.items()
     }
+    if trace:
+        result["phases"] = phase_rows(base, cand, orders)
     return result
+
+
+def phase_rows(
+    base: list[dict[str, Any]], cand: list[dict[str, Any]], orders: list[str]
+) -> dict[str, dict[str, Any]]:
+    """Paired differences per phase: rank 0's, and the median over the other ranks'."""
+
+    def role(record: dict[str, Any], phase: str, zero: bool) -> float:
+        spans = [v[phase] for k, v in record["trace"].items() if (int(k) == 0) == zero]
+        return median(spans) / 1000
+
+    rows = {}
+    names = list(next(iter(base[0]["trace"].values())))
+    for zero, label in ((True, "rank 0"), (False, "others")):
+        for phase in names:
+            rows[f"{label} {phase}"] = paired(
+                [role(r, phase, zero) for r in base], [role(r, phase, zero) for r in cand],
+                None, orders,
+            )  # fmt: skip
+    return rows
 
 
 # --- statistics and output --------------------------------------------------------------------
@@ -419,7 +463,9 @@ def paired(
             if not math.isnan(high) and high <= target_ms
             else "FAIL"
         ),
-        "relative_diff_pct": (median(cand_ms) / median(base_ms) - 1) * 100,
+        "relative_diff_pct": (
+            (median(cand_ms) / median(base_ms) - 1) * 100 if median(base_ms) else math.nan
+        ),
         # Diagnostic: median of (second run - first run) over the pairs, whichever side that was.
         "order_effect_ms": median(
             [d if first == "baseline" else -d for d, first in zip(diffs, orders, strict=True)]
@@ -495,6 +541,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument(
         "--check-paths", action="store_true", help="print each side's copy and check it; no timing"
     )
+    p.add_argument(
+        "--trace",
+        action="store_true",
+        help="also time each bootstrap's phases on every rank (_trace_probes.py) and report "
+        "their paired differences (the probes add a few microseconds to both sides)",
+    )
     args = p.parse_args(argv)
     import_pairs = args.import_pairs if args.import_pairs is not None else 3 if args.smoke else 200
     bootstrap_pairs = (
@@ -555,7 +607,7 @@ def main(argv: list[str] | None = None) -> int:
             clock = time.perf_counter()
             note(f"bootstrap {launcher}: {bootstrap_pairs} pairs after {BOOTSTRAP_WARMUP} warm-up")
             rows[f"bootstrap {launcher}"] = measure_bootstrap(
-                sides, launcher, bootstrap_pairs, args.nprocs, slurm_conf, rng
+                sides, launcher, bootstrap_pairs, args.nprocs, slurm_conf, rng, args.trace
             )
             elapsed[f"bootstrap {launcher}"] = time.perf_counter() - clock
     finally:
@@ -610,6 +662,9 @@ def main(argv: list[str] | None = None) -> int:
     write_json(result, args.out)
     print(f"{baseline.describe()}\n{candidate.describe()}")
     print(table(rows))
+    for name, row in rows.items():
+        if "phases" in row:
+            print(f"\n{name}, phases (ms; info only):\n{table(row['phases'])}")
     print(f"overall: {verdict} in {result['total_s']:.0f} s; JSON: {args.out}")
     return 0 if verdict == "PASS" or args.smoke else 1
 
