@@ -16,6 +16,8 @@ from typing import Any
 
 from _common import REPO
 
+from distenv.rendezvous import POLL_S, POLLS_PER_S, poll_cap
+
 MIB = 1024 * 1024
 NAMES = ("import", "bootstrap", "allreduce", "scaling")
 # Bootstrap times are bimodal on this machine; launches above this are counted separately.
@@ -523,8 +525,9 @@ of the strings each pattern has matched) and validates the world with set compar
 {multi_ms:.0f} ms: one huge request costs more than its chunks. Every other rank makes four store
 round trips when nobody is late (peek at the scope, claim its key, count itself, peek at the
 verdict; `tests/test_rollcall.py` counts them), and while it waits it polls, backing off to one
-request every {poll_cap_ms:.0f} ms at {n_max} ranks (the cap grows with N so that the waiting ranks ask
-rank 0's store about 2000 times a second in all). The verdict holds only the outcome and the
+request every {poll_cap_ms:.0f} ms at {n_max} ranks (the cap grows with N, so that the waiting ranks ask
+rank 0's store at most {polls_per_s} times a second in all, up to {poll_max_ms:.0f} ms: {poll_rate:.0f} requests a
+second at {n_max} ranks). The verdict holds only the outcome and the
 problems ({verdict_b} bytes when all is well), so the N-1 reads cost O(N) bytes: {reads_kib:.0f} KiB
 at {n_max} ranks. torch's own `init_process_group` on gloo is O(N) connections per rank, O(N^2) in
 all; NCCL's bootstrap goes through the same store.
@@ -554,7 +557,10 @@ def projection(rollcall: dict[str, Any]) -> dict[str, Any]:
         "rc_ms": r["rank0_roll_call"]["median"] * 1000,
         "verdict_b": r["verdict_bytes"],
         "reads_kib": r["all_verdict_reads_bytes"] / 1024,
-        "poll_cap_ms": min(max(n_max / 2000, 0.002), rollcall.get("poll_s") or 0.5) * 1000,
+        "poll_cap_ms": poll_cap(n_max) * 1000,
+        "polls_per_s": POLLS_PER_S,
+        "poll_max_ms": POLL_S * 1000,
+        "poll_rate": (n_max - 1) / poll_cap(n_max),
         "chunk": rollcall.get("chunk", 512),
     }
 

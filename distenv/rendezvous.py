@@ -107,6 +107,10 @@ KEY_ROOT = "distenv"
 # Rank 0 publishes the verdict only after its own wait; the others allow it this much longer.
 VERDICT_GRACE_S = 10.0
 POLL_S = 0.5
+# The waiting ranks' polls of rank 0's store, all together, per second, and the shortest pause
+# between one rank's polls.
+POLLS_PER_S = 8000
+MIN_POLL_S = 0.0005
 # Keys per multi_get when rank 0 reads the check-ins: one huge request costs more than its chunks.
 CHUNK = 512
 # What `peek` compares with: never written by distenv (its values are JSON, scopes and states).
@@ -178,11 +182,12 @@ def _pauses(cap: float) -> Iterator[float]:
 def poll_cap(world_size: int) -> float:
     """How long the N - 1 waiting ranks may sleep between polls of rank 0's store.
 
-    Short for small jobs (every millisecond shows in their start-up), longer for large ones so
-    the store is asked at most about 2000 times a second in all. ``Store.wait`` would avoid
-    polling, but a wait that times out leaves the client's connection out of step with the server.
+    Short for small jobs (every millisecond shows in their start-up: a wait backs off by doubling,
+    so it notices an event up to one pause late), longer for large ones so that the store is asked
+    at most about `POLLS_PER_S` times a second in all. ``Store.wait`` would avoid polling, but a
+    wait that times out leaves the client's connection out of step with the server.
     """
-    return min(max(world_size / 2000, 0.002), POLL_S)
+    return min(max(world_size / POLLS_PER_S, MIN_POLL_S), POLL_S)
 
 
 def wait_key(store: Any, key: str, until: float, cap: float) -> bool:
@@ -226,7 +231,7 @@ def wait_value(
 
 def _wait_count(store: Any, key: str, count: int, until: float) -> None:
     # Only rank 0 waits on counts: one poller, so it can afford to look often.
-    pauses = _pauses(0.002)
+    pauses = _pauses(MIN_POLL_S)
     while int(store.add(key, 0)) < count and time.monotonic() < until:
         pause(next(pauses))
 
