@@ -62,9 +62,9 @@ JSRUN_ARRAY_ELEMENT3 = {
 #             listing one host per slot), LSB_DJOB_NUMPROC (number of slots of the job).
 #   [blaunch] IBM Spectrum LSF 10.1.0 blaunch(1): "When no host names are specified, LSF runs tasks
 #             on all allocated hosts, one remote task per job slot."
-#   [res]     openlava 2.2 lsf/res/res.c (the RES LSF's blaunch talks to) sets LSF_PM_TASKID to the
-#             remote task's id; Open MPI v4.1.x orte/mca/ess/lsf/ess_lsf_module.c and PRRTE v3
-#             ess/lsf take `vpid + LSF_PM_TASKID - 1`: the id counts from 1.
+#   [res]     the RES of openlava-derived LSF (lsf/res/res.c, the daemon blaunch talks to) sets
+#             LSF_PM_TASKID to the remote task's id; Open MPI v4 orte/mca/ess/lsf/ess_lsf_module.c
+#             names each daemon `vpid + LSF_PM_TASKID - 1`: the id counts from 1.
 #   [ompi]    Open MPI v5.0.x docs, "Environment variables set for MPI applications":
 #             OMPI_COMM_WORLD_RANK, _SIZE, _LOCAL_RANK, _LOCAL_SIZE.
 # The file contents that LSB_DJOB_HOSTFILE names are kept beside each environment; tests write
