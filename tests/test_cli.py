@@ -174,9 +174,9 @@ def test_distenv_error_is_one_line_exit_1() -> None:
 def test_usage_errors_exit_2(capsys: pytest.CaptureFixture[str]) -> None:
     """Unknown launcher names and subcommands are usage errors (exit 2)."""
     with pytest.raises(SystemExit) as caught:
-        main(["info", "--launcher", "pbs"])
+        main(["info", "--launcher", "condor"])
     assert caught.value.code == 2
-    assert "unknown launcher 'pbs'" in capsys.readouterr().err
+    assert "unknown launcher 'condor'" in capsys.readouterr().err
 
 
 def test_torchrun_alias_is_accepted() -> None:

@@ -9,7 +9,7 @@ import pytest
 
 from distenv import DistEnvError
 from distenv.launchers import BUILTIN, Launcher
-from tests.envs import lsf, mpi, slurm, torchrun
+from tests.envs import lsf, mpi, pbs, slurm, torchrun
 
 
 class RecordingEnv(Mapping[str, str]):
@@ -37,7 +37,7 @@ class RecordingEnv(Mapping[str, str]):
 
 def _all_envs() -> list[dict[str, str]]:
     envs: list[dict[str, str]] = []
-    for module in (slurm, mpi, torchrun, lsf):
+    for module in (slurm, mpi, torchrun, lsf, pbs):
         for name in dir(module):
             value = getattr(module, name)
             if not name.isupper():

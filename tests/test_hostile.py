@@ -97,7 +97,7 @@ CATALOGUE = [
     case("lsf-batch-multi-slot", "auto", {"LSB_JOBID": "1", "LSB_MCPU_HOSTS": "a 2 b 2"}),
     case("lsf-no-hosts", "lsf", {"LSB_JOBID": "1", "JSM_NAMESPACE_RANK": "0"}),
     # --- unknown names
-    case("unknown-launcher", "pbs", {}),
+    case("unknown-launcher", "condor", {}),
 ]
 
 

@@ -16,6 +16,7 @@ from distenv.launchers.base import Default, Launcher, Nodes, Scheduler, World
 from distenv.launchers.lsf import LsfLauncher
 from distenv.launchers.mpi import MpiLauncher
 from distenv.launchers.none import NoneLauncher
+from distenv.launchers.pbs import PbsLauncher
 from distenv.launchers.slurm import SlurmLauncher
 from distenv.launchers.torchrun import TorchrunLauncher
 from distenv.master import MASTER_VARS, scheduler_port, scope_tag
@@ -29,6 +30,7 @@ __all__ = [
     "MASTER_VARS",
     "MPI",
     "NONE",
+    "PBS",
     "PLUGINS_VAR",
     "PLUGIN_GROUP",
     "SLURM",
@@ -55,8 +57,9 @@ TORCHRUN, MPI, SLURM, LSF, NONE = (
     LsfLauncher(),
     NoneLauncher(),
 )
+PBS = PbsLauncher()
 BUILTIN: dict[str, Launcher] = {
-    launcher.name: launcher for launcher in (TORCHRUN, MPI, SLURM, LSF, NONE)
+    launcher.name: launcher for launcher in (TORCHRUN, MPI, SLURM, LSF, NONE, PBS)
 }
 ALIASES = {alias: launcher.name for launcher in BUILTIN.values() for alias in launcher.aliases}
 
@@ -65,7 +68,7 @@ ALIASES = {alias: launcher.name for launcher in BUILTIN.values() for alias in la
 # reverse). `none` is not in the order: it is what remains when nothing is detected. Opted-in
 # plug-ins follow the same principle by type: a plain Launcher before every built-in, a Scheduler
 # after the built-in launchers and before the built-in schedulers.
-DETECTION_ORDER = ("pytorch", "mpi", "slurm", "lsf")
+DETECTION_ORDER = ("pytorch", "mpi", "slurm", "lsf", "pbs")
 
 # Third-party backends register under this entry-point group. Scanning entry points costs tens of
 # milliseconds, so it happens only for a name that is not built in, or for the plug-ins named in

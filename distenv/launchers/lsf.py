@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-from distenv._hosts import check_hostname
+from distenv._hosts import check_hostname, read_host_file
 from distenv.errors import InconsistentEnvironmentError, InvalidVariableError, NotLaunchedError
 from distenv.launchers.base import Nodes, Scheduler, World
 from distenv.master import LOCAL_HOST, MASTER_VARS, Default, scheduler_port, scope_tag
@@ -26,8 +26,6 @@ JSRUN_HINT = (
 BLAUNCH_HINT = (
     "start one task per slot with `blaunch python train.py` (no host list) inside the bsub job"
 )
-# LSB_DJOB_RANKFILE lists one host per slot; a file larger than this is not a host list.
-MAX_RANKFILE_BYTES = 16 * 1024 * 1024
 # Where each kind of process finds the job's slots: jsrun's rank file first; blaunch runs one task
 # per slot of the job's host file (blaunch(1): "one remote task per job slot").
 JSRUN_SLOTS = ("LSB_DJOB_RANKFILE", "LSB_MCPU_HOSTS", "LSB_HOSTS")
@@ -134,16 +132,7 @@ class LsfLauncher(Scheduler):
             ]
         if var in FILE_VARS:
             kind = "rank file" if var == "LSB_DJOB_RANKFILE" else "host file"
-            try:
-                with open(value, "rb") as file:
-                    data = file.read(MAX_RANKFILE_BYTES + 1)
-            except OSError as exc:
-                raise InvalidVariableError(
-                    self.name, var, value, f"a readable {kind} ({exc.strerror})"
-                ) from None
-            if len(data) > MAX_RANKFILE_BYTES:
-                raise InvalidVariableError(self.name, var, value, f"a {kind} under 16 MiB")
-            words = data.decode("utf-8", "replace").split()
+            words = read_host_file(self.name, var, value, kind)
         else:
             words = value.split()
         pairs: list[tuple[str, int]] = []

@@ -102,7 +102,8 @@ class MpiLauncher(Launcher):
     else an enclosing scheduler's allocation, else `distenv.resolve` finds it over MPI (mpi4py).
 
     The job's identity (its rendezvous scope) is ``PMIX_NAMESPACE`` where the launcher is PMIx
-    based (Open MPI 4/5, ``srun --mpi=pmix``, jsrun); Hydra exports none, so its scope is only
+    based (Open MPI 4/5, ``srun --mpi=pmix``, jsrun), ``PALS_APID`` under Cray PALS; Hydra
+    exports none, so its scope is only
     the world size unless rank 0's master is exchanged over MPI (docs/security.md).
     """
 
@@ -114,6 +115,7 @@ class MpiLauncher(Launcher):
     variables = (
         *_declare(),
         Var("PMIX_NAMESPACE", "(scope)", "no", "PMIx: this launch's namespace (Open MPI, srun)"),
+        Var("PALS_APID", "(scope)", "no", "Cray PALS: this launch's application id"),
         *MASTER_VARS,
     )
     tasks_of_scheduler = True
@@ -201,7 +203,9 @@ class MpiLauncher(Launcher):
         )
 
     def scope(self, env: Mapping[str, str]) -> str:
-        # PMIx launchers name the launch; Hydra names nothing every rank shares but the size.
+        # PMIx launchers and Cray PALS name the launch; Hydra names nothing every rank shares but
+        # the size.
         world = self.world(env)
         size = None if world is None or world[1] is None else str(world[1])
-        return scope_tag(self.name, self.reader(env).get("PMIX_NAMESPACE"), size)
+        reader = self.reader(env)
+        return scope_tag(self.name, reader.get("PMIX_NAMESPACE") or reader.get("PALS_APID"), size)
