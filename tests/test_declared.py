@@ -9,7 +9,7 @@ import pytest
 
 from distenv import DistEnvError
 from distenv.launchers import BUILTIN, Launcher
-from tests.envs import lsf, mpi, pbs, slurm, torchrun
+from tests.envs import flux, lsf, mpi, pbs, slurm, torchrun
 
 
 class RecordingEnv(Mapping[str, str]):
@@ -37,14 +37,14 @@ class RecordingEnv(Mapping[str, str]):
 
 def _all_envs() -> list[dict[str, str]]:
     envs: list[dict[str, str]] = []
-    for module in (slurm, mpi, torchrun, lsf, pbs):
+    for module in (slurm, mpi, torchrun, lsf, pbs, flux):
         for name in dir(module):
             value = getattr(module, name)
             if not name.isupper():
                 continue
             if isinstance(value, dict):
                 envs.append(value)
-            else:
+            elif isinstance(value, list):
                 envs.extend(v for v in value if isinstance(v, dict))
     return envs
 

@@ -160,8 +160,10 @@ class MpiLauncher(Launcher):
         world_size = reader.parse_int(size_var, size_text, minimum=1)
         local_var, local_text = reader.require(
             *flavor.local_rank,
-            hint="inside a Slurm step use --launcher auto or slurm (srun --mpi=pmi2 sets no local "
-            "rank); elsewhere start the ranks with mpirun/mpiexec",
+            hint=f"${flavor.rank} and ${size_var} without ${flavor.local_rank[0]} are no "
+            f"{flavor.name.split(' (')[0]} launch but a PMI server's (srun --mpi=pmi2, Flux's pmi or cray-pals "
+            "plug-in): inside a Slurm step or a Flux job use --launcher auto, which reads the "
+            "scheduler's variables; elsewhere start the ranks with mpirun/mpiexec",
         )
         local_rank = reader.parse_int(local_var, local_text)
         lsize_var, lsize_text = reader.require(*flavor.local_size, hint=hint)
