@@ -9,6 +9,7 @@ import pytest
 from distenv import detect, explain
 from distenv.errors import InvalidVariableError, MissingVariableError, NotLaunchedError
 from distenv.launchers import PBS, get_launcher
+from distenv.master import scheduler_port
 from tests.envs import pbs
 
 
@@ -75,6 +76,7 @@ def test_pbs_one_slot_script_runs_as_rank_0_of_1(tmp_path: Path) -> None:
     info = detect("pbs", with_nodefile(pbs.PBS_SCRIPT, tmp_path, pbs.NODES[0] + "\n"))
     assert (info.launcher, info.world_size, info.master_addr) == ("pbs", 1, "127.0.0.1")
     assert info.job_id == pbs.PBS_SCRIPT["PBS_JOBID"]
+    assert info.master_port == scheduler_port(pbs.PBS_SCRIPT["PBS_JOBID"], "script")
 
 
 def test_pbs_script_node_file_errors(tmp_path: Path) -> None:
