@@ -190,6 +190,13 @@ def plan_node(options: LaunchOptions, layout: Detection | None) -> NodePlan:
     node_rank = options.node_rank
     if node_rank is None:
         node_rank = scheduled.node_rank if scheduled else 0
+    if nnodes is None or node_rank is None:
+        raise ConfigurationError(
+            options.who,
+            f"the {source} launcher names no node layout (node index and node count), which "
+            "a local launcher needs before any rank starts",
+            hint="pass --nnodes and --node-rank (nnodes= and node_rank=)",
+        )
     if not 0 <= node_rank < nnodes:
         raise ConfigurationError(
             options.who,
