@@ -95,6 +95,9 @@ BLAUNCH_2X2_ANSWERS = [
     (2, 4, 0, 2, 1, 2),
     (3, 4, 1, 2, 1, 2),
 ]
+# Under mpirun the same ranks' node index and count are unknown before init_dist (Open MPI names
+# neither, LSF numbers no MPI rank): its roll call numbers the hosts (c01: 0, c02: 1).
+OMPI_UNDER_LSF_ANSWERS = [(r, 4, r % 2, 2, None, None) for r in range(4)]
 
 # Pitfall: the same job's batch script (no LSF_PM_TASKID, no JSM_*): refused, not rank 0 of 4.
 BLAUNCH_BATCH_SCRIPT = {k: v for k, v in _blaunch(1).items() if k != "LSF_PM_TASKID"}

@@ -56,9 +56,11 @@ def _pals_rank(rank: int) -> dict[str, str]:
     }
 
 
-# The four ranks of that launch; distenv answers (rank, world, local, local world, node, nodes).
+# The four ranks of that launch; distenv answers (rank, world, local, local world, node, nodes)
+# before init_dist: PALS names the node (PALS_NODEID) but no node count, which init_dist's roll
+# call counts from the ranks' host names (2 here).
 PALS_2X2 = [_pals_rank(rank) for rank in range(4)]
-PALS_2X2_ANSWERS = [(r, 4, r % 2, 2, r // 2, 2) for r in range(4)]
+PALS_2X2_ANSWERS = [(r, 4, r % 2, 2, r // 2, None) for r in range(4)]
 
 # Pitfall: the job script itself (`python train.py` without mpiexec): refused, not rank 0 of 4.
 PBS_SCRIPT = dict(_JOB)
