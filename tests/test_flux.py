@@ -6,7 +6,12 @@ import pytest
 
 from distenv import detect, explain
 from distenv.cli import build_parser
-from distenv.errors import DistEnvError, InconsistentEnvironmentError, InvalidVariableError
+from distenv.errors import (
+    DistEnvError,
+    InconsistentEnvironmentError,
+    InvalidVariableError,
+    MissingVariableError,
+)
 from distenv.launchers import FLUX
 from distenv.launchers.flux import job_number
 from distenv.master import scheduler_port
@@ -134,3 +139,11 @@ def test_distenv_run_per_flux_node_takes_the_nodes(node: int) -> None:
     bare = build_parser().parse_args(["run", "-n", "4", "train.py"])
     with pytest.raises(DistEnvError, match="--master-addr"):
         build_children(bare, flux.FLUX_2X1[node])
+
+
+def test_pmi_rank_and_size_alone_are_no_hydra_launch() -> None:
+    """PMI_RANK/PMI_SIZE without MPI_LOCALRANKID outside any scheduler: refused, saying why."""
+    with pytest.raises(MissingVariableError, match="MPI_LOCALRANKID") as caught:
+        detect("auto", {"PMI_RANK": "1", "PMI_SIZE": "2"})
+    assert "no MPICH/Intel MPI launch" in str(caught.value)
+    assert "Flux" in str(caught.value)
