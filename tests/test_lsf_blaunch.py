@@ -94,11 +94,15 @@ def test_open_mpi_under_lsf_every_rank(rank: int, tmp_path: Path) -> None:
     assert info.master_port == scheduler_port("7001", "0")
 
 
-def test_open_mpi_under_lsf_on_a_csm_site_skips_the_launch_node() -> None:
-    """On CSM sites the one-slot launch node listed first runs no rank: the master is h22n07."""
-    info = detect("auto", lsf.OMPI_UNDER_LSF_CSM_RANK0)
+def test_open_mpi_under_lsf_never_takes_a_one_slot_first_host_as_master() -> None:
+    """A one-slot first host is a CSM launch node or rank 0's host: the master is left to MPI."""
+    detection = explain("auto", lsf.OMPI_UNDER_LSF_CSM_RANK0)
+    info = detection.info
     assert (info.launcher, info.rank, info.node_rank, info.num_nodes) == ("mpi", 0, None, None)
-    assert info.master_addr == "h22n07"
+    assert info.master_addr is None  # neither batch2 nor a guess: rank 0's host over MPI
+    assert not any("allocation" in verdict for _, verdict in detection.considered)
+    plain = {**lsf.OMPI_UNDER_LSF_CSM_RANK0, "LSB_MCPU_HOSTS": "h22n07 2 h22n08 2"}
+    assert detect("auto", plain).master_addr == "h22n07"
 
 
 def test_lsf_named_under_open_mpi_is_refused(tmp_path: Path) -> None:

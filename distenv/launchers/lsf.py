@@ -154,8 +154,12 @@ class LsfLauncher(Scheduler):
         reader = self.reader(env)
         if not reader.has("LSB_JOBID"):
             return None
-        # mpirun inside the job: its ranks run on the compute nodes, never on a CSM launch node.
-        return Default(self._rank_hosts(reader)[0][0], self._port(reader), source=self.name)
+        slots = self._slots(reader)
+        if len(slots) > 1 and slots[0][1] == 1:
+            # A first host with one slot is a CSM site's launch node (no rank) or a host where
+            # mpirun put rank 0: nothing tells which, so the master is exchanged over MPI.
+            return None
+        return Default(slots[0][0], self._port(reader), source=self.name)
 
     def default_master(self, env: Mapping[str, str]) -> Default | None:
         reader = self.reader(env)

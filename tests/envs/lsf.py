@@ -118,7 +118,8 @@ OMPI_UNDER_LSF = [
 ]
 
 # Pitfall: Open MPI under LSF on a CSM (CORAL) site, whose host list starts with the launch node
-# holding one slot (the Summit/Sierra layout above): the master is the first compute node, h22n07.
+# holding one slot (the Summit/Sierra layout above). A one-slot first host may as well be where
+# mpirun put rank 0 on an ordinary site: distenv names no master (rank 0's host goes over MPI).
 OMPI_UNDER_LSF_CSM_RANK0 = {
     "LSB_JOBID": "1032932",  # [env]
     "LSB_MCPU_HOSTS": "batch2 1 h22n07 2 h22n08 2",  # [env] launch node first
