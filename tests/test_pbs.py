@@ -107,3 +107,10 @@ def test_pbs_names_and_scope() -> None:
     assert get_launcher("pbspro") is PBS
     assert PBS.scope({"PBS_JOBID": "7.srv"}) == "pbs/7.srv/-"
     assert PBS.world({"PBS_JOBID": "7.srv"}) is None
+
+
+def test_open_mpi_in_a_pbs_job_is_mpis() -> None:
+    """mpirun inside a PBS job: OMPI_* answer, the roll call counts the nodes, no master from PBS."""
+    info = detect("auto", pbs.OMPI_UNDER_PBS_RANK3)
+    assert (info.launcher, info.rank, info.local_rank, info.local_world_size) == ("mpi", 3, 1, 2)
+    assert (info.node_rank, info.num_nodes, info.master_addr) == (None, None, None)

@@ -91,3 +91,14 @@ PALS_UNDER_SLURM_RANK3 = {
     "PMI_LOCAL_SIZE": "2",  # [pals]
     "PMI_JOBID": "88123",  # [pals]
 }
+
+# Open MPI's mpirun (built with PBS's TM support) inside the same job: OMPI_* (Open MPI v5.0.x docs,
+# "Environment variables set for MPI applications") beside the job's PBS_* that the ranks inherit.
+# The mpi launcher answers; PBS gives no master (the node file may be absent on the other node).
+OMPI_UNDER_PBS_RANK3 = {
+    **_JOB,
+    "OMPI_COMM_WORLD_RANK": "3",
+    "OMPI_COMM_WORLD_SIZE": "4",
+    "OMPI_COMM_WORLD_LOCAL_RANK": "1",
+    "OMPI_COMM_WORLD_LOCAL_SIZE": "2",
+}
