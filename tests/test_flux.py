@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from distenv import detect, explain
+from distenv import detect, explain, resolve
 from distenv.cli import build_parser
 from distenv.errors import (
     DistEnvError,
@@ -89,6 +89,8 @@ def test_initial_program_is_rank_0_of_1() -> None:
     info = detect("auto", flux.FLUX_BATCH_SCRIPT)
     assert (info.launcher, info.world_size, info.master_addr) == ("flux", 1, "127.0.0.1")
     assert info.job_id is None
+    assert info.master_port is None  # no job id to derive one: a free port at init, like `none`
+    assert resolve(info, env=flux.FLUX_BATCH_SCRIPT).master_port is not None
 
 
 def test_pmi_without_local_rank_is_fluxs() -> None:

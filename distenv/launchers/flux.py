@@ -123,8 +123,8 @@ class FluxLauncher(Scheduler):
     def default_master(self, env: Mapping[str, str]) -> Default | None:
         reader = self.reader(env)
         job = self._job(reader)
-        if job is None:  # an initial program: rank 0 of 1
-            return Default(LOCAL_HOST, scheduler_port("0", "flux"), source=self.name)
+        if job is None:  # an initial program: rank 0 of 1 on a free port (no job id to derive)
+            return Default(LOCAL_HOST, None, source=self.name)
         # No host in a task's environment: MASTER_ADDR, else rank 0's host over MPI.
         return Default(None, scheduler_port(str(job[1]), "0"), source=self.name)
 
