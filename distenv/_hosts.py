@@ -12,7 +12,14 @@ import re
 
 from distenv.errors import InvalidVariableError
 
-__all__ = ["MAX_HOSTS", "check_hostname", "count_hosts", "expand_nodelist", "expand_tasks_per_node"]
+__all__ = [
+    "MAX_HOSTS",
+    "check_hostname",
+    "count_hosts",
+    "expand_nodelist",
+    "expand_tasks_per_node",
+    "read_host_file",
+]
 
 # Larger than any machine built so far; a list past it is corrupt or hostile.
 MAX_HOSTS = 100_000
@@ -21,6 +28,34 @@ _HOST_CHARS = re.compile(r"[A-Za-z0-9._-]+")
 _LIST_CHARS = re.compile(r"[A-Za-z0-9._\-\[\],]+")
 _RANGE = re.compile(r"(\d+)(?:-(\d+))?")
 _TASKS_ITEM = re.compile(r"(\d{1,7})(?:\(x(\d{1,7})\))?")
+
+
+# A scheduler's host file (LSF's rank and host files, PBS's node file) lists one host per slot; a
+# file larger than this is not a host list.
+MAX_HOST_FILE_BYTES = 16 * 1024 * 1024
+
+
+def read_host_file(launcher: str, variable: str, path: str, kind: str) -> list[str]:
+    """Return the host names of the file `path` (named by `variable`), one per slot, in order.
+
+    Reads at most 16 MiB and checks every name; `kind` names the file in errors ("node file").
+
+    Raises:
+        InvalidVariableError: If the file cannot be read, is too large, or holds no host names.
+    """
+    try:
+        with open(path, "rb") as file:
+            data = file.read(MAX_HOST_FILE_BYTES + 1)
+    except OSError as exc:
+        raise InvalidVariableError(
+            launcher, variable, path, f"a readable {kind} ({exc.strerror})"
+        ) from None
+    if len(data) > MAX_HOST_FILE_BYTES:
+        raise InvalidVariableError(launcher, variable, path, f"a {kind} under 16 MiB")
+    hosts = [check_hostname(launcher, variable, h) for h in data.decode("utf-8", "replace").split()]
+    if not hosts:
+        raise InvalidVariableError(launcher, variable, path, f"a {kind} naming at least one host")
+    return hosts
 
 
 def check_hostname(launcher: str, variable: str, value: str, *, hint: str | None = None) -> str:

@@ -27,6 +27,11 @@ AT_INIT = {
     "master_addr": "rank 0's host over MPI at init (pass --mpi to ask now)",
     "master_port": "rank 0's free port over MPI at init (pass --mpi to ask now)",
 }
+# What it says for a node layout the launcher does not name (`RankInfo.layout_known`).
+FROM_ROLL_CALL = {
+    "node_rank": "from the roll call at init (this host's place among the ranks' hosts)",
+    "num_nodes": "from the roll call at init (the number of the ranks' hosts)",
+}
 
 
 def _write_whole(text: str) -> None:
@@ -80,6 +85,8 @@ def _cmd_info(args: argparse.Namespace) -> int:
     at_init = resolved and not args.mpi
 
     def shown(name: str, value: object) -> str:
+        if value is None and name in FROM_ROLL_CALL:
+            return FROM_ROLL_CALL[name]
         if value is None:
             return AT_INIT.get(name, "-") if at_init else "-"
         return str(value)

@@ -119,11 +119,14 @@ def get_local_group() -> torch.distributed.ProcessGroup:
     if _local_group is not None and _local_group[0] is world:
         return _local_group[1]
     info = current_info()
-    if info is None:
+    if info is None or info.node_rank is None:
         raise InitError(
             "comm",
-            "get_local_group() cannot tell which node this rank is on",
-            hint="call distenv.setup() (or init_dist) before the process group is created",
+            "get_local_group() cannot tell which node this rank is on"
+            + ("" if info is None else f": the {info.launcher} launcher names no node layout"),
+            hint="call distenv.setup() (or init_dist) before the process group is created"
+            if info is None
+            else "create the group with distenv.init_dist(): its roll call numbers the nodes",
         )
     import torch
 

@@ -21,7 +21,7 @@ from distenv.errors import DistEnvError
 from distenv.pipeline import locate
 from distenv.rankinfo import RankInfo
 from distenv.records import CheckIn, Verdict
-from distenv.rendezvous import job_scope, make_checkin, meet
+from distenv.rendezvous import fill_layout, job_scope, make_checkin, meet
 from distenv.settings import Settings
 
 __all__ = ["add_doctor_parser", "doctor"]
@@ -48,13 +48,15 @@ def _table(info: RankInfo, verdict: Verdict, out: TextIO) -> None:
             rows.append((str(rank), "-", "-", "-", "-", "-", "MISSING"))
             continue
         c = by_rank[rank]
+        # A node the launcher did not name is the roll call's number for the host.
+        node = c.node_rank if c.node_rank is not None else verdict.node_of(c.hostname)
         status = "ok" if verdict.ok else ("DUPLICATE" if claimed[rank] > 1 else "see verdict")
         rows.append(
             (
                 str(rank),
                 c.hostname,
                 str(c.local_rank),
-                str(c.node_rank),
+                "-" if node is None else str(node),
                 c.device or "cpu",
                 c.launcher,
                 status,
@@ -120,10 +122,11 @@ def doctor(
             return 1
     if info.rank != 0:
         return 0 if verdict.ok else 1
+    info = fill_layout(info, verdict, checkin)
 
     out.write(
         f"distenv doctor: launcher={info.launcher} world_size={info.world_size} "
-        f"nodes={info.num_nodes} master={checkin.master} backend={backend} "
+        f"nodes={'-' if info.num_nodes is None else info.num_nodes} master={checkin.master} backend={backend} "
         f"torch={checkin.torch_version}\n"
     )
     _explanation(detection.considered, out)

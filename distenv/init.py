@@ -16,8 +16,9 @@ and `init_dist` goes on to
 
 5. under one deadline (the rendezvous timeout + 10 s, `distenv.deadline`): reach rank 0's store,
    prove it is this job's and hold the roll call over it (`distenv.rendezvous`: every rank checks
-   in, rank 0 validates and names missing ranks), then create the process group with the same
-   store and check that every rank came up (`distenv.group`);
+   in, rank 0 validates and names missing ranks, and numbers the nodes where the launcher named
+   none), then create the process group with the same store and check that every rank came up
+   (`distenv.group`); a node layout the roll call filled is exported and remembered;
 6. log one summary line on rank 0 (logger ``distenv``, INFO);
 7. seed every generator, if asked (`distenv.seeding`).
 
@@ -40,6 +41,7 @@ from distenv.pipeline import Detection, locate
 from distenv.rankinfo import RankInfo
 from distenv.rendezvous import (
     Presence,
+    fill_layout,
     job_scope,
     make_checkin,
     master_address,
@@ -114,7 +116,11 @@ def _prepare(
         # rank left on cuda:0 puts its context (and, before device_id existed, its
         # communicator) on another rank's GPU.
         torch.cuda.set_device(device)
-    os.environ.update(info.to_env())
+    exported = info.to_env()
+    os.environ.update(exported)
+    for name in ("GROUP_RANK", "GROUP_WORLD_SIZE"):
+        if name not in exported:  # the node layout is unknown until the roll call
+            os.environ.pop(name, None)
     os.environ[SCOPE_VAR] = detection.scope
     state.remember(state.State(info, detection.scope, device, allow_gpu_sharing))
     return device
@@ -173,12 +179,14 @@ def _init_process_group(
     deadline: Deadline,
     settings: Settings,
     detection: Detection,
-) -> None:
+) -> RankInfo:
+    """Hold the roll call and create the group; return `info` with the roll call's node layout."""
     scope = job_scope(detection.scope, info.world_size, detection.mpi_token)
     checkin = make_checkin(
         info, backend, device, allow_gpu_sharing=state.gpu_sharing_allowed(), scope=scope
     )
     presence = Presence(info, scope, settings)
+    placed = [info]
 
     def bootstrap(watch: Watch) -> None:
         # Everybody checks in before torch is asked to wait: a missing rank is named, not waited
@@ -192,6 +200,7 @@ def _init_process_group(
             phase="rollcall",
             master_from=detection.master_from,
         )
+        placed[0] = fill_layout(info, verdict, checkin)
         join_group(
             watch,
             store,
@@ -208,6 +217,17 @@ def _init_process_group(
     watch = Watch("the connection to rank 0's store", deadline.at, too_late(info, deadline))
     with interruptible(watch, info.launcher, presence.left):
         watched(bootstrap, watch)
+    return placed[0]
+
+
+def _placed(info: RankInfo, known: RankInfo) -> RankInfo:
+    """Export and remember the node layout the roll call filled in (`known` is `info` if none)."""
+    if known is not info:
+        os.environ.update(known.to_env())
+        current = state.current()
+        if current is not None:
+            state.remember(current._replace(info=known))
+    return known
 
 
 def _reuse(info: RankInfo) -> RankInfo:
@@ -308,7 +328,7 @@ def init_dist(
         allow_gpu_sharing=allow_gpu_sharing,
     )
     chosen = rank_backend(device, backend)
-    _init_process_group(
+    known = _init_process_group(
         info,
         chosen,
         device if set_device else None,
@@ -317,12 +337,13 @@ def init_dist(
         settings,
         detection,
     )
+    info = _placed(info, known)
     if info.rank == 0:
         logger.info(
             "init_dist: launcher=%s world_size=%d nodes=%d master=%s backend=%s device=%s",
             info.launcher,
             info.world_size,
-            info.num_nodes,
+            info.num_nodes or 0,
             master_address(info),
             chosen,
             "cpu" if device is None else f"cuda:{device}",

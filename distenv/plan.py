@@ -52,7 +52,8 @@ __all__ = [
 
 PER_NODE_HINT = (
     "start one distenv run per node (srun --ntasks-per-node=1, jsrun --tasks_per_rs 1 "
-    "--rs_per_host 1) and let it start the ranks with --nproc-per-node"
+    "--rs_per_host 1, flux run --tasks-per-node=1) and let it start the ranks with "
+    "--nproc-per-node"
 )
 
 
@@ -128,7 +129,7 @@ def scheduler_layout(who: str, env: Mapping[str, str]) -> Detection | None:
         raise ConfigurationError(
             who,
             f"this distenv run is itself rank {info.rank} of {info.world_size} started by "
-            f"{info.launcher}; it takes the nodes only from a scheduler (Slurm, LSF)",
+            f"{info.launcher}; it takes the nodes only from a scheduler (Slurm, LSF, Flux)",
             hint=f"{PER_NODE_HINT}, or pass --nnodes, --node-rank and --master-addr",
         )
     if info.local_world_size != 1:
@@ -189,6 +190,13 @@ def plan_node(options: LaunchOptions, layout: Detection | None) -> NodePlan:
     node_rank = options.node_rank
     if node_rank is None:
         node_rank = scheduled.node_rank if scheduled else 0
+    if nnodes is None or node_rank is None:
+        raise ConfigurationError(
+            options.who,
+            f"the {source} launcher names no node layout (node index and node count), which "
+            "a local launcher needs before any rank starts",
+            hint="pass --nnodes and --node-rank (nnodes= and node_rank=)",
+        )
     if not 0 <= node_rank < nnodes:
         raise ConfigurationError(
             options.who,

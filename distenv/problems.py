@@ -182,21 +182,19 @@ class SharedLocalRank(NamedTuple):
     """Several ranks of one host and node with the same local rank."""
 
     host: str
-    node: int
+    node: int | None  # None: the launcher named no node (the roll call numbers hosts)
     local_rank: int
     sharing: int
 
     def describe(self, timeout: float) -> str:
-        return (
-            f"{self.sharing} ranks on {self.host} (node {self.node}) share local rank "
-            f"{self.local_rank}"
-        )
+        node = "" if self.node is None else f" (node {self.node})"
+        return f"{self.sharing} ranks on {self.host}{node} share local rank {self.local_rank}"
 
     @classmethod
     def parse(cls, fields: "_Fields", world: int) -> "SharedLocalRank":
         return cls(
             fields.text("host", "hostname"),
-            fields.integer("node", 0, world),
+            fields.optional_integer("node", 0, world),
             fields.integer("local_rank", 0, world),
             fields.integer("sharing", 2, MAX_RANK),
         )
@@ -325,20 +323,24 @@ def claimed_twice(checkins: Sequence[CheckIn]) -> list[Problem]:
     ]
 
 
-def shared_local_ranks(places: Sequence[tuple[str, int, int]]) -> list[Problem]:
+def shared_local_ranks(places: Sequence[tuple[str, int | None, int]]) -> list[Problem]:
     """Return a `SharedLocalRank` for each (host, node, local rank) that several ranks hold."""
+    counts = Counter(places).items()
     return [
         SharedLocalRank(host, node, local_rank, count)
-        for (host, node, local_rank), count in sorted(Counter(places).items())
+        for (host, node, local_rank), count in sorted(
+            counts, key=lambda p: (p[0][0], p[0][1] or 0, p[0][2])
+        )
         if count > 1
     ]
 
 
-def placements(node_hosts: Iterable[tuple[int, str]]) -> list[Problem]:
+def placements(node_hosts: Iterable[tuple[int | None, str]]) -> list[Problem]:
     """Return a `Placement` for each node that MPI ranks assumed on it find on several hosts."""
     hosts_of_node: dict[int, set[str]] = defaultdict(set)
     for node, host in node_hosts:
-        hosts_of_node[node].add(host)
+        if node is not None:
+            hosts_of_node[node].add(host)
     return [
         Placement(node, tuple(sorted(hosts))[:MAX_SHOWN])
         for node, hosts in sorted(hosts_of_node.items())

@@ -9,7 +9,7 @@ from typing import Any
 
 from distenv.errors import InconsistentEnvironmentError, MasterResolutionError
 
-__all__ = ["ENV_CONTRACT", "RankInfo", "check_fields"]
+__all__ = ["ENV_CONTRACT", "LAYOUT_FIELDS", "RankInfo", "check_fields"]
 
 # Fields and types of the JSON object `distenv info --json` prints; external tools rely on them.
 JSON_FIELDS = (
@@ -25,6 +25,10 @@ JSON_FIELDS = (
     "job_id",
     "restart_count",
 )
+#: The fields a launcher may leave unknown (None): its environment names no node layout (Open MPI
+#: 5 or Hydra alone, Flux's node index, PALS's node count). `init_dist`'s roll call fills them
+#: from the ranks' host names (`distenv.records.node_hosts`).
+LAYOUT_FIELDS = ("node_rank", "num_nodes")
 
 
 def check_fields(
@@ -56,16 +60,18 @@ def check_fields(
         raise InconsistentEnvironmentError(launcher, problem, hint=hint)
 
     for name in JSON_FIELDS[1:7]:
-        if type(fields[name]) is not int:
+        # The node layout may be unknown (None) until the roll call fills it (`LAYOUT_FIELDS`).
+        if type(fields[name]) is not int and not (name in LAYOUT_FIELDS and fields[name] is None):
             fail(f"{label(name)} is not an int")
     pairs = (("node_rank", "num_nodes"), ("rank", "world_size"), ("local_rank", "local_world_size"))
     for low, high in pairs:
-        if fields[high] < 1:
+        top = fields[high] if fields[high] is not None else fields["world_size"]
+        if fields[high] is not None and fields[high] < 1:
             fail(f"{label(high)} must be at least 1")
-        if not 0 <= fields[low] < fields[high]:
-            fail(f"{label(low)} is outside [0, {label(high)})")
+        if fields[low] is not None and not 0 <= fields[low] < top:
+            fail(f"{label(low)} is outside [0, {label(high) if fields[high] else top})")
     for part in ("local_world_size", "num_nodes"):
-        if fields[part] > fields["world_size"]:
+        if fields[part] is not None and fields[part] > fields["world_size"]:
             fail(f"{label(part)} exceeds {label('world_size')}")
     port = fields["master_port"]
     if port is not None and (type(port) is not int or not 1 <= port <= 65535):
@@ -108,8 +114,12 @@ class RankInfo:
         world_size: Number of processes in the job.
         local_rank: Rank among the processes on this node.
         local_world_size: Number of processes on this node.
-        node_rank: Index of this node, ``0 <= node_rank < num_nodes``.
-        num_nodes: Number of nodes the job's processes run on.
+        node_rank: Index of this node, ``0 <= node_rank < num_nodes``; ``None`` while unknown:
+            where the launcher's environment names no node layout (Open MPI 5 or MPICH's Hydra
+            alone, Flux), `init_dist`'s roll call numbers the hosts in order of their lowest
+            rank and fills it.
+        num_nodes: Number of nodes the job's processes run on; ``None`` while unknown (as
+            `node_rank`).
         master_addr: Host of rank 0's store, verbatim (never DNS-resolved); ``None`` only until an
             MPI master (or a single process's free port) is resolved by `distenv.resolve`.
         master_port: Port of rank 0's store; ``None`` under the same condition.
@@ -125,8 +135,8 @@ class RankInfo:
     world_size: int
     local_rank: int
     local_world_size: int
-    node_rank: int
-    num_nodes: int
+    node_rank: int | None
+    num_nodes: int | None
     master_addr: str | None
     master_port: int | None
     job_id: str | None = None
@@ -174,6 +184,11 @@ class RankInfo:
         return self.master_addr is not None and self.master_port is not None
 
     @property
+    def layout_known(self) -> bool:
+        """Whether the node layout is known (else `init_dist`'s roll call fills it)."""
+        return self.node_rank is not None and self.num_nodes is not None
+
+    @property
     def is_main(self) -> bool:
         """Whether this is global rank 0."""
         return self.rank == 0
@@ -188,6 +203,9 @@ class RankInfo:
 
     def to_env(self) -> dict[str, str]:
         """Return torchrun's environment contract for this rank (the ``env://`` variables).
+
+        GROUP_RANK and GROUP_WORLD_SIZE are left out while the node layout is unknown
+        (`layout_known`): `init_dist` exports them once its roll call has numbered the nodes.
 
         Raises:
             MasterResolutionError: If the master is not resolved yet.
@@ -210,4 +228,8 @@ class RankInfo:
             self.master_addr,
             self.master_port,
         )
-        return {name: str(value) for name, value in zip(ENV_CONTRACT, values, strict=True)}
+        return {
+            name: str(value)
+            for name, value in zip(ENV_CONTRACT, values, strict=True)
+            if value is not None
+        }

@@ -31,6 +31,7 @@ __all__ = [
     "ForeignRecordError",
     "Verdict",
     "matches",
+    "node_hosts",
     "parse_checkin",
     "parse_scope",
     "parse_verdict",
@@ -45,6 +46,8 @@ MAX_RANK = 1 << 24  # a world of 16 M ranks: far beyond any job, small enough to
 MAX_PID = 1 << 22  # Linux's pid_max limit
 MAX_PROBLEMS = 64
 MAX_SHOWN = 16  # ranks, hosts or claims a problem names; the rest are counted
+# A verdict that numbers the nodes carries their host names: this much more per possible node.
+NODE_BYTES = 256
 
 _HOST = r"[A-Za-z0-9_](?:[A-Za-z0-9._-]{0,252})"
 _IPV6 = r"\[[0-9A-Fa-f:.]{2,45}(?:%[A-Za-z0-9_.-]{1,32})?\]"
@@ -127,6 +130,9 @@ class _Fields:
         assert isinstance(value, str)
         return value
 
+    def optional_integer(self, name: str, low: int = 0, high: int = MAX_RANK) -> int | None:
+        return None if self.data[name] is None else self.integer(name, low, high)
+
     def optional_text(self, name: str, pattern: str) -> str | None:
         return None if self.data[name] is None else self.text(name, pattern)
 
@@ -161,13 +167,13 @@ def parse_scope(key: str, raw: str | bytes) -> str:
 
 
 class CheckIn(NamedTuple):
-    """What one rank reports about itself."""
+    """What one rank reports about itself (`node_rank` None: its launcher names no node layout)."""
 
     rank: int
     world_size: int
     local_rank: int
     local_world_size: int
-    node_rank: int
+    node_rank: int | None
     hostname: str
     pid: int
     launcher: str
@@ -194,7 +200,7 @@ def _checkin(key: str, data: object) -> CheckIn:
         world_size=world,
         local_rank=fields.integer("local_rank", 0, local_world),
         local_world_size=local_world,
-        node_rank=fields.integer("node_rank", 0, world),
+        node_rank=fields.optional_integer("node_rank", 0, world),
         hostname=fields.text("hostname"),
         pid=fields.integer("pid", 1, MAX_PID + 1),
         launcher=fields.text("launcher"),
@@ -218,23 +224,38 @@ def parse_checkin(key: str, raw: str | bytes) -> CheckIn:
 
 
 class Verdict(NamedTuple):
-    """Rank 0's conclusion, published to every rank: structured problems, rendered locally."""
+    """Rank 0's conclusion, published to every rank: structured problems, rendered locally.
+
+    `nodes` numbers the nodes where some rank's launcher named no node layout (its check-in's
+    ``node_rank`` is None): the ranks' host names in order of their lowest rank (`node_hosts`),
+    so a rank's node index is its host's position and the node count their number. Empty when
+    every rank knew its node, or when the verdict is negative.
+    """
 
     ok: bool
     problems: "tuple[Problem, ...]"
     checkins: tuple[CheckIn, ...] = ()
     scope: str = "-/-/-"
+    nodes: tuple[str, ...] = ()
 
     def to_json(self) -> str:
-        """Return the published form: scope, ok and problems (never the check-ins)."""
+        """Return the published form: scope, ok, problems and nodes (never the check-ins)."""
         return json.dumps(
             {
                 "scope": self.scope,
                 "ok": self.ok,
                 "problems": [_problems().problem_json(p) for p in self.problems[:MAX_PROBLEMS]],
+                "nodes": list(self.nodes),
             },
             separators=(",", ":"),
         )
+
+    def node_of(self, hostname: str) -> int | None:
+        """Return the index of `hostname`'s node in `nodes`, or None if it names no such host."""
+        try:
+            return self.nodes.index(hostname)
+        except ValueError:
+            return None
 
     def describe(self, timeout: float) -> list[str]:
         """Return one message per problem, from this rank's own templates."""
@@ -248,7 +269,7 @@ class Verdict(NamedTuple):
         )
 
 
-_VERDICT_FIELDS = frozenset(("scope", "ok", "problems"))
+_VERDICT_FIELDS = frozenset(("scope", "ok", "problems", "nodes"))
 
 
 def parse_verdict(key: str, raw: str | bytes, *, scope: str, world_size: int) -> Verdict:
@@ -258,7 +279,8 @@ def parse_verdict(key: str, raw: str | bytes, *, scope: str, world_size: int) ->
         ForeignRecordError: If it is too large, malformed, of another scope, or inconsistent (an "ok"
             verdict with problems, a failing one without).
     """
-    fields = _Fields(key, _load(key, raw, MAX_VERDICT_BYTES), _VERDICT_FIELDS)
+    cap = MAX_VERDICT_BYTES + NODE_BYTES * world_size
+    fields = _Fields(key, _load(key, raw, cap), _VERDICT_FIELDS)
     if fields.text("scope") != scope:
         raise ForeignRecordError(key, "written for another scope")
     ok = fields.flag("ok")
@@ -266,7 +288,12 @@ def parse_verdict(key: str, raw: str | bytes, *, scope: str, world_size: int) ->
     problems = tuple(_problems().parse_problem(key, p, world_size) for p in items)
     if ok == bool(problems):
         raise ForeignRecordError(key, "its outcome contradicts its problems")
-    return Verdict(ok, problems, (), scope)
+    hosts = fields.items("nodes", world_size)
+    if not all(matches("hostname", host) for host in hosts) or len(set(hosts)) != len(hosts):
+        raise ForeignRecordError(key, "field 'nodes' is not a list of distinct host names")
+    if hosts and not ok:
+        raise ForeignRecordError(key, "a negative verdict numbers no nodes")
+    return Verdict(ok, problems, (), scope, tuple(hosts))
 
 
 # ---- validation of a complete set of check-ins (rank 0) -----------------------------------------
@@ -300,14 +327,27 @@ def validate(checkins: Sequence[CheckIn], world_size: int) -> list["Problem"]:
         found += _problems().shared_local_ranks(places)
 
     if checkins and checkins[0].launcher == "mpi":
-        node_hosts = set(map(attrgetter("node_rank", "hostname"), checkins))
-        if len(node_hosts) != len({node for node, _ in node_hosts}):
-            found += _problems().placements(node_hosts)
+        # Only where the launcher named the nodes: the roll call's own numbering is by host.
+        pairs = {(c.node_rank, c.hostname) for c in checkins if c.node_rank is not None}
+        if len(pairs) != len({node for node, _ in pairs}):
+            found += _problems().placements(pairs)
 
     on_gpus = [c for c in checkins if c.device is not None]
     if len(set(map(attrgetter("hostname", "device"), on_gpus))) != len(on_gpus):
         found += _problems().shared_gpus(on_gpus)
     return found[:MAX_PROBLEMS]
+
+
+def node_hosts(checkins: Sequence[CheckIn]) -> tuple[str, ...]:
+    """Return the nodes' host names in order of their lowest rank, or () if every rank knew its node.
+
+    `checkins` are in rank order (rank 0's gather reads them so). Host names are what tells the
+    nodes apart: two nodes that report one name are one node here, and the roll call's check of
+    unique local ranks per host refuses that job (`distenv.problems.shared_local_ranks`).
+    """
+    if all(c.node_rank is not None for c in checkins):
+        return ()
+    return tuple(dict.fromkeys(c.hostname for c in checkins))
 
 
 def _problems() -> ModuleType:

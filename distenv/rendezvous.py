@@ -66,6 +66,7 @@ from distenv.records import (
     ForeignRecordError,
     Verdict,
     matches,
+    node_hosts,
     parse_checkin,
     parse_scope,
     parse_verdict,
@@ -84,6 +85,7 @@ __all__ = [
     "check_in",
     "claim_scope",
     "connect_store",
+    "fill_layout",
     "first_line",
     "job_scope",
     "listen_address",
@@ -574,6 +576,33 @@ def roll_call(
     return verdict
 
 
+def fill_layout(info: RankInfo, verdict: Verdict, checkin: CheckIn) -> RankInfo:
+    """Return `info` with the node layout its launcher left unknown, from the roll call's verdict.
+
+    The verdict numbers the hosts in order of their lowest rank (`distenv.records.node_hosts`);
+    this rank's node is the position of the host name it checked in with. A known layout is
+    kept as the launcher stated it.
+
+    Raises:
+        RendezvousError: The verdict does not name this rank's host (not this job's rank 0's).
+    """
+    if info.layout_known or not verdict.ok:
+        return info
+    node = verdict.node_of(checkin.hostname)
+    if node is None:
+        raise RendezvousError(
+            info.launcher,
+            f"rank {info.rank}: the roll call's verdict numbers {len(verdict.nodes)} node(s) "
+            f"but not this rank's host {checkin.hostname!r}, so its node is unknown",
+            hint="the verdict was not written by this job's rank 0, or a host's name changed "
+            "during the start-up: see docs/security.md, and give the job its own MASTER_PORT",
+        )
+    return info.replace(
+        node_rank=node if info.node_rank is None else info.node_rank,
+        num_nodes=len(verdict.nodes) if info.num_nodes is None else info.num_nodes,
+    )
+
+
 def check_in(store: Any, checkin: CheckIn) -> None:
     """Write this rank's record under its rank's key (or, if taken, as an extra claim); count it.
 
@@ -660,7 +689,8 @@ def _gather(store: Any, info: RankInfo, scope: str, until: float) -> Verdict:
     found = tuple(checkins)
     if complete and not foreign:
         problems = validate(found, world)
-        return Verdict(not problems, tuple(problems), found, scope)
+        nodes = () if problems else node_hosts(found)
+        return Verdict(not problems, tuple(problems), found, scope, nodes)
     from distenv.problems import ForeignCheckIn, missing_ranks
 
     named: list[Problem] = [ForeignCheckIn(key) for key in foreign]

@@ -213,14 +213,14 @@ def add_run_parser(subparsers: Any) -> argparse.ArgumentParser:
         "--nnodes",
         type=_nnodes,
         metavar="N",
-        help="number of nodes (default: from Slurm/LSF, else 1)",
+        help="number of nodes (default: from Slurm/LSF/Flux, else 1)",
     )
     add(
         *_spellings("--node-rank"),
         dest="node_rank",
         type=_natural,
         metavar="K",
-        help="index of this node (default: from Slurm/LSF, else 0)",
+        help="index of this node (default: from Slurm/LSF/Flux, else 0)",
     )
     add(
         *_spellings("--master-addr"),

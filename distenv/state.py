@@ -61,8 +61,13 @@ def gpu_sharing_allowed() -> bool:
 
 
 def same_rank(a: RankInfo, b: RankInfo) -> bool:
-    """Whether two answers describe the same rank (the master port may differ: `none` picks anew)."""
-    ignore = ("master_addr", "master_port")
+    """Whether two answers describe the same rank (the master port may differ: `none` picks anew).
+
+    A node layout the launcher left unknown (None) matches the one the roll call filled in.
+    """
+    ignore: tuple[str, ...] = ("master_addr", "master_port")
+    if b.node_rank is None or b.num_nodes is None:
+        ignore += ("node_rank", "num_nodes")
     return {k: v for k, v in a.to_dict().items() if k not in ignore} == {
         k: v for k, v in b.to_dict().items() if k not in ignore
     }

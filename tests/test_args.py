@@ -40,9 +40,9 @@ def test_launcher_help_lists_the_registry():
 def test_unknown_launcher_is_usage_error(capsys):
     """An unknown launcher name exits 2 with argparse's usage error."""
     with pytest.raises(SystemExit) as caught:
-        make_parser().parse_args(["--launcher", "pbs"])
+        make_parser().parse_args(["--launcher", "condor"])
     assert caught.value.code == 2
-    assert "unknown launcher 'pbs'" in capsys.readouterr().err
+    assert "unknown launcher 'condor'" in capsys.readouterr().err
 
 
 @pytest.mark.parametrize(

@@ -2,16 +2,23 @@
 
 from __future__ import annotations
 
+import json
 from collections.abc import Mapping
+from pathlib import Path
 
 import pytest
 
 from distenv import DistEnvError, RankInfo, detect
 from distenv.errors import LauncherMismatchError, LauncherNotFoundError, NotLaunchedError
 from distenv.master import scheduler_port
+from distenv.records import CheckIn, Verdict, node_hosts, parse_verdict, validate
+from distenv.rendezvous import fill_layout
 from tests.envs import mpi, slurm, torchrun
 
-Layout = tuple[int, int, int, int, int, int]  # rank, world, local rank, local size, node, nodes
+CAPTURES = Path(__file__).parent / "envs" / "captures"
+
+# rank, world, local rank, local size, node, nodes (None: left to the roll call)
+Layout = tuple[int, int, int, int, int | None, int | None]
 
 
 def layout(info: RankInfo) -> Layout:
@@ -30,6 +37,9 @@ TWO_BY_TWO = [(r, 4, r % 2, 2, r // 2, 2) for r in range(4)]
 FOUR_NODES = [(r, 4, 0, 1, r, 4) for r in range(4)]
 # Both MPI launchers inside `salloc -N 2 -n 4` put three ranks on the first node, one on the second.
 THREE_PLUS_ONE = [(0, 4, 0, 3, 0, 2), (1, 4, 1, 3, 0, 2), (2, 4, 2, 3, 0, 2), (3, 4, 0, 1, 1, 2)]
+# MPI with no daemon step spanning the allocation names no node: the roll call numbers the hosts.
+ONE_NODE_BY_ROLL_CALL = [(r, 4, r, 4, None, None) for r in range(4)]
+TWO_BY_TWO_BY_ROLL_CALL = [(r, 4, r % 2, 2, None, None) for r in range(4)]
 
 # (captured run, launcher auto chooses, per-rank layouts, master address)
 CASES = [
@@ -42,11 +52,11 @@ CASES = [
     ("SRUN_2N_GPUS_PER_TASK", slurm.SRUN_2N_GPUS_PER_TASK, "slurm", TWO_BY_TWO, "n1"),
     ("SRUN_PMI2_4", slurm.SRUN_PMI2_4, "slurm", ONE_NODE, "vm"),
     ("SRUN_PMIX_4", slurm.SRUN_PMIX_4, "slurm", ONE_NODE, "vm"),
-    ("OMPI_4", mpi.OMPI_4, "mpi", ONE_NODE, None),
-    ("HYDRA_4", mpi.HYDRA_4, "mpi", ONE_NODE, None),
+    ("OMPI_4", mpi.OMPI_4, "mpi", ONE_NODE_BY_ROLL_CALL, None),
+    ("HYDRA_4", mpi.HYDRA_4, "mpi", ONE_NODE_BY_ROLL_CALL, None),
     ("OMPI_IN_SALLOC_2N", mpi.OMPI_IN_SALLOC_2N, "mpi", THREE_PLUS_ONE, "n1"),
     ("HYDRA_IN_SALLOC_2N", mpi.HYDRA_IN_SALLOC_2N, "mpi", THREE_PLUS_ONE, "n1"),
-    ("OMPI_IN_SBATCH", mpi.OMPI_IN_SBATCH, "mpi", TWO_BY_TWO, "n1"),
+    ("OMPI_IN_SBATCH", mpi.OMPI_IN_SBATCH, "mpi", TWO_BY_TWO_BY_ROLL_CALL, "n1"),
     ("HYDRA_IN_SBATCH", mpi.HYDRA_IN_SBATCH, "mpi", TWO_BY_TWO, "n1"),
     ("TORCHRUN_4", torchrun.TORCHRUN_4, "pytorch", ONE_NODE, "localhost"),
     ("TORCHRUN_IN_SRUN_2N", torchrun.TORCHRUN_IN_SRUN_2N, "pytorch", TWO_BY_TWO, "n1"),
@@ -294,3 +304,51 @@ def test_explicit_launcher_beside_another_one_names_both_fixes() -> None:
         "use --launcher slurm (or auto), or submit it: `bsub job.bsub` whose script runs "
         "`jsrun ... python train.py ...` (`distenv template lsf/jsrun.bsub` prints one)"
     )
+
+
+# Captured runs whose launcher names no node layout, and the layout the real launcher made.
+BY_ROLL_CALL = [
+    ("ompi_4", mpi.OMPI_4, ONE_NODE),
+    ("hydra_4", mpi.HYDRA_4, ONE_NODE),
+    ("ompi_in_sbatch", mpi.OMPI_IN_SBATCH, TWO_BY_TWO),
+]
+
+
+@pytest.mark.parametrize(
+    ("capture", "envs", "expected"), BY_ROLL_CALL, ids=[c for c, _, _ in BY_ROLL_CALL]
+)
+def test_roll_call_numbers_the_nodes_of_every_captured_run(
+    capture: str, envs: tuple[dict[str, str], ...], expected: list[Layout]
+) -> None:
+    """Each rank's check-in, with the host it really ran on, gives the real layout back.
+
+    Rank 0 validates the check-ins and numbers the hosts in order of their lowest rank; every
+    rank reads the published verdict and takes its host's place.
+    """
+    hosts = [
+        json.loads(line)["hostname"]
+        for line in (CAPTURES / f"{capture}.jsonl").read_text().splitlines()
+    ]
+    infos = [detect("auto", env).replace(master_addr="h", master_port=1) for env in envs]
+    checkins = [
+        CheckIn(
+            rank=i.rank,
+            world_size=i.world_size,
+            local_rank=i.local_rank,
+            local_world_size=i.local_world_size,
+            node_rank=i.node_rank,
+            hostname=host,
+            pid=100 + i.rank,
+            launcher=i.launcher,
+            master="h:1",
+            backend="gloo",
+            torch_version="2.13.0",
+            scope="mpi/-/4/n4",
+        )
+        for i, host in zip(infos, hosts, strict=True)
+    ]
+    assert validate(checkins, len(checkins)) == []
+    published = Verdict(True, (), tuple(checkins), "mpi/-/4/n4", node_hosts(checkins)).to_json()
+    verdict = parse_verdict("verdict", published, scope="mpi/-/4/n4", world_size=len(checkins))
+    filled = [fill_layout(i, verdict, c) for i, c in zip(infos, checkins, strict=True)]
+    assert [layout(i) for i in filled] == expected

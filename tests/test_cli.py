@@ -109,6 +109,21 @@ def test_info_text_says_the_master_comes_over_mpi_at_init() -> None:
     ), result.stdout
 
 
+def test_info_says_the_node_layout_comes_from_the_roll_call() -> None:
+    """MPI alone names no node layout: the table says so, the JSON gives typed nulls."""
+    table = run_cli("info", env=mpi.HYDRA_4[2])
+    assert table.returncode == 0, table.stderr
+    for field in ("node_rank", "num_nodes"):
+        assert re.search(rf"^{field} +from the roll call at init \(", table.stdout, re.M), (
+            table.stdout
+        )
+    data = json.loads(run_cli("info", "--json", "--no-resolve", env=mpi.OMPI_4[3]).stdout)
+    assert (data["local_world_size"], data["node_rank"], data["num_nodes"]) == (4, None, None)
+    # Where a scheduler's daemon step spans the allocation, the layout is known before init.
+    known = json.loads(run_cli("info", "--json", env=mpi.HYDRA_IN_SBATCH[3]).stdout)
+    assert (known["node_rank"], known["num_nodes"]) == (1, 2)
+
+
 def test_info_mpi_and_no_resolve_exclude_each_other(capsys: pytest.CaptureFixture[str]) -> None:
     """`--mpi` asks MPI, `--no-resolve` asks nothing: together they are a usage error."""
     with pytest.raises(SystemExit) as caught:
@@ -174,9 +189,9 @@ def test_distenv_error_is_one_line_exit_1() -> None:
 def test_usage_errors_exit_2(capsys: pytest.CaptureFixture[str]) -> None:
     """Unknown launcher names and subcommands are usage errors (exit 2)."""
     with pytest.raises(SystemExit) as caught:
-        main(["info", "--launcher", "pbs"])
+        main(["info", "--launcher", "condor"])
     assert caught.value.code == 2
-    assert "unknown launcher 'pbs'" in capsys.readouterr().err
+    assert "unknown launcher 'condor'" in capsys.readouterr().err
 
 
 def test_torchrun_alias_is_accepted() -> None:

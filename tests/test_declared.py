@@ -9,7 +9,7 @@ import pytest
 
 from distenv import DistEnvError
 from distenv.launchers import BUILTIN, Launcher
-from tests.envs import lsf, mpi, slurm, torchrun
+from tests.envs import flux, lsf, mpi, pbs, slurm, torchrun
 
 
 class RecordingEnv(Mapping[str, str]):
@@ -37,11 +37,15 @@ class RecordingEnv(Mapping[str, str]):
 
 def _all_envs() -> list[dict[str, str]]:
     envs: list[dict[str, str]] = []
-    for module in (slurm, mpi, torchrun):
+    for module in (slurm, mpi, torchrun, lsf, pbs, flux):
         for name in dir(module):
-            if name.isupper():
-                envs.extend(getattr(module, name))
-    envs.extend(getattr(lsf, n) for n in dir(lsf) if n.isupper())
+            value = getattr(module, name)
+            if not name.isupper():
+                continue
+            if isinstance(value, dict):
+                envs.append(value)
+            elif isinstance(value, list):
+                envs.extend(v for v in value if isinstance(v, dict))
     return envs
 
 

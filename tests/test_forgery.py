@@ -105,7 +105,7 @@ def test_forged_ok_verdict_fails_within_the_bound() -> None:
 
     def forge(store: Any, scope: str) -> None:
         _checked_in(store, 2)
-        store.set("verdict", json.dumps({"scope": scope, "ok": True, "problems": []}))
+        store.set("verdict", json.dumps({"scope": scope, "ok": True, "problems": [], "nodes": []}))
 
     results, elapsed = _run(forge)
     _no_forged_text(results)

@@ -8,13 +8,16 @@ import tracemalloc
 import pytest
 
 from distenv import DistEnvError, detect
-from tests.envs import lsf, mpi, slurm, torchrun
+from tests.envs import flux, lsf, mpi, pbs, slurm, torchrun
 
 STEP = dict(slurm.SRUN_2N_4T[1])
 TORCH = dict(torchrun.TORCHRUN_4[1])
 OMPI = dict(mpi.OMPI_4[1])
 HYDRA = dict(mpi.HYDRA_4[1])
 JSRUN = dict(lsf.JSRUN_PLAIN_RANK5)
+BLAUNCH = {**lsf.BLAUNCH_2X2[1], "LSB_DJOB_HOSTFILE": ""}  # slots from LSB_MCPU_HOSTS
+FLUX = dict(flux.FLUX_2X1[1])
+PBS_SCRIPT = dict(pbs.PBS_SCRIPT)
 
 
 def case(name: str, launcher: str, base: dict[str, str], **change: str | None) -> object:
@@ -78,7 +81,7 @@ CATALOGUE = [
     case("ompi-size-missing", "mpi", OMPI, OMPI_COMM_WORLD_SIZE=None),
     case("ompi-rank-too-big", "mpi", OMPI, OMPI_COMM_WORLD_RANK="4"),
     case("ompi-local-size-zero", "mpi", OMPI, OMPI_COMM_WORLD_LOCAL_SIZE="0"),
-    case("ompi-uneven-layout", "mpi", OMPI, OMPI_COMM_WORLD_LOCAL_SIZE="3"),
+    case("ompi-local-size-too-big", "mpi", OMPI, OMPI_COMM_WORLD_LOCAL_SIZE="5"),
     case("ompi-local-rank-word", "mpi", OMPI, OMPI_COMM_WORLD_LOCAL_RANK="x"),
     case("hydra-no-local-rank", "mpi", HYDRA, MPI_LOCALRANKID=None),
     case("hydra-size-negative", "mpi", HYDRA, PMI_SIZE="-4"),
@@ -96,8 +99,26 @@ CATALOGUE = [
     case("lsf-rankfile-missing", "lsf", JSRUN, LSB_DJOB_RANKFILE="/nonexistent/rankfile"),
     case("lsf-batch-multi-slot", "auto", {"LSB_JOBID": "1", "LSB_MCPU_HOSTS": "a 2 b 2"}),
     case("lsf-no-hosts", "lsf", {"LSB_JOBID": "1", "JSM_NAMESPACE_RANK": "0"}),
+    # --- LSF blaunch, PBS, Flux
+    case("blaunch-taskid-word", "lsf", BLAUNCH, LSF_PM_TASKID="two"),
+    case("blaunch-taskid-zero", "lsf", BLAUNCH, LSF_PM_TASKID="0"),
+    case("blaunch-taskid-past-slots", "lsf", BLAUNCH, LSF_PM_TASKID="5"),
+    case("blaunch-numproc-contradicts", "lsf", BLAUNCH, LSB_DJOB_NUMPROC="3"),
+    case("blaunch-hostfile-missing", "lsf", BLAUNCH, LSB_DJOB_HOSTFILE="/nonexistent/hostfile"),
+    case("pbs-nodefile-missing", "pbs", PBS_SCRIPT, PBS_NODEFILE="/nonexistent/nodefile"),
+    case("pbs-nodefile-unset", "pbs", PBS_SCRIPT, PBS_NODEFILE=None),
+    case("pbs-nodefile-directory", "pbs", PBS_SCRIPT, PBS_NODEFILE="/"),
+    case("flux-rank-word", "flux", FLUX, FLUX_TASK_RANK="one"),
+    case("flux-rank-too-big", "flux", FLUX, FLUX_TASK_RANK="2"),
+    case("flux-size-zero", "flux", FLUX, FLUX_JOB_SIZE="0"),
+    case("flux-local-id-nonzero", "flux", FLUX, FLUX_TASK_LOCAL_ID="1"),
+    case("flux-nnodes-missing", "flux", FLUX, FLUX_JOB_NNODES=None),
+    case("flux-nnodes-uneven", "flux", FLUX, FLUX_JOB_SIZE="3", FLUX_TASK_RANK="2"),
+    case("flux-job-id-word", "flux", FLUX, FLUX_JOB_ID="ƒ0OIl"),
+    case("flux-job-id-missing", "flux", FLUX, FLUX_JOB_ID=None),
+    case("flux-job-id-huge", "flux", FLUX, FLUX_JOB_ID="ƒ" + "z" * 400),
     # --- unknown names
-    case("unknown-launcher", "pbs", {}),
+    case("unknown-launcher", "condor", {}),
 ]
 
 
@@ -119,6 +140,6 @@ def test_hostile_environment_raises_a_clear_error_fast(launcher: str, env: dict[
     assert elapsed < 0.5
     assert peak < 5_000_000
     message = str(caught.value)
-    assert message.split(":")[0] in {"slurm", "pytorch", "mpi", "lsf", "distenv"}
+    assert message.split(":")[0] in {"slurm", "pytorch", "mpi", "lsf", "pbs", "flux", "distenv"}
     assert "Hint:" in message or "expected" in message or "not set" in message, message
     assert "\n" not in message.replace(repr("n1\nn2"), "")

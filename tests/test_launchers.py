@@ -239,16 +239,23 @@ def test_lsf_rank_file(tmp_path: Path) -> None:
         detect("lsf", {**env, "LSB_DJOB_RANKFILE": str(tmp_path / "missing")})
 
 
-def test_mpi_uneven_layout_without_a_step_is_refused() -> None:
-    """Without a daemon step, ranks // local size is the node only when nodes are equal."""
+def test_mpi_without_a_step_leaves_the_node_layout_to_the_roll_call() -> None:
+    """No daemon step: no MPI variable names the node, so it is unknown, never guessed.
+
+    Uneven nodes (5 ranks, 2 here) are fine: the roll call counts the hosts. Open MPI's
+    OMPI_COMM_WORLD_NODE_RANK is a local rank, not a node index: it changes nothing.
+    """
     env = {
         "OMPI_COMM_WORLD_RANK": "3",
         "OMPI_COMM_WORLD_SIZE": "5",
         "OMPI_COMM_WORLD_LOCAL_RANK": "0",
         "OMPI_COMM_WORLD_LOCAL_SIZE": "2",
+        "OMPI_COMM_WORLD_NODE_RANK": "1",
     }
-    with pytest.raises(InconsistentEnvironmentError, match="not a multiple"):
-        detect("mpi", env)
+    info = detect("mpi", env)
+    assert (info.node_rank, info.num_nodes, info.layout_known) == (None, None, False)
+    assert (info.rank, info.world_size, info.local_world_size) == (3, 5, 2)
+    assert "GROUP_RANK" not in info.replace(master_addr="h", master_port=1).to_env()
 
 
 @pytest.mark.parametrize(
@@ -261,7 +268,7 @@ def test_mpi_uneven_layout_without_a_step_is_refused() -> None:
                 "MV2_COMM_WORLD_LOCAL_RANK": "1",
                 "MV2_COMM_WORLD_LOCAL_SIZE": "4",
             },
-            1,
+            None,
             id="mvapich2",
         ),
         pytest.param(
@@ -278,13 +285,16 @@ def test_mpi_uneven_layout_without_a_step_is_refused() -> None:
         ),
         pytest.param(
             {"PMI_RANK": "5", "PMI_SIZE": "8", "MPI_LOCALRANKID": "1", "MPI_LOCALNRANKS": "4"},
-            1,
+            None,
             id="intel-mpi-hydra",
         ),
     ],
 )
-def test_other_mpi_libraries(env: dict[str, str], node: int) -> None:
-    """MVAPICH2, Cray PALS and Intel MPI's Hydra describe rank 5 of 8 on node 1."""
+def test_other_mpi_libraries(env: dict[str, str], node: int | None) -> None:
+    """MVAPICH2, Cray PALS and Intel MPI's Hydra describe rank 5 of 8; PALS names node 1.
+
+    The others name no node: the roll call numbers the hosts (None until then).
+    """
     info = detect("auto", env)
     assert (info.launcher, info.rank, info.world_size, info.local_rank) == ("mpi", 5, 8, 1)
     assert info.node_rank == node

@@ -255,7 +255,7 @@ def test_verdicts_round_trip_and_render_the_same_on_every_rank() -> None:
 def test_forged_verdicts_are_refused(verdict: dict[str, Any], why: str) -> None:
     """Free text, contradictions, another scope, out-of-range ranks: refused, never rendered."""
     with pytest.raises(ForeignRecordError) as info:
-        parse_verdict("verdict", json.dumps(verdict), scope=SCOPE, world_size=4)
+        parse_verdict("verdict", json.dumps({"nodes": [], **verdict}), scope=SCOPE, world_size=4)
     assert why in info.value.why
     assert "EVIL" not in str(info.value)
 

@@ -132,6 +132,65 @@ def test_roll_call_succeeds_with_everyone() -> None:
         assert sorted(c.rank for c in verdict.checkins) == expected
 
 
+def test_roll_call_numbers_the_nodes_a_launcher_left_unknown() -> None:
+    """MPI ranks placed round-robin on two hosts, named in reverse order, no node layout given.
+
+    Rank 0 numbers the hosts in order of their lowest rank (its own host is node 0, whatever its
+    name), and every rank, reading only the published verdict, takes its host's place.
+    """
+    from torch.distributed import PrefixStore, TCPStore
+
+    from distenv.rendezvous import fill_layout
+
+    world, port = 4, free_port("127.0.0.1")
+    master = TCPStore("127.0.0.1", port, world, True, wait_for_workers=False)
+    hosts = ["zeta", "alpha", "zeta", "alpha"]
+    filled: dict[int, object] = {}
+
+    def rank_main(rank: int) -> None:
+        store = master if rank == 0 else TCPStore("127.0.0.1", port, world, False)
+        info = RankInfo(
+            launcher="mpi", rank=rank, world_size=world, local_rank=rank // 2,
+            local_world_size=2, node_rank=None, num_nodes=None,
+            master_addr="127.0.0.1", master_port=port,
+        )  # fmt: skip
+        mine = checkin(rank, world, launcher="mpi", hostname=hosts[rank], node_rank=None)
+        mine = mine._replace(local_rank=rank // 2)
+        try:
+            verdict = roll_call(
+                PrefixStore("distenv/test", store),
+                info,
+                mine,
+                timeout=10,
+                until=time.monotonic() + 20,
+            )
+            filled[rank] = fill_layout(info, verdict, mine)
+        except RendezvousError as exc:
+            filled[rank] = exc
+
+    threads = [threading.Thread(target=rank_main, args=(r,)) for r in range(world)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(40)
+    layouts = {r: (i.node_rank, i.num_nodes) for r, i in filled.items() if isinstance(i, RankInfo)}
+    assert layouts == {0: (0, 2), 1: (1, 2), 2: (0, 2), 3: (1, 2)}, filled
+
+
+def test_a_verdict_that_does_not_name_this_host_is_refused() -> None:
+    """A verdict numbering other hosts (forged, or a host renamed mid-start): a clear error."""
+    from distenv.rendezvous import fill_layout
+
+    info = RankInfo(
+        launcher="mpi", rank=1, world_size=2, local_rank=0, local_world_size=1,
+        node_rank=None, num_nodes=None, master_addr="h", master_port=1,
+    )  # fmt: skip
+    verdict = Verdict(True, (), (), "mpi/-/2/n2", ("a", "b"))
+    with pytest.raises(RendezvousError, match="not this rank's host 'c'"):
+        fill_layout(info, verdict, checkin(1, 2, hostname="c", node_rank=None))
+    assert fill_layout(info, verdict, checkin(1, 2, hostname="b", node_rank=None)).node_rank == 1
+
+
 def test_missing_rank_is_named_with_its_host_within_the_timeout() -> None:
     """World size 4, rank 3 never starts: rank 0 fails in ~timeout naming rank 3 and node n2."""
     start = time.monotonic()

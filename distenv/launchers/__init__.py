@@ -13,9 +13,11 @@ from collections.abc import Mapping
 
 from distenv.errors import ConfigurationError, LauncherNotFoundError
 from distenv.launchers.base import Default, Launcher, Nodes, Scheduler, World
+from distenv.launchers.flux import FluxLauncher
 from distenv.launchers.lsf import LsfLauncher
 from distenv.launchers.mpi import MpiLauncher
 from distenv.launchers.none import NoneLauncher
+from distenv.launchers.pbs import PbsLauncher
 from distenv.launchers.slurm import SlurmLauncher
 from distenv.launchers.torchrun import TorchrunLauncher
 from distenv.master import MASTER_VARS, scheduler_port, scope_tag
@@ -25,10 +27,12 @@ from distenv.variables import Reader, Var
 __all__ = [
     "BUILTIN",
     "DETECTION_ORDER",
+    "FLUX",
     "LSF",
     "MASTER_VARS",
     "MPI",
     "NONE",
+    "PBS",
     "PLUGINS_VAR",
     "PLUGIN_GROUP",
     "SLURM",
@@ -55,8 +59,10 @@ TORCHRUN, MPI, SLURM, LSF, NONE = (
     LsfLauncher(),
     NoneLauncher(),
 )
+PBS = PbsLauncher()
+FLUX = FluxLauncher()
 BUILTIN: dict[str, Launcher] = {
-    launcher.name: launcher for launcher in (TORCHRUN, MPI, SLURM, LSF, NONE)
+    launcher.name: launcher for launcher in (TORCHRUN, MPI, SLURM, LSF, NONE, PBS, FLUX)
 }
 ALIASES = {alias: launcher.name for launcher in BUILTIN.values() for alias in launcher.aliases}
 
@@ -65,7 +71,7 @@ ALIASES = {alias: launcher.name for launcher in BUILTIN.values() for alias in la
 # reverse). `none` is not in the order: it is what remains when nothing is detected. Opted-in
 # plug-ins follow the same principle by type: a plain Launcher before every built-in, a Scheduler
 # after the built-in launchers and before the built-in schedulers.
-DETECTION_ORDER = ("pytorch", "mpi", "slurm", "lsf")
+DETECTION_ORDER = ("pytorch", "mpi", "slurm", "lsf", "pbs", "flux")
 
 # Third-party backends register under this entry-point group. Scanning entry points costs tens of
 # milliseconds, so it happens only for a name that is not built in, or for the plug-ins named in

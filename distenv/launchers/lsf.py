@@ -1,14 +1,15 @@
-"""The `lsf` launcher backend: IBM Spectrum LSF jobs, ranks started by ``jsrun``.
+"""The `lsf` launcher backend: IBM Spectrum LSF jobs, ranks started by ``jsrun`` or ``blaunch``.
 
 LSF cannot be installed on the project's test machines; the tests use environments recorded from
-IBM's documentation (LSF 10.1 "Environment variables", jsrun(1)), and the docs say so.
+IBM's documentation (LSF 10.1 "Environment variables", jsrun(1), blaunch(1)) and from the sources
+that read LSF's task variables (Open MPI's ``ess/lsf``), and the docs say so.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
 
-from distenv._hosts import check_hostname
+from distenv._hosts import check_hostname, read_host_file
 from distenv.errors import InconsistentEnvironmentError, InvalidVariableError, NotLaunchedError
 from distenv.launchers.base import Nodes, Scheduler, World
 from distenv.master import LOCAL_HOST, MASTER_VARS, Default, scheduler_port, scope_tag
@@ -18,13 +19,22 @@ from distenv.variables import Reader, Var
 
 __all__ = ["LsfLauncher"]
 
-JSRUN_HINT = "start the ranks with jsrun (e.g. `jsrun -r 4 -g 1 python train.py`)"
-# LSB_DJOB_RANKFILE lists one host per slot; a file larger than this is not a host list.
-MAX_RANKFILE_BYTES = 16 * 1024 * 1024
+JSRUN_HINT = (
+    "start the ranks with jsrun (e.g. `jsrun -r 4 -g 1 python train.py`), or one per slot with "
+    "`blaunch python train.py`"
+)
+BLAUNCH_HINT = (
+    "start one task per slot with `blaunch python train.py` (no host list) inside the bsub job"
+)
+# Where each kind of process finds the job's slots: jsrun's rank file first; blaunch runs one task
+# per slot of the job's host file (blaunch(1): "one remote task per job slot").
+JSRUN_SLOTS = ("LSB_DJOB_RANKFILE", "LSB_MCPU_HOSTS", "LSB_HOSTS")
+BLAUNCH_SLOTS = ("LSB_DJOB_HOSTFILE", "LSB_DJOB_RANKFILE", "LSB_MCPU_HOSTS", "LSB_HOSTS")
+FILE_VARS = ("LSB_DJOB_RANKFILE", "LSB_DJOB_HOSTFILE")
 
 
 class LsfLauncher(Scheduler):
-    """Ranks started by ``jsrun`` in an LSF job.
+    """Ranks started by ``jsrun`` or ``blaunch`` in an LSF job.
 
     | variable | fills | required |
     |---|---|---|
@@ -36,6 +46,9 @@ class LsfLauncher(Scheduler):
     | JSM_NAMESPACE_SIZE | world_size | under jsrun |
     | JSM_NAMESPACE_LOCAL_RANK | local_rank | under jsrun |
     | JSM_NAMESPACE_LOCAL_SIZE | local_world_size | under jsrun |
+    | LSF_PM_TASKID | rank (minus 1: it counts from 1) | under blaunch |
+    | LSB_DJOB_NUMPROC | world_size under blaunch (slots of the job) | no |
+    | LSB_DJOB_HOSTFILE | blaunch's slots (file, one host per slot): layout, master | under blaunch |
     | LSB_DJOB_RANKFILE | master_addr: file, one host per slot | first of these three |
     | LSB_MCPU_HOSTS | master_addr: 'host slots host slots ...' | |
     | LSB_HOSTS | master_addr: one host per slot (LSF drops it past 4096 bytes) | |
@@ -45,6 +58,12 @@ class LsfLauncher(Scheduler):
     a first host holding a single slot is the launch node of CORAL-style systems
     (``batch2 1 h22n07 42 h22n08 42``) and owns no rank: it is dropped. Without jsrun the first host
     runs ranks, and the batch script of a multi-slot job is refused like Slurm's.
+
+    ``blaunch`` without a host list runs one task per slot (blaunch(1)); task ``LSF_PM_TASKID``
+    (1-based) is the slot of that line of ``LSB_DJOB_HOSTFILE``, the correspondence Open MPI's
+    ``ess/lsf`` relies on for its daemons. The node layout and the master come from that file.
+    `world` states jsrun's ranks only: an MPI rank whose daemon ``blaunch`` started inherits the
+    daemon's ``LSF_PM_TASKID`` (mpirun's own node has none), which numbers no MPI rank.
     """
 
     name = "lsf"
@@ -61,6 +80,9 @@ class LsfLauncher(Scheduler):
         Var("JSM_NAMESPACE_SIZE", "world_size", "under jsrun", "number of ranks"),
         Var("JSM_NAMESPACE_LOCAL_RANK", "local_rank", "under jsrun", "rank on this node"),
         Var("JSM_NAMESPACE_LOCAL_SIZE", "local_world_size", "under jsrun", "ranks on this node"),
+        Var("LSF_PM_TASKID", "rank", "under blaunch", "blaunch's task id, from 1 (rank + 1)"),
+        Var("LSB_DJOB_NUMPROC", "world_size", "no", "slots of the job: blaunch's task count"),
+        Var("LSB_DJOB_HOSTFILE", "node_rank", "under blaunch", "file, one host per slot"),
         Var("LSB_DJOB_RANKFILE", "master_addr", "one host list", "file, one host per slot"),
         Var("LSB_MCPU_HOSTS", "master_addr", "one host list", "'hostA 4 hostB 4'"),
         Var("LSB_HOSTS", "master_addr", "one host list", "'hostA hostA hostB hostB'"),
@@ -88,9 +110,9 @@ class LsfLauncher(Scheduler):
         # Elements of a job array share LSB_JOBID; LSB_JOBINDEX tells them apart.
         return scheduler_port(reader.get("LSB_JOBID") or "0", reader.get("LSB_JOBINDEX") or "0")
 
-    def _slots(self, reader: Reader) -> list[tuple[str, int]]:
+    def _slots(self, reader: Reader, order: tuple[str, ...] = JSRUN_SLOTS) -> list[tuple[str, int]]:
         """Return the job's hosts with their slot counts, in LSF's order."""
-        found = reader.first("LSB_DJOB_RANKFILE", "LSB_MCPU_HOSTS", "LSB_HOSTS")
+        found = reader.first(*order)
         if found is None:
             raise InvalidVariableError(
                 self.name,
@@ -108,17 +130,9 @@ class LsfLauncher(Scheduler):
                 (check_hostname(self.name, var, host), reader.parse_int(var, count, minimum=1))
                 for host, count in zip(words[::2], words[1::2], strict=True)
             ]
-        if var == "LSB_DJOB_RANKFILE":
-            try:
-                with open(value, "rb") as file:
-                    data = file.read(MAX_RANKFILE_BYTES + 1)
-            except OSError as exc:
-                raise InvalidVariableError(
-                    self.name, var, value, f"a readable rank file ({exc.strerror})"
-                ) from None
-            if len(data) > MAX_RANKFILE_BYTES:
-                raise InvalidVariableError(self.name, var, value, "a rank file under 16 MiB")
-            words = data.decode("utf-8", "replace").split()
+        if var in FILE_VARS:
+            kind = "rank file" if var == "LSB_DJOB_RANKFILE" else "host file"
+            words = read_host_file(self.name, var, value, kind)
         else:
             words = value.split()
         pairs: list[tuple[str, int]] = []
@@ -140,15 +154,24 @@ class LsfLauncher(Scheduler):
         reader = self.reader(env)
         if not reader.has("LSB_JOBID"):
             return None
-        return Default(self._slots(reader)[0][0], self._port(reader), source=self.name)
+        slots = self._slots(reader)
+        if len(slots) > 1 and slots[0][1] == 1:
+            # A first host with one slot is a CSM site's launch node (no rank) or a host where
+            # mpirun put rank 0: nothing tells which, so the master is exchanged over MPI.
+            return None
+        return Default(slots[0][0], self._port(reader), source=self.name)
 
     def default_master(self, env: Mapping[str, str]) -> Default | None:
         reader = self.reader(env)
         if not reader.has("LSB_JOBID"):
             return None
-        if not reader.has("JSM_NAMESPACE_RANK"):  # a 1-slot batch script (a larger one is refused)
-            return Default(LOCAL_HOST, self._port(reader), source=self.name)
-        return Default(self._rank_hosts(reader)[0][0], self._port(reader), source=self.name)
+        if reader.has("JSM_NAMESPACE_RANK"):
+            return Default(self._rank_hosts(reader)[0][0], self._port(reader), source=self.name)
+        if reader.has("LSF_PM_TASKID"):  # task 1 runs on the first slot
+            host = self._slots(reader, BLAUNCH_SLOTS)[0][0]
+            return Default(host, self._port(reader), source=self.name)
+        # a 1-slot batch script (a larger one is refused)
+        return Default(LOCAL_HOST, self._port(reader), source=self.name)
 
     def _rank_hosts(self, reader: Reader) -> list[tuple[str, int]]:
         """Return the hosts that run jsrun's ranks, with their slot counts."""
@@ -161,6 +184,8 @@ class LsfLauncher(Scheduler):
         reader = self.reader(env)
         job_id = reader.require("LSB_JOBID", hint="run inside an LSF job (bsub)")[1]
         if not reader.has("JSM_NAMESPACE_RANK"):
+            if reader.has("LSF_PM_TASKID"):
+                return self._blaunch_task(reader, job_id)
             return self._outside_jsrun(reader, job_id, self._slots(reader))
         self._rank_hosts(reader)  # validates the host list before the layout is trusted
         rank = reader.integer("JSM_NAMESPACE_RANK", hint=JSRUN_HINT)
@@ -208,12 +233,54 @@ class LsfLauncher(Scheduler):
         index = reader.get("LSB_JOBINDEX")
         return ["brequeue", f"{job}[{index}]" if index not in (None, "0") else job]
 
+    def _blaunch_task(self, reader: Reader, job_id: str) -> RankInfo:
+        """A task of ``blaunch`` without a host list: one per slot of LSB_DJOB_HOSTFILE."""
+        task = reader.integer("LSF_PM_TASKID", hint=BLAUNCH_HINT, minimum=1)
+        slots = self._slots(reader, BLAUNCH_SLOTS)
+        slot_var = (reader.first(*BLAUNCH_SLOTS) or BLAUNCH_SLOTS)[0]
+        hosts = [host for host, count in slots for _ in range(count)]
+        numproc = reader.optional_int("LSB_DJOB_NUMPROC", minimum=1)
+        if numproc is not None and numproc != len(hosts):
+            raise InconsistentEnvironmentError(
+                self.name,
+                f"$LSB_DJOB_NUMPROC={numproc} but the job's host file lists {len(hosts)} slots",
+                hint="let LSF set LSB_DJOB_NUMPROC and LSB_DJOB_HOSTFILE; never override them",
+            )
+        if task > len(hosts):
+            raise InvalidVariableError(
+                self.name,
+                "LSF_PM_TASKID",
+                str(task),
+                f"a task id in [1, {len(hosts)}]: blaunch without a host list runs one task per "
+                f"slot, and the job has {len(hosts)}",
+                hint=BLAUNCH_HINT + "; with a host list (-z, -u) set RANK, WORLD_SIZE, "
+                "LOCAL_RANK, LOCAL_WORLD_SIZE and MASTER_* yourself and use --launcher pytorch",
+            )
+        rank = task - 1
+        host = hosts[rank]
+        nodes = list(dict.fromkeys(hosts))  # in order of their first slot
+        return RankInfo.checked(
+            self.name,
+            {"rank": "LSF_PM_TASKID", "world_size": slot_var, "node_rank": slot_var},
+            rank=rank,
+            world_size=len(hosts),
+            local_rank=hosts[:rank].count(host),
+            local_world_size=hosts.count(host),
+            node_rank=nodes.index(host),
+            num_nodes=len(nodes),
+            master_addr=None,
+            master_port=None,
+            job_id=job_id,
+            restart_count=self.restart_count(reader.env),
+        )
+
     def _outside_jsrun(self, reader: Reader, job_id: str, slots: list[tuple[str, int]]) -> RankInfo:
         total = sum(count for _, count in slots)
         if total > 1:
             raise NotLaunchedError(
                 self.name,
-                f"this process is job {job_id}'s batch script (no $JSM_NAMESPACE_RANK) but the job "
+                f"this process is job {job_id}'s batch script (no $JSM_NAMESPACE_RANK or "
+                "$LSF_PM_TASKID) but the job "
                 f"holds {total} slots: it would run as rank 0 of {total} and wait forever",
                 hint=JSRUN_HINT,
                 variable="JSM_NAMESPACE_RANK",

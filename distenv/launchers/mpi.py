@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from distenv.errors import InconsistentEnvironmentError, MissingVariableError
+from distenv.errors import MissingVariableError
 from distenv.launchers.base import Launcher, Nodes, World
 from distenv.master import MASTER_VARS, scope_tag
 from distenv.rankinfo import RankInfo
@@ -93,16 +93,19 @@ class MpiLauncher(Launcher):
     | MPICH / Intel MPI (Hydra) | PMI_RANK | PMI_SIZE | MPI_LOCALRANKID | MPI_LOCALNRANKS |
     | PMIx (srun --mpi=pmix) | PMIX_RANK | (none: needs the enclosing step) | | |
 
-    All are required for the library detected. node_rank is PALS_NODEID on PALS, otherwise
-    ``rank // local_world_size`` and num_nodes ``world_size // local_world_size``: this assumes
-    by-node placement (the default of mpirun and mpiexec), and it is refused when the world size is
-    not a multiple of the local size. ``OMPI_COMM_WORLD_NODE_RANK`` is *not* a node index (it is the
-    rank among the processes on the node). Inside a scheduler's step that spans the allocation, that
-    step numbers the nodes (`placed_rank_info`). The master comes from MASTER_ADDR / MASTER_PORT,
-    else an enclosing scheduler's allocation, else `distenv.resolve` finds it over MPI (mpi4py).
+    All are required for the library detected. Inside a scheduler's step that spans the
+    allocation (mpiexec.hydra inside salloc), that step numbers the nodes (`placed_rank_info`);
+    otherwise no MPI library tells a rank its node index and node count (Open MPI 5 sets no
+    OMPI_MCA_orte_*, Hydra nothing of the kind; ``OMPI_COMM_WORLD_NODE_RANK`` is *not* a node index:
+    it is a local rank counted across jobs), so node_rank and num_nodes are left unknown (None)
+    and `init_dist`'s roll call numbers the hosts in order of their lowest rank. Nodes may hold
+    different numbers of ranks, in any order. PALS_NODEID, where set, is the node index. The master
+    comes from MASTER_ADDR / MASTER_PORT, else an enclosing scheduler's allocation, else
+    `distenv.resolve` finds it over MPI (mpi4py).
 
     The job's identity (its rendezvous scope) is ``PMIX_NAMESPACE`` where the launcher is PMIx
-    based (Open MPI 4/5, ``srun --mpi=pmix``, jsrun); Hydra exports none, so its scope is only
+    based (Open MPI 4/5, ``srun --mpi=pmix``, jsrun), ``PALS_APID`` under Cray PALS; Hydra
+    exports none, so its scope is only
     the world size unless rank 0's master is exchanged over MPI (docs/security.md).
     """
 
@@ -114,6 +117,7 @@ class MpiLauncher(Launcher):
     variables = (
         *_declare(),
         Var("PMIX_NAMESPACE", "(scope)", "no", "PMIx: this launch's namespace (Open MPI, srun)"),
+        Var("PALS_APID", "(scope)", "no", "Cray PALS: this launch's application id"),
         *MASTER_VARS,
     )
     tasks_of_scheduler = True
@@ -158,8 +162,10 @@ class MpiLauncher(Launcher):
         world_size = reader.parse_int(size_var, size_text, minimum=1)
         local_var, local_text = reader.require(
             *flavor.local_rank,
-            hint="inside a Slurm step use --launcher auto or slurm (srun --mpi=pmi2 sets no local "
-            "rank); elsewhere start the ranks with mpirun/mpiexec",
+            hint=f"${flavor.rank} and ${size_var} without ${flavor.local_rank[0]} are no "
+            f"{flavor.name.split(' (')[0]} launch but a PMI server's (srun --mpi=pmi2, Flux's pmi or cray-pals "
+            "plug-in): inside a Slurm step or a Flux job use --launcher auto, which reads the "
+            "scheduler's variables; elsewhere start the ranks with mpirun/mpiexec",
         )
         local_rank = reader.parse_int(local_var, local_text)
         lsize_var, lsize_text = reader.require(*flavor.local_size, hint=hint)
@@ -171,21 +177,15 @@ class MpiLauncher(Launcher):
             "local_world_size": lsize_var,
         }
         node = reader.first(*flavor.node)
+        node_rank: int | None = None
+        num_nodes: int | None = None
         if nodes is not None:
             node_rank, num_nodes = nodes.node_rank, nodes.num_nodes
             sources.update(node_rank=nodes.node_var, num_nodes=nodes.count_var)
-        elif world_size % local_size:
-            raise InconsistentEnvironmentError(
-                self.name,
-                f"${size_var}={world_size} is not a multiple of ${lsize_var}={local_size}, so "
-                "nodes hold different numbers of ranks and the node layout is unknown",
-                hint="place the same number of ranks on every node (mpirun --map-by ppr:N:node)",
-            )
-        else:
-            num_nodes = world_size // local_size
-            node_rank = reader.parse_int(*node) if node is not None else rank // local_size
-            if node is not None:
-                sources["node_rank"] = node[0]
+        elif node is not None:
+            # No node count beside it: the roll call counts the hosts.
+            node_rank = reader.parse_int(*node)
+            sources["node_rank"] = node[0]
         return RankInfo.checked(
             self.name,
             sources,
@@ -201,7 +201,9 @@ class MpiLauncher(Launcher):
         )
 
     def scope(self, env: Mapping[str, str]) -> str:
-        # PMIx launchers name the launch; Hydra names nothing every rank shares but the size.
+        # PMIx launchers and Cray PALS name the launch; Hydra names nothing every rank shares but
+        # the size.
         world = self.world(env)
         size = None if world is None or world[1] is None else str(world[1])
-        return scope_tag(self.name, self.reader(env).get("PMIX_NAMESPACE"), size)
+        reader = self.reader(env)
+        return scope_tag(self.name, reader.get("PMIX_NAMESPACE") or reader.get("PALS_APID"), size)

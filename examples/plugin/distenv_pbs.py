@@ -1,12 +1,14 @@
-"""A distenv launcher plug-in for PBS Pro, written against distenv's public contract only.
+"""A distenv launcher plug-in for one PBS site, written against distenv's public contract only.
 
-PBS Pro grants the nodes; Cray PALS's ``mpiexec`` (or another MPI launcher) starts the ranks
-inside the allocation. As a `Scheduler`, this plug-in takes part in distenv's nesting like the
-built-in Slurm and LSF: MPI ranks started inside a PBS job take the master from the allocation
-(the first host of ``$PBS_NODEFILE``) instead of asking rank 0 over MPI, and the job's batch
-script is refused when it would run as "rank 0 of N".
+distenv's built-in `pbs` backend gives MPI ranks no master: OpenPBS writes ``$PBS_NODEFILE`` on
+the other nodes only where the MoMs set ``gen_nodefile_on_sister_mom``, so it cannot assume a rank
+there reads it, and the master is exchanged over MPI. A site that sets it everywhere can do
+better, and this plug-in does: as a `Scheduler` it takes part in distenv's nesting like the
+built-in Slurm and LSF, MPI ranks take the master from the allocation (the first host of
+``$PBS_NODEFILE``) instead of asking rank 0 over MPI, and the job script is refused when it would
+run as "rank 0 of N".
 
-Install it, then opt in to auto detection: ``DISTENV_PLUGINS=pbs``.
+Install it, then opt in to auto detection: ``DISTENV_PLUGINS=sitepbs``.
 """
 
 from __future__ import annotations
@@ -33,7 +35,7 @@ MAX_NODEFILE_BYTES = 16 * 1024 * 1024
 
 
 class PbsScheduler(Scheduler):
-    """A PBS Pro job (PBS Pro Reference Guide, "PBS Environment Variables").
+    """A PBS Pro job on a site whose every MoM writes the node file (gen_nodefile_on_sister_mom).
 
     | variable | fills | required |
     |---|---|---|
@@ -46,7 +48,7 @@ class PbsScheduler(Scheduler):
     node file as master, with a port derived from the job id.
     """
 
-    name = "pbs"
+    name = "sitepbs"
     variables = (
         Var("PBS_JOBID", "job_id", "yes", "the job id ('1234.server'); its presence means PBS"),
         Var("PBS_NODEFILE", "master_addr", "yes", "file naming the hosts, one line per process"),
