@@ -27,6 +27,7 @@ SCRUB_PREFIXES = (
     "JSM_",
     "TORCHELASTIC_",
     "DISTENV_",
+    "PET_",  # Kubeflow pods
 )
 # DeepSpeed's launcher marks its ranks with these (distenv.agreement.LAUNCH_MARKS).
 SCRUB_NAMES = (*ENV_CONTRACT, "CUDA_VISIBLE_DEVICES", "CROSS_RANK", "CROSS_SIZE", "LOCAL_SIZE")

@@ -9,7 +9,7 @@ import pytest
 
 from distenv import DistEnvError
 from distenv.launchers import BUILTIN, Launcher
-from tests.envs import lsf, mpi, slurm, torchrun
+from tests.envs import kubeflow, lsf, mpi, slurm, torchrun
 
 
 class RecordingEnv(Mapping[str, str]):
@@ -42,6 +42,7 @@ def _all_envs() -> list[dict[str, str]]:
             if name.isupper():
                 envs.extend(getattr(module, name))
     envs.extend(getattr(lsf, n) for n in dir(lsf) if n.isupper())
+    envs.extend(getattr(kubeflow, n) for n in dir(kubeflow) if n.isupper())
     return envs
 
 
@@ -59,6 +60,7 @@ def test_backend_reads_only_declared_variables(launcher: Launcher) -> None:
             launcher.allocation_master,
             launcher.default_master,
             launcher.daemon_nodes,
+            launcher.node_agent,
         ):
             with contextlib.suppress(DistEnvError):
                 call(env)

@@ -13,6 +13,7 @@ from collections.abc import Mapping
 
 from distenv.errors import ConfigurationError, LauncherNotFoundError
 from distenv.launchers.base import Default, Launcher, Nodes, Scheduler, World
+from distenv.launchers.kubeflow import KubeflowLauncher
 from distenv.launchers.lsf import LsfLauncher
 from distenv.launchers.mpi import MpiLauncher
 from distenv.launchers.none import NoneLauncher
@@ -25,6 +26,7 @@ from distenv.variables import Reader, Var
 __all__ = [
     "BUILTIN",
     "DETECTION_ORDER",
+    "KUBEFLOW",
     "LSF",
     "MASTER_VARS",
     "MPI",
@@ -55,9 +57,11 @@ TORCHRUN, MPI, SLURM, LSF, NONE = (
     LsfLauncher(),
     NoneLauncher(),
 )
+KUBEFLOW = KubeflowLauncher()
 BUILTIN: dict[str, Launcher] = {
     launcher.name: launcher for launcher in (TORCHRUN, MPI, SLURM, LSF, NONE)
 }
+BUILTIN[KUBEFLOW.name] = KUBEFLOW
 ALIASES = {alias: launcher.name for launcher in BUILTIN.values() for alias in launcher.aliases}
 
 # The innermost launcher wins: the one that spawned this process beats the scheduler that granted
@@ -65,7 +69,9 @@ ALIASES = {alias: launcher.name for launcher in BUILTIN.values() for alias in la
 # reverse). `none` is not in the order: it is what remains when nothing is detected. Opted-in
 # plug-ins follow the same principle by type: a plain Launcher before every built-in, a Scheduler
 # after the built-in launchers and before the built-in schedulers.
-DETECTION_ORDER = ("pytorch", "mpi", "slurm", "lsf")
+DETECTION_ORDER: tuple[str, ...] = ("pytorch", "mpi", "slurm", "lsf")
+# Kubernetes pods (Kubeflow) never run inside a Slurm or LSF job: after them.
+DETECTION_ORDER += ("kubeflow",)
 
 # Third-party backends register under this entry-point group. Scanning entry points costs tens of
 # milliseconds, so it happens only for a name that is not built in, or for the plug-ins named in
