@@ -28,6 +28,8 @@ SCRUB_PREFIXES = (
     "TORCHELASTIC_",
     "DISTENV_",
     "PET_",  # Kubeflow pods
+    "SM_",  # SageMaker
+    "AZ_BATCH",  # Azure ML
 )
 # DeepSpeed's launcher marks its ranks with these (distenv.agreement.LAUNCH_MARKS).
 SCRUB_NAMES = (*ENV_CONTRACT, "CUDA_VISIBLE_DEVICES", "CROSS_RANK", "CROSS_SIZE", "LOCAL_SIZE")

@@ -9,7 +9,7 @@ import pytest
 
 from distenv import DistEnvError
 from distenv.launchers import BUILTIN, Launcher
-from tests.envs import kubeflow, lsf, mpi, slurm, torchrun
+from tests.envs import azureml, kubeflow, lsf, mpi, sagemaker, slurm, torchrun
 
 
 class RecordingEnv(Mapping[str, str]):
@@ -43,6 +43,8 @@ def _all_envs() -> list[dict[str, str]]:
                 envs.extend(getattr(module, name))
     envs.extend(getattr(lsf, n) for n in dir(lsf) if n.isupper())
     envs.extend(getattr(kubeflow, n) for n in dir(kubeflow) if n.isupper())
+    envs.extend(getattr(sagemaker, n) for n in dir(sagemaker) if n.isupper())
+    envs.extend(getattr(azureml, n) for n in dir(azureml) if n.isupper())
     return envs
 
 

@@ -12,11 +12,13 @@ from __future__ import annotations
 from collections.abc import Mapping
 
 from distenv.errors import ConfigurationError, LauncherNotFoundError
+from distenv.launchers.azureml import AzuremlLauncher
 from distenv.launchers.base import Default, Launcher, Nodes, Scheduler, World
 from distenv.launchers.kubeflow import KubeflowLauncher
 from distenv.launchers.lsf import LsfLauncher
 from distenv.launchers.mpi import MpiLauncher
 from distenv.launchers.none import NoneLauncher
+from distenv.launchers.sagemaker import SagemakerLauncher
 from distenv.launchers.slurm import SlurmLauncher
 from distenv.launchers.torchrun import TorchrunLauncher
 from distenv.master import MASTER_VARS, scheduler_port, scope_tag
@@ -24,6 +26,7 @@ from distenv.settings import PLUGINS_VAR, Settings
 from distenv.variables import Reader, Var
 
 __all__ = [
+    "AZUREML",
     "BUILTIN",
     "DETECTION_ORDER",
     "KUBEFLOW",
@@ -33,6 +36,7 @@ __all__ = [
     "NONE",
     "PLUGINS_VAR",
     "PLUGIN_GROUP",
+    "SAGEMAKER",
     "SLURM",
     "TORCHRUN",
     "Default",
@@ -62,6 +66,10 @@ BUILTIN: dict[str, Launcher] = {
     launcher.name: launcher for launcher in (TORCHRUN, MPI, SLURM, LSF, NONE)
 }
 BUILTIN[KUBEFLOW.name] = KUBEFLOW
+SAGEMAKER = SagemakerLauncher()
+BUILTIN[SAGEMAKER.name] = SAGEMAKER
+AZUREML = AzuremlLauncher()
+BUILTIN[AZUREML.name] = AZUREML
 ALIASES = {alias: launcher.name for launcher in BUILTIN.values() for alias in launcher.aliases}
 
 # The innermost launcher wins: the one that spawned this process beats the scheduler that granted
@@ -72,6 +80,9 @@ ALIASES = {alias: launcher.name for launcher in BUILTIN.values() for alias in la
 DETECTION_ORDER: tuple[str, ...] = ("pytorch", "mpi", "slurm", "lsf")
 # Kubernetes pods (Kubeflow) never run inside a Slurm or LSF job: after them.
 DETECTION_ORDER += ("kubeflow",)
+# Cloud training services enclose MPI or torchrun like a scheduler and never a Slurm/LSF job.
+DETECTION_ORDER += ("sagemaker",)
+DETECTION_ORDER += ("azureml",)
 
 # Third-party backends register under this entry-point group. Scanning entry points costs tens of
 # milliseconds, so it happens only for a name that is not built in, or for the plug-ins named in
