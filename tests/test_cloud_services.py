@@ -15,7 +15,12 @@ from distenv.errors import (
 from distenv.launchers import AZUREML, SAGEMAKER
 from distenv.master import scheduler_port
 from distenv.pipeline import locate
-from tests.envs.azureml import AML_MPI_1X2_RANK1, AML_MPI_2X2_RANK3, AML_NO_MPI_2
+from tests.envs.azureml import (
+    AML_MPI_1X2_RANK1,
+    AML_MPI_2X2_RANK3,
+    AML_NO_MPI_2,
+    AML_PYTORCH_2X2_RANK3,
+)
 from tests.envs.sagemaker import (
     SM_HETERO_HOST2,
     SM_MPI_RANK3,
@@ -156,3 +161,13 @@ def test_azureml_malformed_master_node_is_named(value: str) -> None:
         AZUREML.allocation_master(env)
     assert (caught.value.source, caught.value.variable) == ("azureml", "AZ_BATCH_MASTER_NODE")
     assert value in str(caught.value)
+
+
+def test_azureml_pytorch_distribution_asks_for_local_world_size() -> None:
+    """Azure ML's PyTorch distribution sets no LOCAL_WORLD_SIZE: the pytorch launcher names it."""
+    with pytest.raises(MissingVariableError) as caught:
+        locate("auto", AML_PYTORCH_2X2_RANK3, runtime=False)
+    assert (caught.value.source, caught.value.variable) == ("pytorch", "LOCAL_WORLD_SIZE")
+    info = locate("auto", {**AML_PYTORCH_2X2_RANK3, "LOCAL_WORLD_SIZE": "2"}, runtime=False).info
+    assert _layout(info) == ("pytorch", 3, 4, 1, 2, 1, 2)
+    assert (info.master_addr, info.master_port) == ("10.0.0.4", 6105)

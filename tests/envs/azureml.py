@@ -36,3 +36,17 @@ AML_NO_MPI_2 = {
     "AZUREML_RUN_ID": "ddp_1700000000_a1b2c3d4",
     "AZ_BATCH_MASTER_NODE": "10.0.0.4:6105",
 }
+
+# distribution PyTorch, instance_count 2, process_count_per_instance 2: rank 3. The same guide's
+# PyTorch section: Azure ML sets MASTER_ADDR, MASTER_PORT, WORLD_SIZE and NODE_RANK on each node
+# and the process-level RANK and LOCAL_RANK; no LOCAL_WORLD_SIZE. Whether AZ_BATCH_MASTER_NODE is
+# also set there is not documented: it is left out.
+AML_PYTORCH_2X2_RANK3 = {
+    "AZUREML_RUN_ID": "ddp_1700000002_c9d0e1f2",
+    "MASTER_ADDR": "10.0.0.4",
+    "MASTER_PORT": "6105",
+    "WORLD_SIZE": "4",
+    "NODE_RANK": "1",
+    "RANK": "3",
+    "LOCAL_RANK": "1",
+}
