@@ -9,7 +9,7 @@ import pytest
 
 from distenv import DistEnvError
 from distenv.launchers import BUILTIN, Launcher
-from tests.envs import azureml, kubeflow, lsf, mpi, sagemaker, slurm, torchrun
+from tests.envs import azureml, indexed_job, kubeflow, lsf, mpi, sagemaker, slurm, torchrun, volcano
 
 
 class RecordingEnv(Mapping[str, str]):
@@ -45,6 +45,8 @@ def _all_envs() -> list[dict[str, str]]:
     envs.extend(getattr(kubeflow, n) for n in dir(kubeflow) if n.isupper())
     envs.extend(getattr(sagemaker, n) for n in dir(sagemaker) if n.isupper())
     envs.extend(getattr(azureml, n) for n in dir(azureml) if n.isupper())
+    envs.extend(getattr(indexed_job, n) for n in dir(indexed_job) if n.isupper())
+    envs.extend(getattr(volcano, n) for n in dir(volcano) if n.isupper())
     return envs
 
 

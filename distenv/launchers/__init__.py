@@ -14,6 +14,7 @@ from collections.abc import Mapping
 from distenv.errors import ConfigurationError, LauncherNotFoundError
 from distenv.launchers.azureml import AzuremlLauncher
 from distenv.launchers.base import Default, Launcher, Nodes, Scheduler, World
+from distenv.launchers.indexed_job import IndexedJobLauncher
 from distenv.launchers.kubeflow import KubeflowLauncher
 from distenv.launchers.lsf import LsfLauncher
 from distenv.launchers.mpi import MpiLauncher
@@ -21,6 +22,7 @@ from distenv.launchers.none import NoneLauncher
 from distenv.launchers.sagemaker import SagemakerLauncher
 from distenv.launchers.slurm import SlurmLauncher
 from distenv.launchers.torchrun import TorchrunLauncher
+from distenv.launchers.volcano import VolcanoLauncher
 from distenv.master import MASTER_VARS, scheduler_port, scope_tag
 from distenv.settings import PLUGINS_VAR, Settings
 from distenv.variables import Reader, Var
@@ -29,6 +31,7 @@ __all__ = [
     "AZUREML",
     "BUILTIN",
     "DETECTION_ORDER",
+    "INDEXED_JOB",
     "KUBEFLOW",
     "LSF",
     "MASTER_VARS",
@@ -39,6 +42,7 @@ __all__ = [
     "SAGEMAKER",
     "SLURM",
     "TORCHRUN",
+    "VOLCANO",
     "Default",
     "Launcher",
     "Nodes",
@@ -66,6 +70,9 @@ BUILTIN: dict[str, Launcher] = {
     launcher.name: launcher for launcher in (TORCHRUN, MPI, SLURM, LSF, NONE)
 }
 BUILTIN[KUBEFLOW.name] = KUBEFLOW
+INDEXED_JOB, VOLCANO = IndexedJobLauncher(), VolcanoLauncher()
+BUILTIN[INDEXED_JOB.name] = INDEXED_JOB
+BUILTIN[VOLCANO.name] = VOLCANO
 SAGEMAKER = SagemakerLauncher()
 BUILTIN[SAGEMAKER.name] = SAGEMAKER
 AZUREML = AzuremlLauncher()
@@ -80,6 +87,8 @@ ALIASES = {alias: launcher.name for launcher in BUILTIN.values() for alias in la
 DETECTION_ORDER: tuple[str, ...] = ("pytorch", "mpi", "slurm", "lsf")
 # Kubernetes pods (Kubeflow) never run inside a Slurm or LSF job: after them.
 DETECTION_ORDER += ("kubeflow",)
+# Trainer v2 pods are an Indexed Job's too: the PET_* variables say more than the index alone.
+DETECTION_ORDER += ("indexed-job", "volcano")
 # Cloud training services enclose MPI or torchrun like a scheduler and never a Slurm/LSF job.
 DETECTION_ORDER += ("sagemaker",)
 DETECTION_ORDER += ("azureml",)
