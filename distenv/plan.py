@@ -22,8 +22,8 @@ import sys
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from distenv.errors import ConfigurationError, NotLaunchedError
-from distenv.launchers import Scheduler
+from distenv.errors import ConfigurationError, LauncherNotFoundError, NotLaunchedError
+from distenv.launchers import Scheduler, get_launcher
 from distenv.master import (
     RUN_ID_PATTERN,
     RUN_ID_VAR,
@@ -114,7 +114,10 @@ def scheduler_layout(who: str, env: Mapping[str, str]) -> Detection | None:
     """
     try:
         detection = locate("auto", env, runtime=False)
-    except NotLaunchedError:
+    except NotLaunchedError as exc:
+        agent = _node_agent(exc, env)
+        if agent is not None:
+            return agent
         # A batch script or salloc shell, not an srun step: this node alone, like torchrun would.
         print(
             f"distenv {who}: not started by srun/jsrun: running on this node only (for several "
@@ -141,6 +144,25 @@ def scheduler_layout(who: str, env: Mapping[str, str]) -> Detection | None:
             hint=PER_NODE_HINT,
         )
     return detection
+
+
+def _node_agent(refusal: NotLaunchedError, env: Mapping[str, str]) -> Detection | None:
+    """Return the refusing launcher's view of this process as its node's agent, if it has one.
+
+    A Kubeflow pod with nprocPerNode > 1 is no rank itself, but ``distenv run`` there is the
+    node's launcher: `Launcher.node_agent` gives its node index, the node count and the master.
+    """
+    try:
+        launcher = get_launcher(refusal.source)
+    except LauncherNotFoundError:
+        return None
+    info = launcher.node_agent(env)
+    if info is None:
+        return None
+    note = (launcher.name, f"node agent: node {info.node_rank} of {info.num_nodes}")
+    considered = (*refusal.considered, note)
+    origin = f"the {launcher.name} job's master"
+    return Detection(info, launcher, launcher.scope(env), considered, master_from=origin)
 
 
 def run_id(options: LaunchOptions, layout: Detection | None, nnodes: int) -> str:

@@ -27,9 +27,15 @@ SCRUB_PREFIXES = (
     "JSM_",
     "TORCHELASTIC_",
     "DISTENV_",
+    "PET_",  # Kubeflow pods
+    "SM_",  # SageMaker
+    "AZ_BATCH",  # Azure ML
+    "VC_",  # Volcano
+    "VK_",
 )
 # DeepSpeed's launcher marks its ranks with these (distenv.agreement.LAUNCH_MARKS).
 SCRUB_NAMES = (*ENV_CONTRACT, "CUDA_VISIBLE_DEVICES", "CROSS_RANK", "CROSS_SIZE", "LOCAL_SIZE")
+SCRUB_NAMES += ("JOB_COMPLETION_INDEX", "TRAINING_JOB_NAME", "AZUREML_RUN_ID")  # cloud launchers
 
 
 def scrubbed_environ(environ: dict[str, str] | os._Environ[str] = os.environ) -> dict[str, str]:

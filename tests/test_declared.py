@@ -9,7 +9,19 @@ import pytest
 
 from distenv import DistEnvError
 from distenv.launchers import BUILTIN, Launcher
-from tests.envs import flux, lsf, mpi, pbs, slurm, torchrun
+from tests.envs import (
+    azureml,
+    flux,
+    indexed_job,
+    kubeflow,
+    lsf,
+    mpi,
+    pbs,
+    sagemaker,
+    slurm,
+    torchrun,
+    volcano,
+)
 
 
 class RecordingEnv(Mapping[str, str]):
@@ -37,7 +49,19 @@ class RecordingEnv(Mapping[str, str]):
 
 def _all_envs() -> list[dict[str, str]]:
     envs: list[dict[str, str]] = []
-    for module in (slurm, mpi, torchrun, lsf, pbs, flux):
+    for module in (
+        slurm,
+        mpi,
+        torchrun,
+        lsf,
+        pbs,
+        flux,
+        kubeflow,
+        indexed_job,
+        volcano,
+        sagemaker,
+        azureml,
+    ):
         for name in dir(module):
             value = getattr(module, name)
             if not name.isupper():
@@ -63,6 +87,7 @@ def test_backend_reads_only_declared_variables(launcher: Launcher) -> None:
             launcher.allocation_master,
             launcher.default_master,
             launcher.daemon_nodes,
+            launcher.node_agent,
         ):
             with contextlib.suppress(DistEnvError):
                 call(env)

@@ -12,22 +12,30 @@ from __future__ import annotations
 from collections.abc import Mapping
 
 from distenv.errors import ConfigurationError, LauncherNotFoundError
+from distenv.launchers.azureml import AzuremlLauncher
 from distenv.launchers.base import Default, Launcher, Nodes, Scheduler, World
 from distenv.launchers.flux import FluxLauncher
+from distenv.launchers.indexed_job import IndexedJobLauncher
+from distenv.launchers.kubeflow import KubeflowLauncher
 from distenv.launchers.lsf import LsfLauncher
 from distenv.launchers.mpi import MpiLauncher
 from distenv.launchers.none import NoneLauncher
 from distenv.launchers.pbs import PbsLauncher
+from distenv.launchers.sagemaker import SagemakerLauncher
 from distenv.launchers.slurm import SlurmLauncher
 from distenv.launchers.torchrun import TorchrunLauncher
+from distenv.launchers.volcano import VolcanoLauncher
 from distenv.master import MASTER_VARS, scheduler_port, scope_tag
 from distenv.settings import PLUGINS_VAR, Settings
 from distenv.variables import Reader, Var
 
 __all__ = [
+    "AZUREML",
     "BUILTIN",
     "DETECTION_ORDER",
     "FLUX",
+    "INDEXED_JOB",
+    "KUBEFLOW",
     "LSF",
     "MASTER_VARS",
     "MPI",
@@ -35,8 +43,10 @@ __all__ = [
     "PBS",
     "PLUGINS_VAR",
     "PLUGIN_GROUP",
+    "SAGEMAKER",
     "SLURM",
     "TORCHRUN",
+    "VOLCANO",
     "Default",
     "Launcher",
     "Nodes",
@@ -59,10 +69,15 @@ TORCHRUN, MPI, SLURM, LSF, NONE = (
     LsfLauncher(),
     NoneLauncher(),
 )
-PBS = PbsLauncher()
-FLUX = FluxLauncher()
+PBS, FLUX = PbsLauncher(), FluxLauncher()
+KUBEFLOW, INDEXED_JOB, VOLCANO = KubeflowLauncher(), IndexedJobLauncher(), VolcanoLauncher()
+SAGEMAKER, AZUREML = SagemakerLauncher(), AzuremlLauncher()
 BUILTIN: dict[str, Launcher] = {
-    launcher.name: launcher for launcher in (TORCHRUN, MPI, SLURM, LSF, NONE, PBS, FLUX)
+    launcher.name: launcher
+    for launcher in (
+        *(TORCHRUN, MPI, SLURM, LSF, NONE, PBS, FLUX),
+        *(KUBEFLOW, INDEXED_JOB, VOLCANO, SAGEMAKER, AZUREML),
+    )
 }
 ALIASES = {alias: launcher.name for launcher in BUILTIN.values() for alias in launcher.aliases}
 
@@ -71,7 +86,16 @@ ALIASES = {alias: launcher.name for launcher in BUILTIN.values() for alias in la
 # reverse). `none` is not in the order: it is what remains when nothing is detected. Opted-in
 # plug-ins follow the same principle by type: a plain Launcher before every built-in, a Scheduler
 # after the built-in launchers and before the built-in schedulers.
-DETECTION_ORDER = ("pytorch", "mpi", "slurm", "lsf", "pbs", "flux")
+DETECTION_ORDER = (
+    *("pytorch", "mpi"),
+    # Schedulers of HPC clusters.
+    *("slurm", "lsf", "pbs", "flux"),
+    # Kubernetes pods never run inside an HPC scheduler's job; a TrainJob's pods are an Indexed
+    # Job's too, and their PET_* variables say more than the index alone.
+    *("kubeflow", "indexed-job", "volcano"),
+    # Cloud training services enclose MPI or torchrun like a scheduler.
+    *("sagemaker", "azureml"),
+)
 
 # Third-party backends register under this entry-point group. Scanning entry points costs tens of
 # milliseconds, so it happens only for a name that is not built in, or for the plug-ins named in

@@ -111,6 +111,15 @@ class Launcher(abc.ABC):
         """Return where this launcher puts rank 0's store when nobody says, or None if it can't."""
         return None
 
+    def node_agent(self, env: Mapping[str, str]) -> RankInfo | None:
+        """Return this process as its node's one agent, where `rank_info` refuses it as no rank.
+
+        A launcher that starts one process per node and expects it to start the node's ranks (a
+        Kubeflow pod with nprocPerNode > 1) answers for ``distenv run`` there: rank = node index,
+        world size = nodes, one local process, and the master. Others return None.
+        """
+        return None
+
     def world(self, env: Mapping[str, str]) -> World | None:
         """Return ``(rank, size)`` as this layer states them, or None if it states no rank.
 
