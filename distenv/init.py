@@ -154,7 +154,9 @@ def setup(
             MASTER_ADDR still wins).
 
     Returns:
-        This rank's resolved `RankInfo`.
+        This rank's resolved `RankInfo`. Where the launcher names no node layout (an MPI
+        launcher alone), its ``node_rank`` and ``num_nodes`` are None and GROUP_RANK /
+        GROUP_WORLD_SIZE are not exported: only `init_dist`'s roll call numbers the nodes.
 
     Raises:
         DistEnvError: If detection or resolution fails, or an argument is invalid.

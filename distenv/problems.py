@@ -201,16 +201,16 @@ class SharedLocalRank(NamedTuple):
 
 
 class Placement(NamedTuple):
-    """MPI ranks assumed on one node (by-node placement) that run on several hosts."""
+    """Ranks on several hosts that MPI's node variables (a step, PALS_NODEID) put on one node."""
 
     node: int
     hosts: tuple[str, ...]
 
     def describe(self, timeout: float) -> str:
         return (
-            f"MPI ranks assumed on node {self.node} (by-node placement) run on "
-            f"{list(self.hosts)}: the job does not place ranks node by node; export "
-            "MASTER_ADDR and use --map-by node-compatible placement"
+            f"MPI ranks that their launcher's variables put on node {self.node} run on "
+            f"{list(self.hosts)}: the node variables do not describe these ranks; unset the "
+            "node variables inherited from another job (or pass --launcher mpi)"
         )
 
     @classmethod

@@ -303,10 +303,11 @@ def validate(checkins: Sequence[CheckIn], world_size: int) -> list["Problem"]:
     """Return what is wrong with a complete set of check-ins (an empty list when all is well).
 
     Checks: agreement on scope, world size, master, backend, torch version and launcher; unique
-    ranks covering ``0..world_size-1``; unique local ranks per host; for MPI, the assumed by-node
-    placement against the host names; no two ranks of one host on the same physical GPU unless
-    sharing was allowed. Each check is a set comparison at C speed (rank 0 runs this on every
-    check-in of the world); only a check that fails imports `distenv.problems` to say what.
+    ranks covering ``0..world_size-1``; unique local ranks per host; for MPI, the node index,
+    where its variables name one, against the host names; no two ranks of one host on the same
+    physical GPU unless sharing was allowed. Each check is a set comparison at C speed (rank 0
+    runs this on every check-in of the world); only a check that fails imports
+    `distenv.problems` to say what.
     """
     found: list[Problem] = []
     for field in AGREED:

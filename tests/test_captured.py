@@ -40,6 +40,10 @@ THREE_PLUS_ONE = [(0, 4, 0, 3, 0, 2), (1, 4, 1, 3, 0, 2), (2, 4, 2, 3, 0, 2), (3
 # MPI with no daemon step spanning the allocation names no node: the roll call numbers the hosts.
 ONE_NODE_BY_ROLL_CALL = [(r, 4, r, 4, None, None) for r in range(4)]
 TWO_BY_TWO_BY_ROLL_CALL = [(r, 4, r % 2, 2, None, None) for r in range(4)]
+# Open MPI 5 (PyPI) `-np 3` on one node: local ranks 0, 2, 1, not in rank order.
+OMPI5_LOCAL = [0, 2, 1]
+OMPI5_ONE_NODE_BY_ROLL_CALL = [(r, 3, OMPI5_LOCAL[r], 3, None, None) for r in range(3)]
+OMPI5_ONE_NODE = [(r, 3, OMPI5_LOCAL[r], 3, 0, 1) for r in range(3)]
 
 # (captured run, launcher auto chooses, per-rank layouts, master address)
 CASES = [
@@ -58,6 +62,12 @@ CASES = [
     ("HYDRA_IN_SALLOC_2N", mpi.HYDRA_IN_SALLOC_2N, "mpi", THREE_PLUS_ONE, "n1"),
     ("OMPI_IN_SBATCH", mpi.OMPI_IN_SBATCH, "mpi", TWO_BY_TWO_BY_ROLL_CALL, "n1"),
     ("HYDRA_IN_SBATCH", mpi.HYDRA_IN_SBATCH, "mpi", TWO_BY_TWO, "n1"),
+    ("OMPI5_3", mpi.OMPI5_3, "mpi", OMPI5_ONE_NODE_BY_ROLL_CALL, None),
+    ("OMPI5_IN_SALLOC_2N", mpi.OMPI5_IN_SALLOC_2N, "mpi", TWO_BY_TWO, "n1"),
+    ("OMPI5_IN_SBATCH", mpi.OMPI5_IN_SBATCH, "mpi", TWO_BY_TWO_BY_ROLL_CALL, "n1"),
+    ("MPICH5_4", mpi.MPICH5_4, "mpi", ONE_NODE_BY_ROLL_CALL, None),
+    ("MPICH5_IN_SALLOC_2N", mpi.MPICH5_IN_SALLOC_2N, "mpi", TWO_BY_TWO, "n1"),
+    ("MPICH5_IN_SBATCH", mpi.MPICH5_IN_SBATCH, "mpi", TWO_BY_TWO, "n1"),
     ("TORCHRUN_4", torchrun.TORCHRUN_4, "pytorch", ONE_NODE, "localhost"),
     ("TORCHRUN_IN_SRUN_2N", torchrun.TORCHRUN_IN_SRUN_2N, "pytorch", TWO_BY_TWO, "n1"),
 ]
@@ -311,6 +321,9 @@ BY_ROLL_CALL = [
     ("ompi_4", mpi.OMPI_4, ONE_NODE),
     ("hydra_4", mpi.HYDRA_4, ONE_NODE),
     ("ompi_in_sbatch", mpi.OMPI_IN_SBATCH, TWO_BY_TWO),
+    ("ompi5_3", mpi.OMPI5_3, OMPI5_ONE_NODE),
+    ("ompi5_in_sbatch", mpi.OMPI5_IN_SBATCH, TWO_BY_TWO),
+    ("mpich5_4", mpi.MPICH5_4, ONE_NODE),
 ]
 
 

