@@ -175,8 +175,9 @@ SelectType=select/cons_tres
 SelectTypeParameters=CR_Core
 # A node declared with more CPUs than the machine has is otherwise invalid ("Low CPUs").
 SlurmdParameters=config_overrides
-# Otherwise batch jobs start on 3 s scheduler ticks.
-SchedulerParameters=batch_sched_delay=0
+# Otherwise batch jobs start on 3 s scheduler ticks, and heterogeneous jobs (which only the
+# backfill scheduler starts) on its 30 s ticks.
+SchedulerParameters=batch_sched_delay=0,bf_interval=1
 MpiDefault=none
 ReturnToService=2
 GresTypes=gpu
