@@ -30,6 +30,8 @@ TWO_BY_TWO = [(r, 4, r % 2, 2, r // 2, 2) for r in range(4)]
 FOUR_NODES = [(r, 4, 0, 1, r, 4) for r in range(4)]
 # Both MPI launchers inside `salloc -N 2 -n 4` put three ranks on the first node, one on the second.
 THREE_PLUS_ONE = [(0, 4, 0, 3, 0, 2), (1, 4, 1, 3, 0, 2), (2, 4, 2, 3, 0, 2), (3, 4, 0, 1, 1, 2)]
+# A heterogeneous job whose component 0 (1 task) has the later host name, component 1 3 tasks.
+ONE_PLUS_THREE = [(0, 4, 0, 1, 0, 2), (1, 4, 0, 3, 1, 2), (2, 4, 1, 3, 1, 2), (3, 4, 2, 3, 1, 2)]
 
 # (captured run, launcher auto chooses, per-rank layouts, master address)
 CASES = [
@@ -42,6 +44,16 @@ CASES = [
     ("SRUN_2N_GPUS_PER_TASK", slurm.SRUN_2N_GPUS_PER_TASK, "slurm", TWO_BY_TWO, "n1"),
     ("SRUN_PMI2_4", slurm.SRUN_PMI2_4, "slurm", ONE_NODE, "vm"),
     ("SRUN_PMIX_4", slurm.SRUN_PMIX_4, "slurm", ONE_NODE, "vm"),
+    ("SRUN_HET_2N_4T", slurm.SRUN_HET_2N_4T, "slurm", TWO_BY_TWO, "n1"),
+    ("SRUN_HET_REVERSED", slurm.SRUN_HET_REVERSED, "slurm", ONE_PLUS_THREE, "n2"),
+    ("SRUN_HET_DIRECT", slurm.SRUN_HET_DIRECT, "slurm", ONE_PLUS_THREE, "n2"),
+    (
+        "SRUN_HET_GROUP1",
+        slurm.SRUN_HET_GROUP1,
+        "slurm",
+        [(r, 2, r, 2, 0, 1) for r in range(2)],
+        "n2",
+    ),
     ("OMPI_4", mpi.OMPI_4, "mpi", ONE_NODE, None),
     ("HYDRA_4", mpi.HYDRA_4, "mpi", ONE_NODE, None),
     ("OMPI_IN_SALLOC_2N", mpi.OMPI_IN_SALLOC_2N, "mpi", THREE_PLUS_ONE, "n1"),
