@@ -46,7 +46,7 @@ CASES = [
     ("SRUN_PMIX_4", slurm.SRUN_PMIX_4, "slurm", ONE_NODE, "vm"),
     ("SRUN_HET_2N_4T", slurm.SRUN_HET_2N_4T, "slurm", TWO_BY_TWO, "n1"),
     ("SRUN_HET_REVERSED", slurm.SRUN_HET_REVERSED, "slurm", ONE_PLUS_THREE, "n2"),
-    ("SRUN_HET_DIRECT", slurm.SRUN_HET_DIRECT, "slurm", ONE_PLUS_THREE, "n2"),
+    ("SRUN_HET_DIRECT", slurm.SRUN_HET_DIRECT, "slurm", TWO_BY_TWO, "n2"),
     (
         "SRUN_HET_GROUP1",
         slurm.SRUN_HET_GROUP1,

@@ -57,7 +57,7 @@ def test_measured_no_variable_names_the_component() -> None:
 
 
 def test_measured_srun_made_het_job_has_only_the_pack_spelling() -> None:
-    """`srun -w n2 -n1 : -w n1 -n3` (a het job srun creates) sets SLURM_JOB_NODELIST_PACK_GROUP_0
+    """`srun -w n2 -n2 : -w n1 -n2` (a het job srun creates) sets SLURM_JOB_NODELIST_PACK_GROUP_0
     but no _HET_GROUP_ node list; distenv takes the master from the PACK spelling."""
     for env in _captured("srun_het_direct"):
         assert env["SLURM_JOB_NODELIST_PACK_GROUP_0"] == "n2"

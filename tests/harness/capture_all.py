@@ -101,10 +101,11 @@ SCENARIOS = [
               "srun", "--het-group=1", *CAPTURE], ranks=2,
              note="a step of component 1 alone: a plain step, though SLURM_HET_SIZE is set"),
     Scenario("srun_het_direct", "multi",
-             ["srun", "-J", JOB_NAME, "-w", "n2", "-n", "1", ":", "-w", "n1", "-n", "3",
+             ["srun", "-J", JOB_NAME, "-w", "n2", "-n", "2", ":", "-w", "n1", "-n", "2",
               *CAPTURE],
              note="a heterogeneous job made by srun itself: only the _PACK_GROUP_ spelling of "
-             "the components' node lists"),
+             "the components' node lists (with a 1-task component, srun sets that component's "
+             "SLURM_DISTRIBUTION to block or cyclic from run to run: measured)"),
     Scenario("sbatch_array_2x2t", "one",
              sbatch(["--array=0-1", "-n", "2"], ["srun", *CAPTURE]),
              note="two array elements, each a 2-task srun step, on one node"),
