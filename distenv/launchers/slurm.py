@@ -176,10 +176,15 @@ class SlurmLauncher(Scheduler):
         )
 
     def _het_local_size(
-        self, reader: Reader, list_var: str, nodelist: str, tpn_var: str, tasks: list[int]
+        self,
+        reader: Reader,
+        hosts: list[str],
+        list_var: str,
+        nodelist: str,
+        tpn_var: str,
+        tasks: list[int],
     ) -> tuple[int, str]:
-        """Return this node's task count in a het step: the count at its position in the list."""
-        hosts = expand_nodelist(self.name, list_var, nodelist)
+        """Return this node's task count in a het step: the count at its position in `hosts`."""
         _, node = reader.require(NODE_NAME, hint=HET_HINT)
         if node not in hosts:
             raise InconsistentEnvironmentError(
@@ -311,7 +316,7 @@ class SlurmLauncher(Scheduler):
         if self._het_size(reader) is not None:
             # Node indices follow the components; the list and the counts, host names.
             local_world_size, local_var = self._het_local_size(
-                reader, list_var, nodelist, tpn_var, tasks_per_node
+                reader, hosts, list_var, nodelist, tpn_var, tasks_per_node
             )
         else:
             local_world_size = tasks_per_node[node_rank] if node_rank < num_nodes else 0
