@@ -44,6 +44,8 @@ TWO_BY_TWO_BY_ROLL_CALL = [(r, 4, r % 2, 2, None, None) for r in range(4)]
 OMPI5_LOCAL = [0, 2, 1]
 OMPI5_ONE_NODE_BY_ROLL_CALL = [(r, 3, OMPI5_LOCAL[r], 3, None, None) for r in range(3)]
 OMPI5_ONE_NODE = [(r, 3, OMPI5_LOCAL[r], 3, 0, 1) for r in range(3)]
+# A heterogeneous job whose component 0 (1 task) has the later host name, component 1 3 tasks.
+ONE_PLUS_THREE = [(0, 4, 0, 1, 0, 2), (1, 4, 0, 3, 1, 2), (2, 4, 1, 3, 1, 2), (3, 4, 2, 3, 1, 2)]
 
 # (captured run, launcher auto chooses, per-rank layouts, master address)
 CASES = [
@@ -58,6 +60,16 @@ CASES = [
     ("SRUN_PMIX_4", slurm.SRUN_PMIX_4, "slurm", ONE_NODE, "vm"),
     ("OMPI_4", mpi.OMPI_4, "mpi", ONE_NODE_BY_ROLL_CALL, None),
     ("HYDRA_4", mpi.HYDRA_4, "mpi", ONE_NODE_BY_ROLL_CALL, None),
+    ("SRUN_HET_2N_4T", slurm.SRUN_HET_2N_4T, "slurm", TWO_BY_TWO, "n1"),
+    ("SRUN_HET_REVERSED", slurm.SRUN_HET_REVERSED, "slurm", ONE_PLUS_THREE, "n2"),
+    ("SRUN_HET_DIRECT", slurm.SRUN_HET_DIRECT, "slurm", TWO_BY_TWO, "n2"),
+    (
+        "SRUN_HET_GROUP1",
+        slurm.SRUN_HET_GROUP1,
+        "slurm",
+        [(r, 2, r, 2, 0, 1) for r in range(2)],
+        "n2",
+    ),
     ("OMPI_IN_SALLOC_2N", mpi.OMPI_IN_SALLOC_2N, "mpi", THREE_PLUS_ONE, "n1"),
     ("HYDRA_IN_SALLOC_2N", mpi.HYDRA_IN_SALLOC_2N, "mpi", THREE_PLUS_ONE, "n1"),
     ("OMPI_IN_SBATCH", mpi.OMPI_IN_SBATCH, "mpi", TWO_BY_TWO_BY_ROLL_CALL, "n1"),

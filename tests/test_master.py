@@ -62,9 +62,10 @@ def test_exports_of_another_scope_are_ignored(caplog: pytest.LogCaptureFixture) 
     env = {**slurm.SRUN_2N_4T[3], "MASTER_ADDR": "n7", "MASTER_PORT": "10291"}
     with caplog.at_level(logging.WARNING, logger="distenv"):
         stale = master({**env, "DISTENV_SCOPE": "slurm/3/0"})
-    assert stale == Master("n1", scheduler_port("4", "0"), "default", "default")
-    assert "exported them for slurm/3/0, this is slurm/4/0" in caplog.text
-    own = master({**env, "DISTENV_SCOPE": "slurm/4/0"})
+    job = env["SLURM_JOB_ID"]  # of the capture
+    assert stale == Master("n1", scheduler_port(job, "0"), "default", "default")
+    assert f"exported them for slurm/3/0, this is slurm/{job}/0" in caplog.text
+    own = master({**env, "DISTENV_SCOPE": f"slurm/{job}/0"})
     assert own == Master("n7", 10291, "explicit", "explicit")
 
 
@@ -76,7 +77,8 @@ def test_launchers_that_do_not_declare_master_vars_ignore_them() -> None:
 
 def test_default_slurm_step_first_host_and_formula() -> None:
     """Rule 4: an srun step's first host and the port of its job and step."""
-    assert master(slurm.SRUN_2N_4T[3]) == Master("n1", 26269, "default", "default")
+    port = scheduler_port(slurm.SRUN_2N_4T[3]["SLURM_JOB_ID"], "0")
+    assert master(slurm.SRUN_2N_4T[3]) == Master("n1", port, "default", "default")
     assert scheduler_port("4", "0") == 26269
 
 
@@ -124,7 +126,8 @@ def test_default_arbitrary_distribution_needs_master_addr(distribution: str) -> 
     assert info.value.variable == "MASTER_ADDR"
     assert f"--distribution={distribution}" in str(info.value.hint)
     found = master({**env, "MASTER_ADDR": "n2"})
-    assert found == Master("n2", 26269, "explicit", "default")
+    port = scheduler_port(env["SLURM_JOB_ID"], "0")
+    assert found == Master("n2", port, "explicit", "default")
 
 
 def test_default_lsf_skips_the_coral_launch_node() -> None:

@@ -88,7 +88,11 @@ def test_a_malformed_restart_count_is_refused() -> None:
             ["scontrol", "requeue", "40_1"],
             id="slurm-array-element-1",
         ),
-        pytest.param(slurm.SRUN_2N_4T[3], ["scontrol", "requeue", "4"], id="slurm-step"),
+        pytest.param(
+            slurm.SRUN_2N_4T[3],
+            ["scontrol", "requeue", slurm.SRUN_2N_4T[3]["SLURM_JOB_ID"]],
+            id="slurm-step",
+        ),
         pytest.param(lsf.BSUB_ONE_SLOT, ["brequeue", "77"], id="lsf"),
         pytest.param(lsf.JSRUN_ARRAY_ELEMENT3, ["brequeue", "5150[3]"], id="lsf-array"),
         pytest.param(

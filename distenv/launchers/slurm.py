@@ -31,6 +31,12 @@ TASKS_PER_NODE = ("SLURM_STEP_TASKS_PER_NODE", "SLURM_TASKS_PER_NODE")
 NUM_NODES = ("SLURM_STEP_NUM_NODES", "SLURM_NNODES", "SLURM_JOB_NUM_NODES")
 NODELIST = ("SLURM_STEP_NODELIST", "SLURM_NODELIST", "SLURM_JOB_NODELIST")
 JOB_ID = ("SLURM_JOB_ID", "SLURM_JOBID")
+# Heterogeneous jobs (sbatch(1)/srun(1) "HETEROGENEOUS JOB SUPPORT"). A het job created by srun
+# itself sets only the older PACK spelling of component 0's node list (measured, Slurm 22.05).
+HET_SIZE = "SLURM_HET_SIZE"
+HET_GROUP_0_NODELIST = ("SLURM_JOB_NODELIST_HET_GROUP_0", "SLURM_JOB_NODELIST_PACK_GROUP_0")
+NODE_NAME = "SLURMD_NODENAME"
+HET_HINT = "start the step with `srun --het-group=0,1 ...` and let srun set the SLURM_* variables"
 
 
 class SlurmLauncher(Scheduler):
@@ -48,12 +54,20 @@ class SlurmLauncher(Scheduler):
     | SLURM_STEP_NUM_NODES (SLURM_NNODES, SLURM_JOB_NUM_NODES) | num_nodes | in a step |
     | SLURM_STEP_NODELIST (SLURM_NODELIST, SLURM_JOB_NODELIST) | master_addr (first host) | in a step |
     | SLURM_DISTRIBUTION | arbitrary/plane need MASTER_ADDR | no |
+    | SLURM_HET_SIZE | a heterogeneous job's step | no |
+    | SLURMD_NODENAME | local_world_size in a het step | in a het step |
+    | SLURM_JOB_NODELIST_HET_GROUP_0 (…_PACK_GROUP_0) | master_addr in a het step | in a het step |
     | SLURM_RESTART_COUNT | restart_count (unset on the first run: 0) | no |
     | SLURM_ARRAY_JOB_ID, SLURM_ARRAY_TASK_ID | requeue: the array element's own id | no |
     | MASTER_ADDR, MASTER_PORT, DISTENV_SCOPE, DISTENV_MASTER_ADDR_FORMAT | master | no |
 
     The master (`default_master`) is the step's first host and `scheduler_port` of the job and step;
-    inside a batch script 127.0.0.1. A batch script or salloc shell (no srun step) of a job with more than one task is refused: it
+    inside a batch script 127.0.0.1. In a step of a heterogeneous job (``srun --het-group=0,1``)
+    ranks and node indices follow the components while the step's node list and tasks per node
+    are in host-name order: the local size is the count at this node's (`SLURMD_NODENAME`)
+    position in the list, and the master is the first host of component 0.
+
+    A batch script or salloc shell (no srun step) of a job with more than one task is refused: it
     would be rank 0 of N and wait forever. With one task, or none stated, it is rank 0 of 1.
     """
 
@@ -98,6 +112,22 @@ class SlurmLauncher(Scheduler):
             "no",
             "times the job was requeued; unset on its first run (sbatch(1))",
         ),
+        Var(
+            HET_SIZE,
+            "(het step)",
+            "no",
+            "components of a heterogeneous job; step lists are then in host-name order",
+        ),
+        Var(NODE_NAME, "local_world_size", "in a het step", "the node this task runs on"),
+        Var(
+            HET_GROUP_0_NODELIST[0],
+            "master_addr",
+            "in a het step",
+            "component 0's nodes; rank 0 on its first host",
+        ),
+        Var(
+            HET_GROUP_0_NODELIST[1], "master_addr", "no", "older spelling (set by srun's het jobs)"
+        ),
         Var("SLURM_ARRAY_JOB_ID", "(requeue)", "no", "an array's job id (not the element's)"),
         Var("SLURM_ARRAY_TASK_ID", "(requeue)", "no", "this array element's index"),
         *MASTER_VARS,
@@ -112,6 +142,58 @@ class SlurmLauncher(Scheduler):
         if step is None or (step > MAX_NORMAL_STEP_ID and step != INTERACTIVE_STEP_ID):
             return None
         return step
+
+    def _het_size(self, reader: Reader) -> int | None:
+        """Return the number of components of a heterogeneous job, or None for a plain job."""
+        size = reader.optional_int(HET_SIZE, minimum=1)
+        return size if size is not None and size > 1 else None
+
+    def _het_rank0_host(
+        self, reader: Reader, het_size: int, list_var: str, nodelist: str
+    ) -> tuple[str | None, str]:
+        """Return rank 0's host in a het job's step and the variable it came from (else why not).
+
+        Ranks follow the components, component 0 first, each in block order; the step's node list
+        is in host-name order. Components never share a node (measured), so component 0 is in the
+        step exactly when its first host is. When it is not, a 2-component job's step is component
+        1 alone, laid out like a plain step. Otherwise returns ``(None, why)``.
+        """
+        hosts = expand_nodelist(self.name, list_var, nodelist)
+        found = reader.first(*HET_GROUP_0_NODELIST)
+        if found is not None:
+            first = expand_nodelist(self.name, *found)[0]
+            if first in hosts:
+                return first, found[0]
+            if het_size == 2:
+                return hosts[0], list_var
+            why = f"${found[0]}={found[1]!r} is not in ${list_var}={nodelist!r}"
+        else:
+            why = f"$SLURM_JOB_NODELIST_HET_GROUP_0 is not set (${HET_SIZE}={het_size})"
+        return None, (
+            f"this step of a heterogeneous job does not run component 0 ({why}), so rank 0's "
+            "host is unknown; export MASTER_ADDR (the first host of the step's first component) "
+            "before srun, or start the step with `srun --het-group=0,...`"
+        )
+
+    def _het_local_size(
+        self,
+        reader: Reader,
+        hosts: list[str],
+        list_var: str,
+        nodelist: str,
+        tpn_var: str,
+        tasks: list[int],
+    ) -> tuple[int, str]:
+        """Return this node's task count in a het step: the count at its position in `hosts`."""
+        _, node = reader.require(NODE_NAME, hint=HET_HINT)
+        if node not in hosts:
+            raise InconsistentEnvironmentError(
+                self.name,
+                f"${NODE_NAME}={node!r} is not in ${list_var}={nodelist!r}, so this node's "
+                f"task count in ${tpn_var} is unknown (heterogeneous job: ${HET_SIZE} is set)",
+                hint=HET_HINT,
+            )
+        return tasks[hosts.index(node)], NODE_NAME
 
     def restart_count(self, env: Mapping[str, str]) -> int:
         return self.reader(env).optional_int("SLURM_RESTART_COUNT") or 0
@@ -187,6 +269,12 @@ class SlurmLauncher(Scheduler):
         found = reader.first(*NODELIST)
         if found is None:
             return Default(None, port, source=self.name)
+        het_size = self._het_size(reader)
+        if het_size is not None:
+            host, note = self._het_rank0_host(reader, het_size, *found)
+            if host is None:  # `note` says why, and the fix
+                return Default(None, port, missing=note, source=self.name)
+            return Default(host, port, source=self.name, variable=note)
         host = expand_nodelist(self.name, *found)[0]
         return Default(host, port, source=self.name, variable=found[0])
 
@@ -224,14 +312,21 @@ class SlurmLauncher(Scheduler):
                 f"${nodes_var}={nodes_text!r}",
                 hint="do not override SLURM_* variables by hand; let srun set them",
             )
-        local_world_size = tasks_per_node[node_rank] if node_rank < num_nodes else 0
+        local_var = tpn_var
+        if self._het_size(reader) is not None:
+            # Node indices follow the components; the list and the counts, host names.
+            local_world_size, local_var = self._het_local_size(
+                reader, hosts, list_var, nodelist, tpn_var, tasks_per_node
+            )
+        else:
+            local_world_size = tasks_per_node[node_rank] if node_rank < num_nodes else 0
         return RankInfo.checked(
             self.name,
             {
                 "rank": "SLURM_PROCID",
                 "world_size": world_var,
                 "local_rank": "SLURM_LOCALID",
-                "local_world_size": tpn_var,
+                "local_world_size": local_var,
                 "node_rank": "SLURM_NODEID",
                 "num_nodes": nodes_var,
             },

@@ -91,6 +91,28 @@ SCENARIOS = [
              ["srun", "-J", JOB_NAME, "-n", "4", "--gpus-per-task=1", *CAPTURE]),
     Scenario("srun_gpus_per_node", "one",
              ["srun", "-J", JOB_NAME, "-n", "4", "--gpus-per-node=4", *CAPTURE]),
+    Scenario("srun_het_2n_4t", "multi",
+             ["salloc", "-J", JOB_NAME, "-w", "n1", "-n", "2", ":", "-w", "n2", "-n", "2",
+              "srun", "--het-group=0,1", *CAPTURE],
+             note="heterogeneous job, one component per node; rank order follows the components"),
+    Scenario("srun_het_reversed", "multi",
+             ["salloc", "-J", JOB_NAME, "-w", "n2", "-n", "1", ":", "-w", "n1", "-n", "3",
+              "srun", "--het-group=0,1", *CAPTURE],
+             note="heterogeneous job whose component 0 has the later host name: rank 0 on n2 "
+             "while the step's node list and tasks per node are in host-name order"),
+    Scenario("srun_het_group1", "multi",
+             ["salloc", "-J", JOB_NAME, "-w", "n1", "-n", "1", ":", "-w", "n2", "-n", "2",
+              "srun", "--het-group=1", *CAPTURE], ranks=2,
+             note="a step of component 1 alone: a plain step, though SLURM_HET_SIZE is set"),
+    Scenario("srun_het_direct", "multi",
+             ["srun", "-J", JOB_NAME, "-w", "n2", "-n", "2", ":", "-w", "n1", "-n", "2",
+              *CAPTURE],
+             note="a heterogeneous job made by srun itself: only the _PACK_GROUP_ spelling of "
+             "the components' node lists (with a 1-task component, srun sets that component's "
+             "SLURM_DISTRIBUTION to block or cyclic from run to run: measured)"),
+    Scenario("sbatch_array_2x2t", "one",
+             sbatch(["--array=0-1", "-n", "2"], ["srun", *CAPTURE]),
+             note="two array elements, each a 2-task srun step, on one node"),
     Scenario("srun_2n_gpus_per_task", "multi",
              ["srun", "-J", JOB_NAME, "-N", "2", "--ntasks-per-node", "2", "--gpus-per-task=1",
               *CAPTURE]),
@@ -157,13 +179,14 @@ def load_env_sh(path: Path) -> dict[str, str]:
     return out
 
 
-def rank_of(rec: dict) -> tuple[int, str]:
-    """Sort key: the innermost launcher's rank, then the hostname."""
+def rank_of(rec: dict) -> tuple[int, int, str]:
+    """Sort key: the array element (if any), the innermost launcher's rank, then the hostname."""
     env = rec["env"]
+    element = int(env.get("SLURM_ARRAY_TASK_ID", "0"))
     for var in ("RANK", "OMPI_COMM_WORLD_RANK", "PMI_RANK", "PMIX_RANK", "SLURM_PROCID"):
         if env.get(var, "").isdigit():
-            return int(env[var]), rec["hostname"]
-    return 0, rec["hostname"]
+            return element, int(env[var]), rec["hostname"]
+    return element, 0, rec["hostname"]
 
 
 def expand(argv: list[str], subst: dict[str, str]) -> list[str]:

@@ -54,6 +54,7 @@ NAMES = frozenset(
         "MASTER_ADDR",
         "MASTER_PORT",
         "OMP_NUM_THREADS",
+        "SLURMD_NODENAME",  # the node a Slurm task runs on (not under the SLURM_ prefix)
     }
 )
 

@@ -3,13 +3,15 @@
 
 Run it as every rank of a launch (srun, mpirun, mpiexec.hydra, torchrun, a batch script):
 
-    python tests/integration/rank_check.py [--launcher NAME] [--mpi]
+    python tests/integration/rank_check.py [--launcher NAME] [--mpi] [--meet DIR N]
 
 It installs an audit hook *before* importing distenv, calls ``distenv.init_dist``, all-reduces a
 tensor ``[rank + 1]`` (the sum over ranks must be ``world * (world + 1) / 2``) and prints ONE JSON
 line in a single ``os.write`` (Hydra interleaves ranks' output mid-line when a line takes two
-writes); ``--mpi`` adds mpi4py's COMM_WORLD rank and size. A `DistEnvError` is reported as one
-line on stderr, with exit status 1.
+writes); ``--mpi`` adds mpi4py's COMM_WORLD rank and size. ``--meet DIR N`` keeps the process group
+(and rank 0's store) up after the all_reduce until N processes, of this launch or of others, have
+checked in under DIR (60 s at most): launches that meet there provably ran at the same time. A
+`DistEnvError` is reported as one line on stderr, with exit status 1.
 
 The audit hook records the Python-level process-creation events raised while distenv bootstraps
 (import, detection, resolution, init_dist). MPI libraries (Open MPI's singleton init, PMIx) may
@@ -54,13 +56,26 @@ import argparse  # noqa: E402  (after the audit hook on purpose)
 import json  # noqa: E402
 import os  # noqa: E402
 import socket  # noqa: E402
+import time  # noqa: E402
 
 MARKER = "rank_check"
+MEET_S = 60.0
+REPORTED = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "DISTENV_SCOPE", "SLURM_JOB_ID",
+            "SLURM_ARRAY_JOB_ID", "SLURM_ARRAY_TASK_ID")  # fmt: skip
 
 
 def visible_count(value: str | None) -> int:
     """Stand-in for torch.cuda.device_count() on a machine with fake GPUs: entries in the list."""
     return len([v for v in (value or "").split(",") if v.strip()])
+
+
+def meet(folder: str, count: int) -> int:
+    """Check in under `folder` and wait until `count` processes have; return how many did."""
+    open(os.path.join(folder, f"{socket.gethostname()}-{os.getpid()}"), "x").close()
+    deadline = time.monotonic() + MEET_S
+    while (present := len(os.listdir(folder))) < count and time.monotonic() < deadline:
+        time.sleep(0.05)
+    return present
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -69,6 +84,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--launcher", default="auto", help="distenv launcher name (default auto)")
     parser.add_argument(
         "--mpi", action="store_true", help="also report MPI.COMM_WORLD's rank and size (mpi4py)"
+    )
+    parser.add_argument(
+        "--meet", nargs=2, metavar=("DIR", "N"), help="wait for N check-ins under DIR at the end"
     )
     args = parser.parse_args(argv)
 
@@ -88,6 +106,7 @@ def main(argv: list[str] | None = None) -> int:
 
     tensor = torch.tensor([info.rank + 1], dtype=torch.int64)
     dist.all_reduce(tensor)
+    met = meet(args.meet[0], int(args.meet[1])) if args.meet else None
     cvd = os.environ.get("CUDA_VISIBLE_DEVICES")
     record = {
         MARKER: 1,
@@ -105,8 +124,10 @@ def main(argv: list[str] | None = None) -> int:
         "cuda_visible_devices": cvd,
         "device": select_device(info.local_rank, info.local_world_size, visible_count(cvd)),
         "audit": bootstrap_events,
-        "env": {k: os.environ.get(k) for k in ("RANK", "WORLD_SIZE", "LOCAL_RANK")},
+        "env": {k: os.environ.get(k) for k in REPORTED},
     }
+    if met is not None:
+        record["met"] = met
     if args.mpi:
         from mpi4py import MPI  # after the bootstrap: MPI's own view of the same world
 

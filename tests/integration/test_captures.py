@@ -23,7 +23,14 @@ from tests.integration.helpers import HARNESS, REPO, Harness
 
 DECLARED = frozenset(v.name for launcher in BUILTIN.values() for v in launcher.variables)
 RUN_SPECIFIC = frozenset(
-    {"SLURM_JOB_ID", "SLURM_JOBID", "MASTER_PORT", "TORCHELASTIC_RUN_ID", "PMIX_NAMESPACE"}
+    {
+        "SLURM_JOB_ID",
+        "SLURM_JOBID",
+        "SLURM_ARRAY_JOB_ID",
+        "MASTER_PORT",
+        "TORCHELASTIC_RUN_ID",
+        "PMIX_NAMESPACE",
+    }
 )
 # Fixture module of each scenario family (as tests/envs/make_fixtures.py writes them).
 MODULES = {"srun_": slurm, "sbatch_": slurm, "salloc_": slurm, "ompi_": mpi, "hydra_": mpi,

@@ -8,6 +8,8 @@ not compete for the same GPUs run concurrently: 2 cores make that the only way t
 from __future__ import annotations
 
 import socket
+import subprocess
+import time
 
 import pytest
 
@@ -16,10 +18,14 @@ from tests.integration.helpers import (
     JOB_NAME,
     ONE_NODE,
     PYTHON,
+    REPO,
     SINGLE,
     STEPS,
+    TIMEOUT_S,
     TWO_BY_TWO,
     Harness,
+    Result,
+    cancel_jobs,
     check_world,
     rank_check,
     wait_all,
@@ -223,3 +229,86 @@ def test_unresolvable_node_name_names_the_node_list_and_both_fixes(harness: Harn
         assert "export MASTER_ADDR=" in line, line
         assert "--master-addr-format" in line, line
         assert "($MASTER_ADDR=" not in line
+
+
+# A heterogeneous job whose component 0 (1 task) has the later host name, component 1 3 tasks.
+ONE_PLUS_THREE = [(0, 4, 0, 1, 0, 2), (1, 4, 0, 3, 1, 2), (2, 4, 1, 3, 1, 2), (3, 4, 2, 3, 1, 2)]
+HET_STEP = ["srun", "--het-group=0,1"]
+
+
+def test_heterogeneous_job_steps_in_both_placements(harness: Harness) -> None:
+    """`srun --het-group=0,1` in `salloc -w n3 -n2 : -w n4 -n2` (components in host-name order)
+    and in `salloc -w n2 -n1 : -w n1 -n3` (rank 0 on the later host name, while the step's node
+    list is n[1-2] and its tasks per node 3,1), plus a het job srun makes itself (`srun -w n4 -n1
+    : -w n3 -n1`, only the PACK spelling of the component lists): every rank's layout, master =
+    component 0's first host, one scope for all components (the leader's SLURM_JOB_ID)."""
+    salloc = ["salloc", "-J", JOB_NAME]
+    normal, reversed_, direct = wait_all(
+        [
+            harness.start([*salloc, "-w", "n3", "-n", "2", ":", "-w", "n4", "-n", "2",
+                           *HET_STEP, *rank_check()], cluster="multi"),
+            harness.start([*salloc, "-w", "n2", "-n", "1", ":", "-w", "n1", "-n", "3",
+                           *HET_STEP, *rank_check("--launcher", "slurm")], cluster="multi"),
+            harness.start([*SRUN, "-w", "n4", "-n", "1", ":", "-w", "n3", "-n", "1",
+                           *rank_check()], cluster="multi"),
+        ]
+    )  # fmt: skip
+    worlds = (
+        (normal, TWO_BY_TWO, "n3", ["n3", "n3", "n4", "n4"]),
+        (reversed_, ONE_PLUS_THREE, "n2", ["n2", "n1", "n1", "n1"]),
+        (direct, [(0, 2, 0, 1, 0, 2), (1, 2, 0, 1, 1, 2)], "n4", ["n4", "n3"]),
+    )
+    for result, layouts, master, hosts in worlds:
+        recs = check_world(result, launcher="slurm", layouts=layouts, master=master, hosts=hosts)
+        job = recs[0]["info"]["job_id"]
+        assert {r["env"]["SLURM_JOB_ID"] for r in recs} == {job}, recs
+        assert {r["env"]["DISTENV_SCOPE"] for r in recs} == {f"slurm/{job}/0"}, recs
+
+
+def _sbatch_polled(harness: Harness, options: list[str], *, label: str) -> Result:
+    """Submit to cluster `one` and poll squeue every 0.2 s until the job (every array element)
+    has left the queue; return the output files. `sbatch --wait` sleeps 2, 8, then 32 s between
+    its own polls (with MinJobAge=30): measured, an array whose elements ended after about 15 s
+    came back after 42 s."""
+    out = harness.outdir(label)
+    argv = ["sbatch", "--parsable", "-J", JOB_NAME, "--chdir", str(REPO),
+            "-o", f"{out}/%x-%j-%a.out", "-e", f"{out}/%x-%j-%a.err", *options]  # fmt: skip
+    started = time.monotonic()
+    job = harness.run(argv, cluster="one").ok().stdout.strip().split(";")[0]
+    env = harness.env("one")
+    while True:
+        queue = subprocess.run(["squeue", "-h", "-j", job, "-o", "%i"], env=env, text=True,
+                               capture_output=True, timeout=30, check=False)  # fmt: skip
+        if (queue.returncode == 0 and not queue.stdout.strip()) or "Invalid job id" in queue.stderr:
+            break
+        if time.monotonic() - started > TIMEOUT_S:
+            cancel_jobs(harness.clusters["one"])
+            raise AssertionError(f"job {job} still queued after {TIMEOUT_S}s: {queue.stdout}")
+        time.sleep(0.2)
+    files = {p.name: p.read_text(errors="replace") for p in sorted(out.iterdir())}
+    return Result(argv, 0, "", "", time.monotonic() - started, files)
+
+
+def test_array_elements_on_one_node_get_their_own_scope_and_port(harness: Harness) -> None:
+    """`sbatch --array=0-1 -n 2` whose elements each run a 2-task srun step on the one node, at
+    the same time (their ranks meet before leaving the process group): both finish their
+    all_reduce, on different scopes and ports. Guards 0.1.0's behaviour (scope = element's job)."""
+    meeting = harness.outdir("meet")
+    step = " ".join(["exec", "srun", *rank_check("--meet", str(meeting), "4")])  # paths only
+    result = _sbatch_polled(harness, ["--array=0-1", "-n", "2", "--wrap", step], label="array")
+    elements = {}
+    for index in ("0", "1"):
+        files = {n: b for n, b in result.files.items() if n.endswith(f"-{index}.out")}
+        element = Result(result.argv, result.returncode, "", "", result.seconds, files)
+        recs = check_world(
+            element, launcher="slurm", layouts=[(r, 2, r, 2, 0, 1) for r in range(2)]
+        )
+        assert {r["env"]["SLURM_ARRAY_TASK_ID"] for r in recs} == {index}, result.text
+        assert [r["met"] for r in recs] == [4, 4], result.text  # both elements' groups were up
+        elements[index] = recs[0]
+    first, second = elements["0"], elements["1"]
+    assert first["env"]["SLURM_ARRAY_JOB_ID"] == second["env"]["SLURM_ARRAY_JOB_ID"]
+    assert first["info"]["job_id"] != second["info"]["job_id"]
+    assert first["env"]["DISTENV_SCOPE"] != second["env"]["DISTENV_SCOPE"]
+    assert first["info"]["master_port"] != second["info"]["master_port"]
+    assert first["info"]["master_addr"] == second["info"]["master_addr"] == socket.gethostname()
