@@ -60,10 +60,10 @@ def test_sagemaker_torch_distributed_is_torchruns_contract() -> None:
 
 def test_sagemaker_mpi_rank_takes_the_first_host_not_its_copied_current_host() -> None:
     """MPI mode: OMPI_* answer, the master is SM_HOSTS' first host, and mpirun's copied
-    SM_CURRENT_HOST (algo-1 on every rank) numbers no node."""
+    SM_CURRENT_HOST (algo-1 on every rank) numbers no node: the roll call numbers them."""
     detection = locate("auto", SM_MPI_RANK3, runtime=False)
     info = detection.info
-    assert _layout(info) == ("mpi", 3, 4, 1, 2, 1, 2)
+    assert _layout(info) == ("mpi", 3, 4, 1, 2, None, None)
     assert (info.master_addr, info.master_port) == ("algo-1", scheduler_port(JOB, "mpi"))
     assert ("sagemaker", "master taken from its allocation: algo-1") in detection.considered
 
@@ -105,10 +105,12 @@ def test_sagemaker_bad_values_are_named(
 @pytest.mark.parametrize(
     ("env", "layout", "master"),
     [
-        pytest.param(AML_MPI_2X2_RANK3, ("mpi", 3, 4, 1, 2, 1, 2), ("10.0.0.4", 6105), id="2x2"),
+        pytest.param(
+            AML_MPI_2X2_RANK3, ("mpi", 3, 4, 1, 2, None, None), ("10.0.0.4", 6105), id="2x2"
+        ),
         pytest.param(
             AML_MPI_1X2_RANK1,
-            ("mpi", 1, 2, 1, 2, 0, 1),
+            ("mpi", 1, 2, 1, 2, None, None),
             ("10.0.0.5", scheduler_port("ddp_1700000001_e5f6a7b8", "mpi")),
             id="1x2",
         ),
@@ -117,8 +119,9 @@ def test_sagemaker_bad_values_are_named(
 def test_azureml_mpi_ranks_take_the_primary_node(
     env: dict[str, str], layout: tuple[object, ...], master: tuple[str, int]
 ) -> None:
-    """Azure ML's MPI ranks: OMPI_* layout, master from AZ_BATCH_MASTER_NODE (host:port) or, on
-    one node, AZ_BATCHAI_MPI_MASTER_NODE with a port from the run id."""
+    """Azure ML's MPI ranks: OMPI_* layout (the node layout from the roll call), master from
+    AZ_BATCH_MASTER_NODE (host:port) or, on one node, AZ_BATCHAI_MPI_MASTER_NODE with a port from
+    the run id."""
     detection = locate("auto", env, runtime=False)
     assert _layout(detection.info) == layout
     assert (detection.info.master_addr, detection.info.master_port) == master
