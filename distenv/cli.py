@@ -12,7 +12,7 @@ from collections.abc import Sequence
 from distenv import __version__, templates
 from distenv.args import add_launcher_option
 from distenv.device import rank_backend, rank_device_reason, visible_device_count
-from distenv.doctor import add_doctor_parser
+from distenv.doctor import add_doctor_parser, write_considered
 from distenv.errors import DistEnvError, MasterResolutionError
 from distenv.master import SCOPE_VAR
 from distenv.pipeline import Detection, locate
@@ -104,10 +104,8 @@ def _cmd_info(args: argparse.Namespace) -> int:
     for name, value in rows:
         print(f"{name:<{width}}  {value}")
     print("\nhow it was chosen:")
-    for name, verdict in detection.considered:
-        print(f"  {name:<8} {verdict}")
-    if why is not None:
-        print(f"  {'device':<8} {why}")
+    device_row = () if why is None else (("device", why),)
+    write_considered((*detection.considered, *device_row), sys.stdout)
     return 0
 
 

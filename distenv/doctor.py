@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+from collections.abc import Sequence
 from typing import TextIO
 
 from distenv import state
@@ -24,17 +25,23 @@ from distenv.records import CheckIn, Verdict
 from distenv.rendezvous import fill_layout, job_scope, make_checkin, meet
 from distenv.settings import Settings
 
-__all__ = ["add_doctor_parser", "doctor"]
+__all__ = ["add_doctor_parser", "doctor", "write_considered"]
 
 DEFAULT_TIMEOUT = 60.0
+
+
+def write_considered(rows: Sequence[tuple[str, str]], out: TextIO) -> None:
+    """Write detection's (launcher, verdict) rows, the verdicts aligned past the longest name."""
+    width = max((len(name) for name, _ in rows), default=0)
+    for name, verdict in rows:
+        out.write(f"  {name:<{width}} {verdict}\n")
 
 
 def _explanation(considered: tuple[tuple[str, str], ...], out: TextIO) -> None:
     if not considered:
         return
     out.write("how the launcher was chosen:\n")
-    for name, verdict in considered:
-        out.write(f"  {name:<8} {verdict}\n")
+    write_considered(considered, out)
 
 
 def _table(info: RankInfo, verdict: Verdict, out: TextIO) -> None:
