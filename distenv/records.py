@@ -226,10 +226,10 @@ def parse_checkin(key: str, raw: str | bytes) -> CheckIn:
 class Verdict(NamedTuple):
     """Rank 0's conclusion, published to every rank: structured problems, rendered locally.
 
-    `nodes` numbers the nodes where some rank's launcher named no node layout (its check-in's
-    ``node_rank`` is None): the ranks' host names in order of their lowest rank (`node_hosts`),
-    so a rank's node index is its host's position and the node count their number. Empty when
-    every rank knew its node, or when the verdict is negative.
+    `nodes` numbers the nodes where a launcher left the node layout incomplete (a check-in's
+    ``node_rank`` is None, or rank 0's node count is unknown): the ranks' host names in order of
+    their lowest rank (`node_hosts`), so a rank's node index is its host's position and the node
+    count their number. Empty when every rank knew both, or when the verdict is negative.
     """
 
     ok: bool
@@ -339,14 +339,16 @@ def validate(checkins: Sequence[CheckIn], world_size: int) -> list["Problem"]:
     return found[:MAX_PROBLEMS]
 
 
-def node_hosts(checkins: Sequence[CheckIn]) -> tuple[str, ...]:
-    """Return the nodes' host names in order of their lowest rank, or () if every rank knew its node.
+def node_hosts(checkins: Sequence[CheckIn], *, layout_known: bool = True) -> tuple[str, ...]:
+    """Return the nodes' host names in order of their lowest rank, or () if every rank knew them.
 
-    `checkins` are in rank order (rank 0's gather reads them so). Host names are what tells the
+    `checkins` are in rank order (rank 0's gather reads them so). A check-in carries the node
+    index only, so rank 0 says with `layout_known` whether its launcher also counted the nodes
+    (Cray PALS names each rank's node but not how many there are). Host names are what tells the
     nodes apart: two nodes that report one name are one node here, and the roll call's check of
     unique local ranks per host refuses that job (`distenv.problems.shared_local_ranks`).
     """
-    if all(c.node_rank is not None for c in checkins):
+    if layout_known and all(c.node_rank is not None for c in checkins):
         return ()
     return tuple(dict.fromkeys(c.hostname for c in checkins))
 

@@ -689,7 +689,7 @@ def _gather(store: Any, info: RankInfo, scope: str, until: float) -> Verdict:
     found = tuple(checkins)
     if complete and not foreign:
         problems = validate(found, world)
-        nodes = () if problems else node_hosts(found)
+        nodes = () if problems else node_hosts(found, layout_known=info.layout_known)
         return Verdict(not problems, tuple(problems), found, scope, nodes)
     from distenv.problems import ForeignCheckIn, missing_ranks
 

@@ -426,3 +426,48 @@ def test_a_scope_claimed_by_another_job_after_check_in_is_refused() -> None:
     message = str(refused.value)
     assert "is another job's: slurm/10/0/n2; this job is slurm/9/0/n2" in message
     assert "wrote only its check-in, under this job's own keys" in message
+
+
+def test_roll_call_counts_the_nodes_when_only_the_node_count_is_unknown() -> None:
+    """Cray PALS: PALS_NODEID names each rank's node but nothing counts the nodes.
+
+    Every check-in carries a node index, yet the ranks still need the count: rank 0 publishes the
+    hosts whenever its own layout is incomplete, and each rank keeps its launcher's node index.
+    """
+    from torch.distributed import PrefixStore, TCPStore
+
+    from distenv.rendezvous import fill_layout
+
+    world, port = 4, free_port("127.0.0.1")
+    master = TCPStore("127.0.0.1", port, world, True, wait_for_workers=False)
+    hosts = ["x1000c0s0b0n0", "x1000c0s0b0n0", "x1000c0s0b0n1", "x1000c0s0b0n1"]
+    filled: dict[int, object] = {}
+
+    def rank_main(rank: int) -> None:
+        store = master if rank == 0 else TCPStore("127.0.0.1", port, world, False)
+        info = RankInfo(
+            launcher="mpi", rank=rank, world_size=world, local_rank=rank % 2,
+            local_world_size=2, node_rank=rank // 2, num_nodes=None,
+            master_addr="127.0.0.1", master_port=port,
+        )  # fmt: skip
+        mine = checkin(rank, world, launcher="mpi", hostname=hosts[rank], node_rank=rank // 2)
+        mine = mine._replace(local_rank=rank % 2)
+        try:
+            verdict = roll_call(
+                PrefixStore("distenv/test", store),
+                info,
+                mine,
+                timeout=10,
+                until=time.monotonic() + 20,
+            )
+            filled[rank] = fill_layout(info, verdict, mine)
+        except RendezvousError as exc:
+            filled[rank] = exc
+
+    threads = [threading.Thread(target=rank_main, args=(r,)) for r in range(world)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(40)
+    layouts = {r: (i.node_rank, i.num_nodes) for r, i in filled.items() if isinstance(i, RankInfo)}
+    assert layouts == {0: (0, 2), 1: (0, 2), 2: (1, 2), 3: (1, 2)}, filled
