@@ -163,6 +163,8 @@ class FluxLauncher(Scheduler):
                 f"$FLUX_JOB_NNODES={nodes} exceeds $FLUX_JOB_SIZE={world_size}: every node "
                 "counted runs a task",
                 hint="let the Flux job shell set FLUX_*; never set them by hand",
+                variable="FLUX_JOB_NNODES",
+                value=str(nodes),
             )
         else:
             raise InconsistentEnvironmentError(

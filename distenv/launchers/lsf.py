@@ -245,6 +245,8 @@ class LsfLauncher(Scheduler):
                 self.name,
                 f"$LSB_DJOB_NUMPROC={numproc} but the job's host file lists {len(hosts)} slots",
                 hint="let LSF set LSB_DJOB_NUMPROC and LSB_DJOB_HOSTFILE; never override them",
+                variable="LSB_DJOB_NUMPROC",
+                value=str(numproc),
             )
         if task > len(hosts):
             raise InvalidVariableError(

@@ -192,6 +192,8 @@ class SlurmLauncher(Scheduler):
                 f"${NODE_NAME}={node!r} is not in ${list_var}={nodelist!r}, so this node's "
                 f"task count in ${tpn_var} is unknown (heterogeneous job: ${HET_SIZE} is set)",
                 hint=HET_HINT,
+                variable=NODE_NAME,
+                value=node,
             )
         return tasks[hosts.index(node)], NODE_NAME
 
