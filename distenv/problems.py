@@ -335,12 +335,11 @@ def shared_local_ranks(places: Sequence[tuple[str, int | None, int]]) -> list[Pr
     ]
 
 
-def placements(node_hosts: Iterable[tuple[int | None, str]]) -> list[Problem]:
-    """Return a `Placement` for each node that MPI ranks assumed on it find on several hosts."""
+def placements(node_hosts: Iterable[tuple[int, str]]) -> list[Problem]:
+    """Return a `Placement` for each node that MPI's node variables put on several hosts."""
     hosts_of_node: dict[int, set[str]] = defaultdict(set)
     for node, host in node_hosts:
-        if node is not None:
-            hosts_of_node[node].add(host)
+        hosts_of_node[node].add(host)
     return [
         Placement(node, tuple(sorted(hosts))[:MAX_SHOWN])
         for node, hosts in sorted(hosts_of_node.items())
