@@ -113,5 +113,5 @@ class AzuremlLauncher(Scheduler):
         return RankInfo.single(self.name, master_addr=None, job_id=reader.get("AZUREML_RUN_ID"))
 
     def daemon_nodes(self, env: Mapping[str, str]) -> Nodes | None:
-        # No Azure ML variable numbers the nodes; Open MPI's local size does.
+        # No Azure ML variable numbers the nodes: init_dist's roll call numbers the ranks' hosts.
         return None

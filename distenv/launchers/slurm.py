@@ -183,7 +183,7 @@ class SlurmLauncher(Scheduler):
         nodelist: str,
         tpn_var: str,
         tasks: list[int],
-    ) -> tuple[int, str]:
+    ) -> int:
         """Return this node's task count in a het step: the count at its position in `hosts`."""
         _, node = reader.require(NODE_NAME, hint=HET_HINT)
         if node not in hosts:
@@ -195,7 +195,7 @@ class SlurmLauncher(Scheduler):
                 variable=NODE_NAME,
                 value=node,
             )
-        return tasks[hosts.index(node)], NODE_NAME
+        return tasks[hosts.index(node)]
 
     def restart_count(self, env: Mapping[str, str]) -> int:
         return self.reader(env).optional_int("SLURM_RESTART_COUNT") or 0
@@ -317,9 +317,10 @@ class SlurmLauncher(Scheduler):
         local_var = tpn_var
         if self._het_size(reader) is not None:
             # Node indices follow the components; the list and the counts, host names.
-            local_world_size, local_var = self._het_local_size(
+            local_world_size = self._het_local_size(
                 reader, hosts, list_var, nodelist, tpn_var, tasks_per_node
             )
+            local_var = NODE_NAME
         else:
             local_world_size = tasks_per_node[node_rank] if node_rank < num_nodes else 0
         return RankInfo.checked(

@@ -41,9 +41,8 @@ class VolcanoLauncher(Scheduler):
     ``master-0`` and ``worker-0`` both have VC_TASK_INDEX 0 and nothing says which task a pod
     belongs to, so a process started directly in a job of several pods (an index above 0, or
     the default tasks' host lists naming more than one pod) is refused unless a launcher
-    numbered it: the
-    pytorch plugin's RANK/WORLD_SIZE/MASTER_* (the `pytorch` backend answers, one process per
-    pod), torchrun, ``distenv run`` or MPI.
+    numbered it: the pytorch plugin's RANK/WORLD_SIZE/MASTER_* (the `pytorch` backend answers,
+    one process per pod), torchrun, ``distenv run`` or MPI.
     """
 
     name = "volcano"
