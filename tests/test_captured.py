@@ -8,28 +8,14 @@ from pathlib import Path
 
 import pytest
 
-from distenv import DistEnvError, RankInfo, detect
+from distenv import DistEnvError, detect
 from distenv.errors import LauncherMismatchError, LauncherNotFoundError, NotLaunchedError
 from distenv.master import scheduler_port
 from distenv.records import CheckIn, Verdict, node_hosts, parse_verdict, validate
 from distenv.rendezvous import fill_layout
-from tests.envs import mpi, slurm, torchrun
+from tests.envs import Layout, layout, mpi, slurm, torchrun
 
 CAPTURES = Path(__file__).parent / "envs" / "captures"
-
-# rank, world, local rank, local size, node, nodes (None: left to the roll call)
-Layout = tuple[int, int, int, int, int | None, int | None]
-
-
-def layout(info: RankInfo) -> Layout:
-    return (
-        info.rank,
-        info.world_size,
-        info.local_rank,
-        info.local_world_size,
-        info.node_rank,
-        info.num_nodes,
-    )
 
 
 ONE_NODE = [(r, 4, r, 4, 0, 1) for r in range(4)]

@@ -15,6 +15,7 @@ from distenv.errors import (
 from distenv.launchers import AZUREML, SAGEMAKER
 from distenv.master import scheduler_port
 from distenv.pipeline import locate
+from tests.envs import layout
 from tests.envs.azureml import (
     AML_MPI_1X2_RANK1,
     AML_MPI_2X2_RANK3,
@@ -31,16 +32,8 @@ from tests.envs.sagemaker import (
 JOB = "pt-ddp-2026-11-23"
 
 
-def _layout(info: RankInfo) -> tuple[str, int, int, int, int, int, int]:
-    return (
-        info.launcher,
-        info.rank,
-        info.world_size,
-        info.local_rank,
-        info.local_world_size,
-        info.node_rank,
-        info.num_nodes,
-    )
+def _layout(info: RankInfo) -> tuple[object, ...]:
+    return (info.launcher, *layout(info))
 
 
 def test_sagemaker_entry_point_per_host_is_one_rank_per_host() -> None:

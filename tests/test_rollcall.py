@@ -137,30 +137,27 @@ def test_roll_call_succeeds_with_everyone() -> None:
         assert sorted(c.rank for c in verdict.checkins) == expected
 
 
-def test_roll_call_numbers_the_nodes_a_launcher_left_unknown() -> None:
-    """MPI ranks placed round-robin on two hosts, named in reverse order, no node layout given.
-
-    Rank 0 numbers the hosts in order of their lowest rank (its own host is node 0, whatever its
-    name), and every rank, reading only the published verdict, takes its host's place.
-    """
+def _filled_layouts(
+    hosts: list[str], local_rank: list[int], node_rank: list[int | None]
+) -> dict[int, tuple[int | None, int | None]]:
+    """Hold a roll call of MPI ranks on `hosts`, no node count given; return each filled layout."""
     from torch.distributed import PrefixStore, TCPStore
 
     from distenv.rendezvous import fill_layout
 
-    world, port = 4, free_port("127.0.0.1")
+    world, port = len(hosts), free_port("127.0.0.1")
     master = TCPStore("127.0.0.1", port, world, True, wait_for_workers=False)
-    hosts = ["zeta", "alpha", "zeta", "alpha"]
     filled: dict[int, object] = {}
 
     def rank_main(rank: int) -> None:
         store = master if rank == 0 else TCPStore("127.0.0.1", port, world, False)
         info = RankInfo(
-            launcher="mpi", rank=rank, world_size=world, local_rank=rank // 2,
-            local_world_size=2, node_rank=None, num_nodes=None,
+            launcher="mpi", rank=rank, world_size=world, local_rank=local_rank[rank],
+            local_world_size=hosts.count(hosts[rank]), node_rank=node_rank[rank], num_nodes=None,
             master_addr="127.0.0.1", master_port=port,
         )  # fmt: skip
-        mine = checkin(rank, world, launcher="mpi", hostname=hosts[rank], node_rank=None)
-        mine = mine._replace(local_rank=rank // 2)
+        mine = checkin(rank, world, launcher="mpi", hostname=hosts[rank], node_rank=node_rank[rank])
+        mine = mine._replace(local_rank=local_rank[rank])
         try:
             verdict = roll_call(
                 PrefixStore("distenv/test", store),
@@ -179,7 +176,18 @@ def test_roll_call_numbers_the_nodes_a_launcher_left_unknown() -> None:
     for t in threads:
         t.join(40)
     layouts = {r: (i.node_rank, i.num_nodes) for r, i in filled.items() if isinstance(i, RankInfo)}
-    assert layouts == {0: (0, 2), 1: (1, 2), 2: (0, 2), 3: (1, 2)}, filled
+    assert len(layouts) == world, filled
+    return layouts
+
+
+def test_roll_call_numbers_the_nodes_a_launcher_left_unknown() -> None:
+    """MPI ranks placed round-robin on two hosts, named in reverse order, no node layout given.
+
+    Rank 0 numbers the hosts in order of their lowest rank (its own host is node 0, whatever its
+    name), and every rank, reading only the published verdict, takes its host's place.
+    """
+    layouts = _filled_layouts(["zeta", "alpha", "zeta", "alpha"], [0, 0, 1, 1], [None] * 4)
+    assert layouts == {0: (0, 2), 1: (1, 2), 2: (0, 2), 3: (1, 2)}
 
 
 def test_a_verdict_that_does_not_name_this_host_is_refused() -> None:
@@ -434,40 +442,6 @@ def test_roll_call_counts_the_nodes_when_only_the_node_count_is_unknown() -> Non
     Every check-in carries a node index, yet the ranks still need the count: rank 0 publishes the
     hosts whenever its own layout is incomplete, and each rank keeps its launcher's node index.
     """
-    from torch.distributed import PrefixStore, TCPStore
-
-    from distenv.rendezvous import fill_layout
-
-    world, port = 4, free_port("127.0.0.1")
-    master = TCPStore("127.0.0.1", port, world, True, wait_for_workers=False)
     hosts = ["x1000c0s0b0n0", "x1000c0s0b0n0", "x1000c0s0b0n1", "x1000c0s0b0n1"]
-    filled: dict[int, object] = {}
-
-    def rank_main(rank: int) -> None:
-        store = master if rank == 0 else TCPStore("127.0.0.1", port, world, False)
-        info = RankInfo(
-            launcher="mpi", rank=rank, world_size=world, local_rank=rank % 2,
-            local_world_size=2, node_rank=rank // 2, num_nodes=None,
-            master_addr="127.0.0.1", master_port=port,
-        )  # fmt: skip
-        mine = checkin(rank, world, launcher="mpi", hostname=hosts[rank], node_rank=rank // 2)
-        mine = mine._replace(local_rank=rank % 2)
-        try:
-            verdict = roll_call(
-                PrefixStore("distenv/test", store),
-                info,
-                mine,
-                timeout=10,
-                until=time.monotonic() + 20,
-            )
-            filled[rank] = fill_layout(info, verdict, mine)
-        except RendezvousError as exc:
-            filled[rank] = exc
-
-    threads = [threading.Thread(target=rank_main, args=(r,)) for r in range(world)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(40)
-    layouts = {r: (i.node_rank, i.num_nodes) for r, i in filled.items() if isinstance(i, RankInfo)}
-    assert layouts == {0: (0, 2), 1: (0, 2), 2: (1, 2), 3: (1, 2)}, filled
+    layouts = _filled_layouts(hosts, [0, 1, 0, 1], [0, 0, 1, 1])
+    assert layouts == {0: (0, 2), 1: (0, 2), 2: (1, 2), 3: (1, 2)}
