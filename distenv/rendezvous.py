@@ -248,8 +248,11 @@ def _resolve(info: RankInfo, host: str, port: int, origin: str = "MASTER_ADDR") 
     scheduler's node list, whose node names need not be host names (Slurm's NodeName may differ
     from NodeHostname).
     """
+    # An ASCII name goes as bytes: a str makes CPython load the idna codec first, 1-3 ms once per
+    # process, inside every rank's bootstrap.
+    name: str | bytes = host.encode("ascii") if host.isascii() else host
     try:
-        return socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
+        return socket.getaddrinfo(name, port, type=socket.SOCK_STREAM)
     except socket.gaierror as exc:
         if origin not in ("", "MASTER_ADDR"):
             where = f"${origin}" if re.fullmatch(r"[A-Z_][A-Z0-9_]*", origin) else origin
@@ -331,8 +334,27 @@ def _listening_socket(info: RankInfo, host: str, port: int, addresses: Sequence[
     return sock.detach()
 
 
-def _wait_reachable(info: RankInfo, host: str, port: int, until: float, limit: float) -> None:
-    """Return once ``host:port`` accepts a TCP connection; raise at `until`.
+def _connect_once(addresses: Sequence[Any], timeout: float) -> None:
+    """Open and close one TCP connection to the first of `addresses` that accepts one.
+
+    ``socket.create_connection`` without its second lookup: the addresses are `_resolve`'s.
+    """
+    failure: OSError = OSError("no address")
+    for family, kind, proto, _, sockaddr in addresses:
+        with socket.socket(family, kind, proto) as sock:
+            sock.settimeout(timeout)
+            try:
+                sock.connect(sockaddr)
+                return
+            except OSError as exc:
+                failure = exc
+    raise failure
+
+
+def _wait_reachable(
+    info: RankInfo, host: str, port: int, addresses: Sequence[Any], until: float, limit: float
+) -> None:
+    """Return once ``host:port`` (at `addresses`) accepts a TCP connection; raise at `until`.
 
     Probing with a plain socket first keeps torch's C++ retry logs and stack dumps out of the
     user's first message, and bounds the wait exactly.
@@ -343,8 +365,8 @@ def _wait_reachable(info: RankInfo, host: str, port: int, until: float, limit: f
     while True:
         remaining = until - time.monotonic()
         try:
-            with socket.create_connection((host, port), timeout=max(min(remaining, 5.0), 0.1)):
-                return
+            _connect_once(addresses, max(min(remaining, 5.0), 0.1))
+            return
         except OSError as exc:
             last = str(exc) or type(exc).__name__
         remaining = until - time.monotonic()
@@ -414,7 +436,7 @@ def connect_store(
             master_listen_fd=fd,
         )
     watch.enter(what, deadline.at, no_answer(f"{where} did not accept a connection"))
-    _wait_reachable(info, host, port, until, limit)
+    _wait_reachable(info, host, port, addresses, until, limit)
     watch.enter(
         what,
         until,

@@ -278,3 +278,31 @@ def detect_info(env: Mapping[str, str]) -> RankInfo:
     from distenv.pipeline import detect
 
     return detect("auto", env)
+
+
+def test_an_ascii_master_name_resolves_without_loading_the_idna_codec() -> None:
+    """A str host makes CPython load the idna codec (milliseconds, inside every rank's bootstrap):
+    an ASCII name is passed as bytes and gives the same addresses. A non-ASCII name still goes
+    through idna, and an unresolvable one is still named."""
+    import subprocess
+    import sys
+
+    from distenv.errors import MasterResolutionError
+    from distenv.rendezvous import _resolve
+
+    probe = (
+        "import socket, sys\n"
+        "from distenv.rendezvous import _resolve\n"
+        "from tests.envs import slurm\n"
+        "from tests.test_master import detect_info\n"
+        "found = _resolve(detect_info(slurm.SRUN_2N_4T[2]), 'localhost', 29500)\n"
+        "print('encodings.idna' in sys.modules)\n"
+        "print(found == socket.getaddrinfo('localhost', 29500, type=socket.SOCK_STREAM))\n"
+    )
+    result = subprocess.run(
+        [sys.executable, "-c", probe], capture_output=True, text=True, timeout=60, check=True
+    )
+    assert result.stdout.split() == ["False", "True"]
+    with pytest.raises(MasterResolutionError) as caught:
+        _resolve(detect_info(slurm.SRUN_2N_4T[2]), "b\u00fccher.invalid", 29500)
+    assert "'b\u00fccher.invalid'" in str(caught.value)
