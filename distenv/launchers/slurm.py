@@ -154,19 +154,23 @@ class SlurmLauncher(Scheduler):
         """Return rank 0's host in a het job's step and the variable it came from (else why not).
 
         Ranks follow the components, component 0 first, each in block order; the step's node list
-        is in host-name order. Components never share a node (measured), so component 0 is in the
-        step exactly when its first host is. When it is not, a 2-component job's step is component
-        1 alone, laid out like a plain step. Otherwise returns ``(None, why)``.
+        is in host-name order. Components never share a node (measured), so component 0's nodes in
+        the step are those of its job node list that the step lists, and rank 0 runs on the first
+        of them. A step may run component 0 on only some of its nodes (`srun -w n4 -N1 -n1 : ...`
+        in `salloc -w n3,n4 -N2 -n2 : ...` puts rank 0 on n4, measured). When none is in the step,
+        a 2-component job's step is component 1 alone, laid out like a plain step. Otherwise
+        returns ``(None, why)``.
         """
         hosts = expand_nodelist(self.name, list_var, nodelist)
         found = reader.first(*HET_GROUP_0_NODELIST)
         if found is not None:
-            first = expand_nodelist(self.name, *found)[0]
-            if first in hosts:
-                return first, found[0]
+            listed = set(hosts)
+            ours = [host for host in expand_nodelist(self.name, *found) if host in listed]
+            if ours:
+                return ours[0], found[0]
             if het_size == 2:
                 return hosts[0], list_var
-            why = f"${found[0]}={found[1]!r} is not in ${list_var}={nodelist!r}"
+            why = f"no host of ${found[0]}={found[1]!r} is in ${list_var}={nodelist!r}"
         else:
             why = f"$SLURM_JOB_NODELIST_HET_GROUP_0 is not set (${HET_SIZE}={het_size})"
         return None, (

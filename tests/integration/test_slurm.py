@@ -239,16 +239,22 @@ HET_STEP = ["srun", "--het-group=0,1"]
 def test_heterogeneous_job_steps_in_both_placements(harness: Harness) -> None:
     """`srun --het-group=0,1` in `salloc -w n3 -n2 : -w n4 -n2` (components in host-name order)
     and in `salloc -w n2 -n1 : -w n1 -n3` (rank 0 on the later host name, while the step's node
-    list is n[1-2] and its tasks per node 3,1), plus a het job srun makes itself (`srun -w n4 -n1
-    : -w n3 -n1`, only the PACK spelling of the component lists): every rank's layout, master =
-    component 0's first host, one scope for all components (the leader's SLURM_JOB_ID)."""
+    list is n[1-2] and its tasks per node 3,1), a step that runs component 0 on only the second of
+    its nodes (`srun -w n4 -N1 -n1 : -w n1 -n1` in `salloc -w n3,n4 -N2 -n2 : -w n1 -n1`: rank 0
+    on n4, while the step list is n[1,4]), plus a het job srun makes itself (`srun -w n4 -n1 : -w
+    n3 -n1`, only the PACK spelling of the component lists): every rank's layout, master = the
+    first host of component 0 in the step, one scope for all components (the leader's
+    SLURM_JOB_ID)."""
     salloc = ["salloc", "-J", JOB_NAME]
-    normal, reversed_, direct = wait_all(
+    normal, reversed_, partial, direct = wait_all(
         [
             harness.start([*salloc, "-w", "n3", "-n", "2", ":", "-w", "n4", "-n", "2",
                            *HET_STEP, *rank_check()], cluster="multi"),
             harness.start([*salloc, "-w", "n2", "-n", "1", ":", "-w", "n1", "-n", "3",
                            *HET_STEP, *rank_check("--launcher", "slurm")], cluster="multi"),
+            harness.start([*salloc, "-w", "n3,n4", "-N", "2", "-n", "2", ":", "-w", "n1", "-n",
+                           "1", "srun", "-w", "n4", "-N", "1", "-n", "1", ":", "-w", "n1", "-n",
+                           "1", *rank_check()], cluster="multi"),
             harness.start([*SRUN, "-w", "n4", "-n", "1", ":", "-w", "n3", "-n", "1",
                            *rank_check()], cluster="multi"),
         ]
@@ -256,6 +262,7 @@ def test_heterogeneous_job_steps_in_both_placements(harness: Harness) -> None:
     worlds = (
         (normal, TWO_BY_TWO, "n3", ["n3", "n3", "n4", "n4"]),
         (reversed_, ONE_PLUS_THREE, "n2", ["n2", "n1", "n1", "n1"]),
+        (partial, [(0, 2, 0, 1, 0, 2), (1, 2, 0, 1, 1, 2)], "n4", ["n4", "n1"]),
         (direct, [(0, 2, 0, 1, 0, 2), (1, 2, 0, 1, 1, 2)], "n4", ["n4", "n3"]),
     )
     for result, layouts, master, hosts in worlds:
