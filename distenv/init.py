@@ -118,7 +118,7 @@ def _prepare(
         torch.cuda.set_device(device)
     exported = info.to_env()
     os.environ.update(exported)
-    for name in ("GROUP_RANK", "GROUP_WORLD_SIZE"):
+    for name in ("GROUP_RANK", "GROUP_WORLD_SIZE", "LOCAL_WORLD_SIZE"):
         if name not in exported:  # the node layout is unknown until the roll call
             os.environ.pop(name, None)
     os.environ[SCOPE_VAR] = detection.scope

@@ -136,11 +136,15 @@ def scheduler_layout(who: str, env: Mapping[str, str]) -> Detection | None:
             hint=f"{PER_NODE_HINT}, or pass --nnodes, --node-rank and --master-addr",
         )
     if info.local_world_size != 1:
+        started = (
+            f"{info.local_world_size} tasks on this node"
+            if info.local_world_size is not None
+            else f"{info.world_size} tasks on {info.num_nodes or 'several'} nodes"
+        )
         raise ConfigurationError(
             who,
-            f"{info.launcher} started {info.local_world_size} tasks on this node (task "
-            f"{info.rank} of {info.world_size}); distenv run starts the ranks itself and needs "
-            "exactly one task per node",
+            f"{info.launcher} started {started} (task {info.rank} of {info.world_size}); "
+            "distenv run starts the ranks itself and needs exactly one task per node",
             hint=PER_NODE_HINT,
         )
     return detection

@@ -364,10 +364,15 @@ def shared_gpus(on_gpus: Sequence[CheckIn]) -> list[Problem]:
 
 
 def expected_hosts(
-    rank: int, world_size: int, local_world_size: int, arrived: Sequence[CheckIn]
+    rank: int, world_size: int, local_world_size: int | None, arrived: Sequence[CheckIn]
 ) -> tuple[tuple[str, ...], int | None]:
-    """Return where a missing rank should run: the hosts of its node's arrivals, and the node."""
-    node = rank // local_world_size if world_size % local_world_size == 0 else None
+    """Return where a missing rank should run: the hosts of its node's arrivals, and the node.
+
+    Nowhere known when the ranks per node are unknown (`local_world_size` None: Flux).
+    """
+    if local_world_size is None or world_size % local_world_size:
+        return (), None
+    node = rank // local_world_size
     hosts = sorted({c.hostname for c in arrived if node is not None and c.node_rank == node})
     return tuple(hosts[:MAX_SHOWN]), node
 
@@ -379,7 +384,11 @@ def _missing(
     local_world_size: int | None,
 ) -> Missing:
     named = list(missing)[:MAX_SHOWN]
-    local = local_world_size or (arrived[0].local_world_size if arrived else 1)
+    local = (
+        local_world_size
+        if local_world_size is not None
+        else (arrived[0].local_world_size if arrived else 1)
+    )
     places = [expected_hosts(r, world_size, local, arrived) for r in named]
     return Missing(
         len(missing),

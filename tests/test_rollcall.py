@@ -7,11 +7,12 @@ import time
 
 import pytest
 
-from distenv import RankInfo
+from distenv import RankInfo, detect
 from distenv.errors import RendezvousError, RendezvousTimeoutError
 from distenv.master import free_port
 from distenv.records import CheckIn, Verdict, validate
 from distenv.rendezvous import roll_call
+from tests.envs import Layout, flux, layout
 
 
 def checkin(rank: int, world: int = 4, per_node: int = 2, **change: object) -> CheckIn:
@@ -137,27 +138,37 @@ def test_roll_call_succeeds_with_everyone() -> None:
         assert sorted(c.rank for c in verdict.checkins) == expected
 
 
-def _filled_layouts(
-    hosts: list[str], local_rank: list[int], node_rank: list[int | None]
-) -> dict[int, tuple[int | None, int | None]]:
-    """Hold a roll call of MPI ranks on `hosts`, no node count given; return each filled layout."""
+def _filled(
+    hosts: list[str],
+    local_rank: list[int],
+    node_rank: list[int | None],
+    *,
+    local_size: list[int | None] | None = None,
+    num_nodes: int | None = None,
+    launcher: str = "mpi",
+) -> dict[int, RankInfo | RendezvousError]:
+    """Hold a roll call of ranks on `hosts` (by default MPI's: local sizes known, no node count);
+    return each rank's filled RankInfo, or the error it raised."""
     from torch.distributed import PrefixStore, TCPStore
 
     from distenv.rendezvous import fill_layout
 
     world, port = len(hosts), free_port("127.0.0.1")
+    sizes = local_size if local_size is not None else [hosts.count(h) for h in hosts]
     master = TCPStore("127.0.0.1", port, world, True, wait_for_workers=False)
-    filled: dict[int, object] = {}
+    filled: dict[int, RankInfo | RendezvousError] = {}
 
     def rank_main(rank: int) -> None:
         store = master if rank == 0 else TCPStore("127.0.0.1", port, world, False)
         info = RankInfo(
-            launcher="mpi", rank=rank, world_size=world, local_rank=local_rank[rank],
-            local_world_size=hosts.count(hosts[rank]), node_rank=node_rank[rank], num_nodes=None,
+            launcher=launcher, rank=rank, world_size=world, local_rank=local_rank[rank],
+            local_world_size=sizes[rank], node_rank=node_rank[rank], num_nodes=num_nodes,
             master_addr="127.0.0.1", master_port=port,
         )  # fmt: skip
-        mine = checkin(rank, world, launcher="mpi", hostname=hosts[rank], node_rank=node_rank[rank])
-        mine = mine._replace(local_rank=local_rank[rank])
+        mine = checkin(rank, world, launcher=launcher, hostname=hosts[rank])
+        mine = mine._replace(
+            local_rank=local_rank[rank], local_world_size=sizes[rank], node_rank=node_rank[rank]
+        )
         try:
             verdict = roll_call(
                 PrefixStore("distenv/test", store),
@@ -175,8 +186,17 @@ def _filled_layouts(
         t.start()
     for t in threads:
         t.join(40)
+    assert len(filled) == world, filled
+    return filled
+
+
+def _filled_layouts(
+    hosts: list[str], local_rank: list[int], node_rank: list[int | None]
+) -> dict[int, tuple[int | None, int | None]]:
+    """Hold a roll call of MPI ranks on `hosts`, no node count given; return each filled layout."""
+    filled = _filled(hosts, local_rank, node_rank)
     layouts = {r: (i.node_rank, i.num_nodes) for r, i in filled.items() if isinstance(i, RankInfo)}
-    assert len(layouts) == world, filled
+    assert len(layouts) == len(hosts), filled
     return layouts
 
 
@@ -188,6 +208,50 @@ def test_roll_call_numbers_the_nodes_a_launcher_left_unknown() -> None:
     """
     layouts = _filled_layouts(["zeta", "alpha", "zeta", "alpha"], [0, 0, 1, 1], [None] * 4)
     assert layouts == {0: (0, 2), 1: (1, 2), 2: (0, 2), 3: (1, 2)}
+
+
+@pytest.mark.parametrize(
+    ("envs", "hosts", "answers"),
+    [
+        (flux.FLUX_2X2, ["fluke1", "fluke1", "fluke2", "fluke2"], flux.FLUX_2X2_ANSWERS),
+        (flux.FLUX_CYCLIC_5, flux.FLUX_CYCLIC_5_HOSTS, flux.FLUX_CYCLIC_5_ANSWERS),
+    ],
+    ids=["2x2", "cyclic-uneven"],
+)
+def test_roll_call_fills_flux_node_and_local_size(
+    envs: list[dict[str, str]], hosts: list[str], answers: list[Layout]
+) -> None:
+    """Flux tasks on several nodes, several per node (block, or cyclic and uneven): detection
+    leaves the node index and the local size unknown; the roll call numbers each task's host and
+    counts the tasks on it, and the local rank stays FLUX_TASK_LOCAL_ID.
+    """
+    detected = [detect("auto", env) for env in envs]
+    filled = _filled(
+        hosts,
+        [i.local_rank for i in detected],
+        [i.node_rank for i in detected],
+        local_size=[i.local_world_size for i in detected],
+        num_nodes=detected[0].num_nodes,
+        launcher="flux",
+    )
+    assert {r: layout(i) for r, i in filled.items() if isinstance(i, RankInfo)} == dict(
+        enumerate(answers)
+    ), filled
+
+
+def test_a_verdict_that_does_not_count_this_hosts_ranks_is_refused() -> None:
+    """A rank with no local size, given a verdict that names its host without counting: refused."""
+    from distenv.rendezvous import fill_layout
+
+    info = RankInfo(
+        launcher="flux", rank=1, world_size=2, local_rank=0, local_world_size=None,
+        node_rank=None, num_nodes=2, master_addr="h", master_port=1,
+    )  # fmt: skip
+    mine = checkin(1, 2, hostname="b", node_rank=None, local_world_size=None, local_rank=0)
+    with pytest.raises(RendezvousError, match="does not count the ranks on this rank's host 'b'"):
+        fill_layout(info, Verdict(True, (), (), "flux/1/-/n2", ("a", "b")), mine)
+    counted = Verdict(True, (), (), "flux/1/-/n2", ("a", "b"), (1, 1))
+    assert layout(fill_layout(info, counted, mine)) == (1, 2, 0, 1, 1, 2)
 
 
 def test_a_verdict_that_does_not_name_this_host_is_refused() -> None:
