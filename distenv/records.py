@@ -72,6 +72,8 @@ _MATCHED_MAX = 1 << 16
 
 #: The check-in fields every rank must agree on.
 AGREED = ("scope", "world_size", "master", "backend", "torch_version", "launcher")
+#: The layout fields a launcher may leave to the roll call: every rank has them, or none does.
+MIXED_FIELDS = ("node_rank", "local_world_size")
 
 
 class ForeignRecordError(Exception):
@@ -329,9 +331,11 @@ def validate(checkins: Sequence[CheckIn], world_size: int) -> list["Problem"]:
     """Return what is wrong with a complete set of check-ins (an empty list when all is well).
 
     Checks: agreement on scope, world size, master, backend, torch version and launcher; unique
-    ranks covering ``0..world_size-1``; unique local ranks per host; for MPI, the node index,
-    where its variables name one, against the host names; no two ranks of one host on the same
-    physical GPU unless sharing was allowed. Each check is a set comparison at C speed (rank 0
+    ranks covering ``0..world_size-1``; unique local ranks per host; in a complete world, the
+    local ranks and stated local sizes against the ranks counted on each host (and node); that
+    every rank, or none, has a node index and a local size from its launcher; the node index,
+    where a launcher names one, against the host names (one node, one host); no two ranks of one
+    host on the same physical GPU unless sharing was allowed. Each check is a set comparison at C speed (rank 0
     runs this on every check-in of the world); only a check that fails imports
     `distenv.problems` to say what.
     """
@@ -350,19 +354,43 @@ def validate(checkins: Sequence[CheckIn], world_size: int) -> list["Problem"]:
     # Keyed by node as well as host: tests (and `distenv run --nnodes 2` twice on one machine)
     # legitimately run several "nodes" on one host.
     places = list(map(attrgetter("hostname", "node_rank", "local_rank"), checkins))
-    if len(set(places)) != len(places):
+    distinct_places = set(places)
+    if len(distinct_places) != len(places):
         found += _problems().shared_local_ranks(places)
+    elif len(distinct) == len(ranks) == world_size:
+        found += _local_misfits(checkins, distinct_places)
 
-    if checkins and checkins[0].launcher == "mpi":
-        # Only where the launcher named the nodes: the roll call's own numbering is by host.
-        pairs = {(c.node_rank, c.hostname) for c in checkins if c.node_rank is not None}
-        if len(pairs) != len({node for node, _ in pairs}):
-            found += _problems().placements(pairs)
+    for field in MIXED_FIELDS:
+        values = list(map(attrgetter(field), checkins))
+        if 0 < values.count(None) < len(values):
+            found.append(_problems().mixed_layout(checkins, field))
+
+    # Only where the launcher named the nodes: the roll call's own numbering is by host.
+    pairs = {(c.node_rank, c.hostname) for c in checkins if c.node_rank is not None}
+    if len(pairs) != len({node for node, _ in pairs}):
+        found += _problems().placements(pairs)
 
     on_gpus = [c for c in checkins if c.device is not None]
     if len(set(map(attrgetter("hostname", "device"), on_gpus))) != len(on_gpus):
         found += _problems().shared_gpus(on_gpus)
     return found[:MAX_PROBLEMS]
+
+
+def _local_misfits(
+    checkins: Sequence[CheckIn], places: AbstractSet[tuple[str, int | None, int]]
+) -> list["Problem"]:
+    """Return what contradicts the ranks counted on each host (and node) of a complete world.
+
+    Local ranks, unique per place already, must be exactly 0..n-1 where n ranks run there, and a
+    stated local world size must be n. Set comparisons; one entry per rank, none per pair.
+    """
+    counts = Counter(map(attrgetter("hostname", "node_rank"), checkins))
+    expected = {(host, node, i) for (host, node), n in counts.items() for i in range(n)}
+    sizes = set(map(attrgetter("hostname", "node_rank", "local_world_size"), checkins))
+    misfits = {(h, nd) for h, nd, size in sizes if size is not None and size != counts[(h, nd)]}
+    if places != expected:
+        misfits |= {(h, nd) for h, nd, _ in places - expected}
+    return _problems().local_layouts(checkins, misfits) if misfits else []
 
 
 def node_hosts(checkins: Sequence[CheckIn], *, layout_known: bool = True) -> tuple[str, ...]:

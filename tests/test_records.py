@@ -18,7 +18,9 @@ from distenv.problems import (
     ClaimedTwice,
     Disagreement,
     ForeignCheckIn,
+    LocalLayout,
     Missing,
+    MixedLayout,
     Placement,
     SharedGpu,
     SharedLocalRank,
@@ -191,9 +193,12 @@ def test_verdicts_round_trip_and_render_the_same_on_every_rank() -> None:
         SharedGpu("gpu000", "GPU-5a3e", (0, 1), 2),
         SharedLocalRank("gpu000", 0, 0, 2),
         ForeignCheckIn("checkin/5"),
+        MixedLayout("node_rank", (0, 1), 2, ("gpu000",), (2, 3), 2, ("gpu001",)),
+        LocalLayout("gpu001", None, 2, (2, 3), (0, 3), (4,)),
     )
     kinds = {type(p) for p in problems}
     assert {Disagreement, ClaimedTwice, Missing, Placement, SharedGpu, ForeignCheckIn} <= kinds
+    assert {MixedLayout, LocalLayout} <= kinds
     published = Verdict(False, problems, (), SCOPE).to_json()
     parsed = parse_verdict("verdict", published, scope=SCOPE, world_size=4)
     assert parsed.problems == problems
@@ -346,3 +351,50 @@ def test_sizes_are_published_only_where_a_local_size_is_unknown() -> None:
     assert '"sizes"' not in Verdict(True, (), (), SCOPE, nodes).to_json()
     flux = [c._replace(local_world_size=None) for c in known]
     assert host_sizes(flux, node_hosts(flux)) == (2, 2)
+
+
+MIXED = {
+    "code": "mixed_layout",
+    "field": "node_rank",
+    "known": [0, 1],
+    "known_total": 2,
+    "known_hosts": ["gpu000"],
+    "unknown": [2, 3],
+    "unknown_total": 2,
+    "unknown_hosts": ["gpu001"],
+}
+LOCAL = {
+    "code": "local_layout",
+    "host": "gpu001",
+    "node": None,
+    "total": 2,
+    "ranks": [2, 3],
+    "local_ranks": [0, 3],
+    "sizes": [4],
+}
+
+
+@pytest.mark.parametrize(
+    ("problem", "why"),
+    [
+        ({**MIXED, "field": "EVIL TEXT"}, "names no layout field"),
+        ({**MIXED, "known_hosts": ["EVIL TEXT"]}, "'known_hosts'"),
+        ({**MIXED, "unknown": [7]}, "'unknown'"),
+        ({**MIXED, "known_total": 0}, "'known_total'"),
+        ({**LOCAL, "host": "EVIL TEXT"}, "'host'"),
+        ({**LOCAL, "local_ranks": [0]}, "differ in length"),
+        ({**LOCAL, "sizes": [0]}, "sizes are not local world sizes"),
+        ({**LOCAL, "total": 9}, "'total'"),
+        ({**LOCAL, "evil": 1}, "unexpected or missing fields"),
+    ],
+)
+def test_forged_layout_problems_are_refused(problem: dict[str, Any], why: str) -> None:
+    """The layout cross-checks' problems are validated like the others: never free text."""
+    verdict = {"scope": SCOPE, "ok": False, "problems": [problem], "nodes": []}
+    with pytest.raises(ForeignRecordError) as info:
+        parse_verdict("verdict", json.dumps(verdict), scope=SCOPE, world_size=4)
+    assert why in info.value.why
+    assert "EVIL" not in str(info.value)
+    valid = {**verdict, "problems": [MIXED, LOCAL]}
+    parsed = parse_verdict("verdict", json.dumps(valid), scope=SCOPE, world_size=4)
+    assert [type(p) for p in parsed.problems] == [MixedLayout, LocalLayout]

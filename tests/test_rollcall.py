@@ -63,6 +63,66 @@ def test_validate_names_each_problem(mutate: dict[int, dict[str, object]], expec
     assert any(expected in p for p in problems), problems
 
 
+@pytest.mark.parametrize(
+    ("mutate", "expected"),
+    [
+        (
+            {2: {"node_rank": None}, 3: {"node_rank": None}},
+            "ranks 0, 1 (on n1) have a node_rank from their launcher's variables but ranks 2, 3 "
+            "(on n2) have none: the ranks were not started alike",
+        ),
+        (
+            {0: {"local_world_size": None}},
+            "ranks 1, 2, 3 (on n1, n2) have a local_world_size from their launcher's variables "
+            "but ranks 0 (on n1) have none",
+        ),
+        (
+            {0: {"local_world_size": 3}, 1: {"local_world_size": 3}},
+            "2 ranks of this job run on n1 (node 0) (ranks 0, 1), but their launcher gave them "
+            "local_world_size 3 and local ranks 0, 1, not local ranks 0..1 of 2",
+        ),
+        (
+            {1: {"local_rank": 3, "local_world_size": 4}},
+            "2 ranks of this job run on n1 (node 0) (ranks 0, 1), but their launcher gave them "
+            "local_world_size 2, 4 and local ranks 0, 3, not local ranks 0..1 of 2",
+        ),
+        (
+            {2: {"node_rank": 0}, 3: {"node_rank": 0}},
+            "ranks that their launcher's variables put on node 0 run on ['n1', 'n2']",
+        ),
+    ],
+    ids=["node-index-mixed", "local-size-mixed", "local-size", "local-rank", "node-on-two-hosts"],
+)
+def test_layouts_that_contradict_the_hosts_are_named(
+    mutate: dict[int, dict[str, object]], expected: str
+) -> None:
+    """Known node indices and local layouts are checked against the hosts the roll call counts."""
+    checkins = [checkin(r)._replace(**mutate.get(r, {})) for r in range(4)]  # type: ignore[arg-type]
+    problems = [p.describe(0) for p in validate(checkins, 4)]
+    assert any(expected in p for p in problems), problems
+
+
+def test_flux_local_ranks_are_checked_against_the_hosts_counted() -> None:
+    """Flux names local ranks but no local size: they must be 0..n-1 for the n ranks of a host."""
+    flux_like = [
+        checkin(r, launcher="flux", node_rank=None, local_world_size=None) for r in range(4)
+    ]
+    assert validate(flux_like, 4) == []
+    # Two tasks of one host claiming local rank 0: named, not numbered.
+    twice = [*flux_like[:3], flux_like[3]._replace(local_rank=0)]
+    assert [p.describe(0) for p in validate(twice, 4)] == ["2 ranks on n2 share local rank 0"]
+    # A local rank past the ranks of its host: named with the host, the ranks and the fix.
+    beyond = [*flux_like[:3], flux_like[3]._replace(local_rank=2)]
+    (problem,) = validate(beyond, 4)
+    assert problem.describe(0) == (
+        "2 ranks of this job run on n2 (ranks 2, 3), but their launcher gave them local ranks "
+        "0, 2, not local ranks 0..1 of 2: its local variables do not describe these ranks; let "
+        "the launcher set them (unset any inherited from another job or set by hand)"
+    )
+    # An incomplete world is not counted (missing ranks are named instead).
+    assert validate(beyond[:3], 4)[0].describe(0).startswith("1 of 4 ranks did not check in")
+
+
 def test_gpu_sharing_can_be_allowed() -> None:
     """Two ranks on one GPU are fine when every one of them allowed sharing."""
     checkins = [checkin(r, device="GPU-9f", allow_gpu_sharing=True, hostname="h") for r in range(2)]
