@@ -105,17 +105,21 @@ def test_layouts_that_contradict_the_hosts_are_named(
 def test_flux_local_ranks_are_checked_against_the_hosts_counted() -> None:
     """Flux names local ranks but no local size: they must be 0..n-1 for the n ranks of a host."""
     flux_like = [
-        checkin(r, launcher="flux", node_rank=None, local_world_size=None) for r in range(4)
+        checkin(r, launcher="flux", node_rank=None, local_world_size=None)._replace(
+            hostname=f"fluke{r // 2 + 1}"
+        )
+        for r in range(4)
     ]
     assert validate(flux_like, 4) == []
     # Two tasks of one host claiming local rank 0: named, not numbered.
     twice = [*flux_like[:3], flux_like[3]._replace(local_rank=0)]
-    assert [p.describe(0) for p in validate(twice, 4)] == ["2 ranks on n2 share local rank 0"]
-    # A local rank past the ranks of its host: named with the host, the ranks and the fix.
+    assert [p.describe(0) for p in validate(twice, 4)] == ["2 ranks on fluke2 share local rank 0"]
+    # A local rank past the ranks of its host: named with the host, the ranks and the fix
+    # (docs/troubleshooting.md shows this message).
     beyond = [*flux_like[:3], flux_like[3]._replace(local_rank=2)]
     (problem,) = validate(beyond, 4)
     assert problem.describe(0) == (
-        "2 ranks of this job run on n2 (ranks 2, 3), but their launcher gave them local ranks "
+        "2 ranks of this job run on fluke2 (ranks 2, 3), but their launcher gave them local ranks "
         "0, 2, not local ranks 0..1 of 2: its local variables do not describe these ranks; let "
         "the launcher set them (unset any inherited from another job or set by hand)"
     )
