@@ -156,7 +156,10 @@ def setup(
     Returns:
         This rank's resolved `RankInfo`. Where the launcher names no node layout (an MPI
         launcher alone), its ``node_rank`` and ``num_nodes`` are None and GROUP_RANK /
-        GROUP_WORLD_SIZE are not exported: only `init_dist`'s roll call numbers the nodes.
+        GROUP_WORLD_SIZE are not exported, and where it counts no ranks per node (Flux with
+        several tasks on each of several nodes), ``local_world_size`` is None and
+        LOCAL_WORLD_SIZE is not exported: only `init_dist`'s roll call numbers the nodes and
+        counts their ranks.
 
     Raises:
         DistEnvError: If detection or resolution fails, or an argument is invalid.
