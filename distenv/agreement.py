@@ -169,7 +169,7 @@ def _mpi_leftover(
         local = scheduler.rank_info(env).local_world_size
     except DistEnvError:
         return
-    if local < 2:  # one task per node: the step may be an MPI launcher's daemons
+    if local is None or local < 2:  # one task per node (or unknown): maybe an MPI's daemons
         return
     names = _present(inner, env, _LAYOUT)
     notes.append(

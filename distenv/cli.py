@@ -31,6 +31,7 @@ AT_INIT = {
 FROM_ROLL_CALL = {
     "node_rank": "from the roll call at init (this host's place among the ranks' hosts)",
     "num_nodes": "from the roll call at init (the number of the ranks' hosts)",
+    "local_world_size": "from the roll call at init (the ranks on this host)",
 }
 
 

@@ -131,8 +131,16 @@ def rank_device_reason(info: RankInfo, cuda_visible_devices: str | None) -> tupl
 
 
 def rank_device(info: RankInfo) -> int | None:
-    """Return the CUDA device index of this rank (`select_device` over the visible devices)."""
-    return select_device(info.local_rank, info.local_world_size, visible_device_count())
+    """Return the CUDA device index of this rank (`select_device` over the visible devices).
+
+    The device follows the local rank, which every launcher names; a local world size left
+    unknown until the roll call (Flux) only bounds it, so the device is chosen before the roll
+    call either way and the roll call compares the ranks' GPUs.
+    """
+    local_size = info.local_world_size
+    if local_size is None:
+        local_size = info.local_rank + 1
+    return select_device(info.local_rank, local_size, visible_device_count())
 
 
 def rank_backend(device: int | None, explicit: str | None = None) -> str:

@@ -118,7 +118,7 @@ def _prepare(
         torch.cuda.set_device(device)
     exported = info.to_env()
     os.environ.update(exported)
-    for name in ("GROUP_RANK", "GROUP_WORLD_SIZE"):
+    for name in ("GROUP_RANK", "GROUP_WORLD_SIZE", "LOCAL_WORLD_SIZE"):
         if name not in exported:  # the node layout is unknown until the roll call
             os.environ.pop(name, None)
     os.environ[SCOPE_VAR] = detection.scope
@@ -156,7 +156,10 @@ def setup(
     Returns:
         This rank's resolved `RankInfo`. Where the launcher names no node layout (an MPI
         launcher alone), its ``node_rank`` and ``num_nodes`` are None and GROUP_RANK /
-        GROUP_WORLD_SIZE are not exported: only `init_dist`'s roll call numbers the nodes.
+        GROUP_WORLD_SIZE are not exported, and where it counts no ranks per node (Flux with
+        several tasks on each of several nodes), ``local_world_size`` is None and
+        LOCAL_WORLD_SIZE is not exported: only `init_dist`'s roll call numbers the nodes and
+        counts their ranks.
 
     Raises:
         DistEnvError: If detection or resolution fails, or an argument is invalid.

@@ -40,6 +40,7 @@ from distenv.settings import OMP_VAR, Settings
 __all__ = [
     "LaunchOptions",
     "NodePlan",
+    "check_processes_per_node",
     "child_env",
     "is_stale",
     "local_ranks",
@@ -136,11 +137,15 @@ def scheduler_layout(who: str, env: Mapping[str, str]) -> Detection | None:
             hint=f"{PER_NODE_HINT}, or pass --nnodes, --node-rank and --master-addr",
         )
     if info.local_world_size != 1:
+        started = (
+            f"{info.local_world_size} tasks on this node"
+            if info.local_world_size is not None
+            else f"{info.world_size} tasks on {info.num_nodes or 'several'} nodes"
+        )
         raise ConfigurationError(
             who,
-            f"{info.launcher} started {info.local_world_size} tasks on this node (task "
-            f"{info.rank} of {info.world_size}); distenv run starts the ranks itself and needs "
-            "exactly one task per node",
+            f"{info.launcher} started {started} (task {info.rank} of {info.world_size}); "
+            "distenv run starts the ranks itself and needs exactly one task per node",
             hint=PER_NODE_HINT,
         )
     return detection
@@ -163,6 +168,33 @@ def _node_agent(refusal: NotLaunchedError, env: Mapping[str, str]) -> Detection 
     considered = (*refusal.considered, note)
     origin = f"the {launcher.name} job's master"
     return Detection(info, launcher, launcher.scope(env), considered, master_from=origin)
+
+
+def check_processes_per_node(
+    who: str, layout: Detection, env: Mapping[str, str], nproc: int
+) -> None:
+    """Refuse a count of local ranks other than the one the node's launcher states for its job.
+
+    A Kubeflow job states ``nprocPerNode`` (``PET_NPROC_PER_NODE``): the operator sized the
+    pods, and v1's ``WORLD_SIZE``, for it. Only a number is compared; ``auto``, ``gpu`` or ``cpu``
+    is what the pod resolves.
+
+    Raises:
+        ConfigurationError: Naming the variable, its value and the option to pass.
+    """
+    stated = layout.launcher.processes_per_node(env)
+    if stated is None or not stated[1].isdigit() or int(stated[1]) == nproc:
+        return
+    variable, value = stated
+    raise ConfigurationError(
+        who,
+        f"--nproc-per-node gives {nproc} rank(s) on this node, but the {layout.launcher.name} "
+        f"job runs ${variable}={value!r} per node",
+        hint=f"start the ranks the job states: `distenv {who} --nproc-per-node {value} ...` "
+        f"(or change the job's own count, which sets ${variable})",
+        variable=variable,
+        value=value,
+    )
 
 
 def run_id(options: LaunchOptions, layout: Detection | None, nnodes: int) -> str:

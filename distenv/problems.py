@@ -15,6 +15,7 @@ from distenv.records import (
     MAX_PID,
     MAX_RANK,
     MAX_SHOWN,
+    MIXED_FIELDS,
     CheckIn,
     ForeignRecordError,
     _Fields,
@@ -26,7 +27,9 @@ __all__ = [
     "ClaimedTwice",
     "Disagreement",
     "ForeignCheckIn",
+    "LocalLayout",
     "Missing",
+    "MixedLayout",
     "Placement",
     "Problem",
     "SharedGpu",
@@ -34,7 +37,9 @@ __all__ = [
     "claimed_twice",
     "disagreement",
     "expected_hosts",
+    "local_layouts",
     "missing_ranks",
+    "mixed_layout",
     "parse_problem",
     "placements",
     "problem_json",
@@ -201,21 +206,104 @@ class SharedLocalRank(NamedTuple):
 
 
 class Placement(NamedTuple):
-    """Ranks on several hosts that MPI's node variables (a step, PALS_NODEID) put on one node."""
+    """Ranks on several hosts that their launcher's node variables put on one node."""
 
     node: int
     hosts: tuple[str, ...]
 
     def describe(self, timeout: float) -> str:
         return (
-            f"MPI ranks that their launcher's variables put on node {self.node} run on "
+            f"ranks that their launcher's variables put on node {self.node} run on "
             f"{list(self.hosts)}: the node variables do not describe these ranks; unset the "
-            "node variables inherited from another job (or pass --launcher mpi)"
+            "node variables inherited from another job (for MPI ranks inside a scheduler's "
+            "step, pass --launcher mpi)"
         )
 
     @classmethod
     def parse(cls, fields: "_Fields", world: int) -> "Placement":
         return cls(fields.integer("node", 0, world), _host_list(fields, "hosts"))
+
+
+class MixedLayout(NamedTuple):
+    """Ranks whose launcher named a layout field (``node_rank``, ``local_world_size``) beside
+    ranks whose launcher did not: the ranks were not started alike."""
+
+    field: str
+    known: tuple[int, ...]
+    known_total: int
+    known_hosts: tuple[str, ...]
+    unknown: tuple[int, ...]
+    unknown_total: int
+    unknown_hosts: tuple[str, ...]
+
+    def describe(self, timeout: float) -> str:
+        return (
+            f"ranks {_ranks_text(self.known, self.known_total)} (on {', '.join(self.known_hosts)})"
+            f" have a {self.field} from their launcher's variables but ranks "
+            f"{_ranks_text(self.unknown, self.unknown_total)} (on "
+            f"{', '.join(self.unknown_hosts)}) have none: the ranks were not started alike, so "
+            "neither numbering can be trusted; start every rank with the same launcher and "
+            "unset node variables inherited from another job on some nodes"
+        )
+
+    @classmethod
+    def parse(cls, fields: "_Fields", world: int) -> "MixedLayout":
+        if fields.data["field"] not in MIXED_FIELDS:
+            raise ForeignRecordError(fields.key, "field 'field' names no layout field")
+        known, unknown = _rank_list(fields, "known", world), _rank_list(fields, "unknown", world)
+        return cls(
+            fields.data["field"],
+            known,
+            fields.integer("known_total", max(len(known), 1), world + 1),
+            _host_list(fields, "known_hosts"),
+            unknown,
+            fields.integer("unknown_total", max(len(unknown), 1), world + 1),
+            _host_list(fields, "unknown_hosts"),
+        )
+
+
+class LocalLayout(NamedTuple):
+    """The ranks on one host (and node) whose local ranks or local size do not fit their count."""
+
+    host: str
+    node: int | None  # None: the launcher named no node (the roll call numbers hosts)
+    total: int  # ranks of this job there
+    ranks: tuple[int, ...]
+    local_ranks: tuple[int, ...]  # of `ranks`, in the same order
+    sizes: tuple[int, ...]  # the local_world_size values they gave (none: unknown)
+
+    def describe(self, timeout: float) -> str:
+        node = "" if self.node is None else f" (node {self.node})"
+        sizes = ", ".join(map(str, self.sizes))
+        given = f"local_world_size {sizes} and " if self.sizes else ""
+        shown = ", ".join(map(str, self.local_ranks[:8])) + (
+            ", ..." if len(self.local_ranks) > 8 else ""
+        )
+        return (
+            f"{self.total} ranks of this job run on {self.host}{node} (ranks "
+            f"{_ranks_text(self.ranks, self.total)}), but their launcher gave them "
+            f"{given}local ranks {shown}, not local ranks 0..{self.total - 1} of "
+            f"{self.total}: its local variables do not describe these ranks; let the launcher "
+            "set them (unset any inherited from another job or set by hand)"
+        )
+
+    @classmethod
+    def parse(cls, fields: "_Fields", world: int) -> "LocalLayout":
+        ranks = _rank_list(fields, "ranks", world)
+        local_ranks = _rank_list(fields, "local_ranks", world)
+        if len(local_ranks) != len(ranks):
+            raise ForeignRecordError(fields.key, "ranks and local_ranks differ in length")
+        sizes = fields.items("sizes")
+        if not all(type(n) is int and 1 <= n <= world for n in sizes):
+            raise ForeignRecordError(fields.key, "sizes are not local world sizes")
+        return cls(
+            fields.text("host", "hostname"),
+            fields.optional_integer("node", 0, world),
+            fields.integer("total", max(len(ranks), 1), world + 1),
+            ranks,
+            local_ranks,
+            tuple(sizes),
+        )
 
 
 class SharedGpu(NamedTuple):
@@ -261,7 +349,15 @@ class ForeignCheckIn(NamedTuple):
 
 
 Problem = (
-    Missing | Disagreement | ClaimedTwice | SharedLocalRank | Placement | SharedGpu | ForeignCheckIn
+    Missing
+    | Disagreement
+    | ClaimedTwice
+    | SharedLocalRank
+    | Placement
+    | MixedLayout
+    | LocalLayout
+    | SharedGpu
+    | ForeignCheckIn
 )
 #: Each problem's code in the published verdict.
 CODES: dict[type, str] = {
@@ -270,6 +366,8 @@ CODES: dict[type, str] = {
     ClaimedTwice: "claimed",
     SharedLocalRank: "local_rank",
     Placement: "placement",
+    MixedLayout: "mixed_layout",
+    LocalLayout: "local_layout",
     SharedGpu: "gpu",
     ForeignCheckIn: "foreign",
 }
@@ -347,6 +445,51 @@ def placements(node_hosts: Iterable[tuple[int, str]]) -> list[Problem]:
     ]
 
 
+def mixed_layout(checkins: Sequence[CheckIn], field: str) -> MixedLayout:
+    """Return the `MixedLayout` of ranks that have `field` beside ranks that have none."""
+    of = attrgetter(field)
+    known = [c for c in checkins if of(c) is not None]
+    unknown = [c for c in checkins if of(c) is None]
+
+    def hosts(group: Sequence[CheckIn]) -> tuple[str, ...]:
+        return tuple(sorted({c.hostname for c in group}))[:MAX_SHOWN]
+
+    (known_ranks, known_total), (unknown_ranks, unknown_total) = (
+        _shown([c.rank for c in known]),
+        _shown([c.rank for c in unknown]),
+    )
+    return MixedLayout(
+        field, known_ranks, known_total, hosts(known), unknown_ranks, unknown_total, hosts(unknown)
+    )
+
+
+def local_layouts(
+    checkins: Sequence[CheckIn], misfits: Iterable[tuple[str, int | None]]
+) -> list[Problem]:
+    """Return a `LocalLayout` for each (host, node) place whose ranks do not fit their count."""
+    wanted = set(misfits)
+    at: dict[tuple[str, int | None], list[CheckIn]] = defaultdict(list)
+    for c in checkins:
+        if (c.hostname, c.node_rank) in wanted:
+            at[(c.hostname, c.node_rank)].append(c)
+    problems: list[Problem] = []
+    for (host, node), group in sorted(at.items(), key=lambda p: (p[0][0], p[0][1] or 0)):
+        group.sort(key=attrgetter("rank"))
+        shown = group[:MAX_SHOWN]
+        sizes = sorted({c.local_world_size for c in group if c.local_world_size is not None})
+        problems.append(
+            LocalLayout(
+                host,
+                node,
+                len(group),
+                tuple(c.rank for c in shown),
+                tuple(c.local_rank for c in shown),
+                tuple(sizes[:MAX_SHOWN]),
+            )
+        )
+    return problems
+
+
 def shared_gpus(on_gpus: Sequence[CheckIn]) -> list[Problem]:
     """Return a `SharedGpu` for each GPU that several ranks of a host drive without allowing it."""
     devices: dict[tuple[str, str], list[int]] = defaultdict(list)
@@ -364,10 +507,15 @@ def shared_gpus(on_gpus: Sequence[CheckIn]) -> list[Problem]:
 
 
 def expected_hosts(
-    rank: int, world_size: int, local_world_size: int, arrived: Sequence[CheckIn]
+    rank: int, world_size: int, local_world_size: int | None, arrived: Sequence[CheckIn]
 ) -> tuple[tuple[str, ...], int | None]:
-    """Return where a missing rank should run: the hosts of its node's arrivals, and the node."""
-    node = rank // local_world_size if world_size % local_world_size == 0 else None
+    """Return where a missing rank should run: the hosts of its node's arrivals, and the node.
+
+    Nowhere known when the ranks per node are unknown (`local_world_size` None: Flux).
+    """
+    if local_world_size is None or world_size % local_world_size:
+        return (), None
+    node = rank // local_world_size
     hosts = sorted({c.hostname for c in arrived if node is not None and c.node_rank == node})
     return tuple(hosts[:MAX_SHOWN]), node
 
@@ -379,7 +527,11 @@ def _missing(
     local_world_size: int | None,
 ) -> Missing:
     named = list(missing)[:MAX_SHOWN]
-    local = local_world_size or (arrived[0].local_world_size if arrived else 1)
+    local = (
+        local_world_size
+        if local_world_size is not None
+        else (arrived[0].local_world_size if arrived else 1)
+    )
     places = [expected_hosts(r, world_size, local, arrived) for r in named]
     return Missing(
         len(missing),

@@ -26,9 +26,9 @@ JSON_FIELDS = (
     "restart_count",
 )
 #: The fields a launcher may leave unknown (None): its environment names no node layout (Open MPI
-#: 5 or Hydra alone, Flux's node index, PALS's node count). `init_dist`'s roll call fills them
-#: from the ranks' host names (`distenv.records.node_hosts`).
-LAYOUT_FIELDS = ("node_rank", "num_nodes")
+#: 5 or Hydra alone, Flux's node index and tasks per node, PALS's node count). `init_dist`'s roll
+#: call fills them from the ranks' host names (`distenv.records.node_hosts`, `host_sizes`).
+LAYOUT_FIELDS = ("node_rank", "num_nodes", "local_world_size")
 
 
 def check_fields(
@@ -113,7 +113,9 @@ class RankInfo:
         rank: Global rank, ``0 <= rank < world_size``.
         world_size: Number of processes in the job.
         local_rank: Rank among the processes on this node.
-        local_world_size: Number of processes on this node.
+        local_world_size: Number of processes on this node; ``None`` while unknown (Flux with
+            several tasks on each of several nodes names none): `init_dist`'s roll call counts
+            the ranks on this rank's host and fills it.
         node_rank: Index of this node, ``0 <= node_rank < num_nodes``; ``None`` while unknown:
             where the launcher's environment names no node layout (Open MPI 5 or MPICH's Hydra
             alone, Flux), `init_dist`'s roll call numbers the hosts in order of their lowest
@@ -134,7 +136,7 @@ class RankInfo:
     rank: int
     world_size: int
     local_rank: int
-    local_world_size: int
+    local_world_size: int | None
     node_rank: int | None
     num_nodes: int | None
     master_addr: str | None
@@ -186,7 +188,11 @@ class RankInfo:
     @property
     def layout_known(self) -> bool:
         """Whether the node layout is known (else `init_dist`'s roll call fills it)."""
-        return self.node_rank is not None and self.num_nodes is not None
+        return (
+            self.node_rank is not None
+            and self.num_nodes is not None
+            and self.local_world_size is not None
+        )
 
     @property
     def is_main(self) -> bool:
@@ -204,8 +210,8 @@ class RankInfo:
     def to_env(self) -> dict[str, str]:
         """Return torchrun's environment contract for this rank (the ``env://`` variables).
 
-        GROUP_RANK and GROUP_WORLD_SIZE are left out while the node layout is unknown
-        (`layout_known`): `init_dist` exports them once its roll call has numbered the nodes.
+        GROUP_RANK, GROUP_WORLD_SIZE and LOCAL_WORLD_SIZE are left out while unknown
+        (`layout_known`): `init_dist` exports them once its roll call has filled them.
 
         Raises:
             MasterResolutionError: If the master is not resolved yet.

@@ -14,6 +14,7 @@ is pure: no torch, no store, no process state.
 
 import json
 import re
+from collections import Counter
 from collections.abc import Sequence
 from collections.abc import Set as AbstractSet
 from operator import attrgetter
@@ -30,6 +31,7 @@ __all__ = [
     "CheckIn",
     "ForeignRecordError",
     "Verdict",
+    "host_sizes",
     "matches",
     "node_hosts",
     "parse_checkin",
@@ -70,6 +72,8 @@ _MATCHED_MAX = 1 << 16
 
 #: The check-in fields every rank must agree on.
 AGREED = ("scope", "world_size", "master", "backend", "torch_version", "launcher")
+#: The layout fields a launcher may leave to the roll call: every rank has them, or none does.
+MIXED_FIELDS = ("node_rank", "local_world_size")
 
 
 class ForeignRecordError(Exception):
@@ -167,12 +171,16 @@ def parse_scope(key: str, raw: str | bytes) -> str:
 
 
 class CheckIn(NamedTuple):
-    """What one rank reports about itself (`node_rank` None: its launcher names no node layout)."""
+    """What one rank reports about itself.
+
+    `node_rank` (or `local_world_size`) None: its launcher names no node index (no count of the
+    ranks on its node); the roll call fills them in from the ranks' host names.
+    """
 
     rank: int
     world_size: int
     local_rank: int
-    local_world_size: int
+    local_world_size: int | None
     node_rank: int | None
     hostname: str
     pid: int
@@ -194,11 +202,11 @@ _CHECKIN_FIELDS = frozenset(CheckIn._fields)
 def _checkin(key: str, data: object) -> CheckIn:
     fields = _Fields(key, data, _CHECKIN_FIELDS)
     world = fields.integer("world_size", 1, MAX_RANK + 1)
-    local_world = fields.integer("local_world_size", 1, MAX_RANK + 1)
+    local_world = fields.optional_integer("local_world_size", 1, MAX_RANK + 1)
     return CheckIn(
         rank=fields.integer("rank", 0, world),
         world_size=world,
-        local_rank=fields.integer("local_rank", 0, local_world),
+        local_rank=fields.integer("local_rank", 0, world if local_world is None else local_world),
         local_world_size=local_world,
         node_rank=fields.optional_integer("node_rank", 0, world),
         hostname=fields.text("hostname"),
@@ -227,9 +235,12 @@ class Verdict(NamedTuple):
     """Rank 0's conclusion, published to every rank: structured problems, rendered locally.
 
     `nodes` numbers the nodes where a launcher left the node layout incomplete (a check-in's
-    ``node_rank`` is None, or rank 0's node count is unknown): the ranks' host names in order of
-    their lowest rank (`node_hosts`), so a rank's node index is its host's position and the node
-    count their number. Empty when every rank knew both, or when the verdict is negative.
+    ``node_rank`` or ``local_world_size`` is None, or rank 0's node count is unknown): the ranks'
+    host names in order of their lowest rank (`node_hosts`), so a rank's node index is its host's
+    position and the node count their number. `sizes` counts the ranks on each of those nodes
+    (`host_sizes`) where a check-in's ``local_world_size`` is None, so a rank's local world size
+    is the count at its node's position. Both are empty when every rank knew its layout, or when
+    the verdict is negative.
     """
 
     ok: bool
@@ -237,18 +248,23 @@ class Verdict(NamedTuple):
     checkins: tuple[CheckIn, ...] = ()
     scope: str = "-/-/-"
     nodes: tuple[str, ...] = ()
+    sizes: tuple[int, ...] = ()
 
     def to_json(self) -> str:
-        """Return the published form: scope, ok, problems and nodes (never the check-ins)."""
-        return json.dumps(
-            {
-                "scope": self.scope,
-                "ok": self.ok,
-                "problems": [_problems().problem_json(p) for p in self.problems[:MAX_PROBLEMS]],
-                "nodes": list(self.nodes),
-            },
-            separators=(",", ":"),
-        )
+        """Return the published form: scope, ok, problems, nodes and, if any, sizes."""
+        published: dict[str, object] = {
+            "scope": self.scope,
+            "ok": self.ok,
+            "problems": [_problems().problem_json(p) for p in self.problems[:MAX_PROBLEMS]],
+            "nodes": list(self.nodes),
+        }
+        if self.sizes:  # only where a rank's local world size is unknown: no bytes otherwise
+            published["sizes"] = list(self.sizes)
+        return json.dumps(published, separators=(",", ":"))
+
+    def size_of(self, node: int) -> int | None:
+        """Return how many ranks run on node `node` (`sizes`), or None if it counts none."""
+        return self.sizes[node] if 0 <= node < len(self.sizes) else None
 
     def node_of(self, hostname: str) -> int | None:
         """Return the index of `hostname`'s node in `nodes`, or None if it names no such host."""
@@ -270,6 +286,7 @@ class Verdict(NamedTuple):
 
 
 _VERDICT_FIELDS = frozenset(("scope", "ok", "problems", "nodes"))
+_SIZED_VERDICT_FIELDS = _VERDICT_FIELDS | {"sizes"}
 
 
 def parse_verdict(key: str, raw: str | bytes, *, scope: str, world_size: int) -> Verdict:
@@ -280,7 +297,9 @@ def parse_verdict(key: str, raw: str | bytes, *, scope: str, world_size: int) ->
             verdict with problems, a failing one without).
     """
     cap = MAX_VERDICT_BYTES + NODE_BYTES * world_size
-    fields = _Fields(key, _load(key, raw, cap), _VERDICT_FIELDS)
+    data = _load(key, raw, cap)
+    sized = isinstance(data, dict) and "sizes" in data
+    fields = _Fields(key, data, _SIZED_VERDICT_FIELDS if sized else _VERDICT_FIELDS)
     if fields.text("scope") != scope:
         raise ForeignRecordError(key, "written for another scope")
     ok = fields.flag("ok")
@@ -293,7 +312,16 @@ def parse_verdict(key: str, raw: str | bytes, *, scope: str, world_size: int) ->
         raise ForeignRecordError(key, "field 'nodes' is not a list of distinct host names")
     if hosts and not ok:
         raise ForeignRecordError(key, "a negative verdict numbers no nodes")
-    return Verdict(ok, problems, (), scope, tuple(hosts))
+    sizes = fields.items("sizes", world_size) if sized else []
+    if sized and (
+        not all(type(n) is int and 1 <= n <= world_size for n in sizes)
+        or len(sizes) != len(hosts)
+        or sum(sizes) != world_size
+    ):
+        raise ForeignRecordError(
+            key, "field 'sizes' does not count the ranks of each node in 'nodes'"
+        )
+    return Verdict(ok, problems, (), scope, tuple(hosts), tuple(sizes))
 
 
 # ---- validation of a complete set of check-ins (rank 0) -----------------------------------------
@@ -303,9 +331,11 @@ def validate(checkins: Sequence[CheckIn], world_size: int) -> list["Problem"]:
     """Return what is wrong with a complete set of check-ins (an empty list when all is well).
 
     Checks: agreement on scope, world size, master, backend, torch version and launcher; unique
-    ranks covering ``0..world_size-1``; unique local ranks per host; for MPI, the node index,
-    where its variables name one, against the host names; no two ranks of one host on the same
-    physical GPU unless sharing was allowed. Each check is a set comparison at C speed (rank 0
+    ranks covering ``0..world_size-1``; unique local ranks per host; in a complete world, the
+    local ranks and stated local sizes against the ranks counted on each host (and node); that
+    every rank, or none, has a node index and a local size from its launcher; the node index,
+    where a launcher names one, against the host names (one node, one host); no two ranks of one
+    host on the same physical GPU unless sharing was allowed. Each check is a set comparison at C speed (rank 0
     runs this on every check-in of the world); only a check that fails imports
     `distenv.problems` to say what.
     """
@@ -324,19 +354,43 @@ def validate(checkins: Sequence[CheckIn], world_size: int) -> list["Problem"]:
     # Keyed by node as well as host: tests (and `distenv run --nnodes 2` twice on one machine)
     # legitimately run several "nodes" on one host.
     places = list(map(attrgetter("hostname", "node_rank", "local_rank"), checkins))
-    if len(set(places)) != len(places):
+    distinct_places = set(places)
+    if len(distinct_places) != len(places):
         found += _problems().shared_local_ranks(places)
+    elif len(distinct) == len(ranks) == world_size:
+        found += _local_misfits(checkins, distinct_places)
 
-    if checkins and checkins[0].launcher == "mpi":
-        # Only where the launcher named the nodes: the roll call's own numbering is by host.
-        pairs = {(c.node_rank, c.hostname) for c in checkins if c.node_rank is not None}
-        if len(pairs) != len({node for node, _ in pairs}):
-            found += _problems().placements(pairs)
+    for field in MIXED_FIELDS:
+        values = list(map(attrgetter(field), checkins))
+        if 0 < values.count(None) < len(values):
+            found.append(_problems().mixed_layout(checkins, field))
+
+    # Only where the launcher named the nodes: the roll call's own numbering is by host.
+    pairs = {(c.node_rank, c.hostname) for c in checkins if c.node_rank is not None}
+    if len(pairs) != len({node for node, _ in pairs}):
+        found += _problems().placements(pairs)
 
     on_gpus = [c for c in checkins if c.device is not None]
     if len(set(map(attrgetter("hostname", "device"), on_gpus))) != len(on_gpus):
         found += _problems().shared_gpus(on_gpus)
     return found[:MAX_PROBLEMS]
+
+
+def _local_misfits(
+    checkins: Sequence[CheckIn], places: AbstractSet[tuple[str, int | None, int]]
+) -> list["Problem"]:
+    """Return what contradicts the ranks counted on each host (and node) of a complete world.
+
+    Local ranks, unique per place already, must be exactly 0..n-1 where n ranks run there, and a
+    stated local world size must be n. Set comparisons; one entry per rank, none per pair.
+    """
+    counts = Counter(map(attrgetter("hostname", "node_rank"), checkins))
+    expected = {(host, node, i) for (host, node), n in counts.items() for i in range(n)}
+    sizes = set(map(attrgetter("hostname", "node_rank", "local_world_size"), checkins))
+    misfits = {(h, nd) for h, nd, size in sizes if size is not None and size != counts[(h, nd)]}
+    if places != expected:
+        misfits |= {(h, nd) for h, nd, _ in places - expected}
+    return _problems().local_layouts(checkins, misfits) if misfits else []
 
 
 def node_hosts(checkins: Sequence[CheckIn], *, layout_known: bool = True) -> tuple[str, ...]:
@@ -348,9 +402,23 @@ def node_hosts(checkins: Sequence[CheckIn], *, layout_known: bool = True) -> tup
     nodes apart: two nodes that report one name are one node here, and the roll call's check of
     unique local ranks per host refuses that job (`distenv.problems.shared_local_ranks`).
     """
-    if layout_known and all(c.node_rank is not None for c in checkins):
+    if layout_known and all(
+        c.node_rank is not None and c.local_world_size is not None for c in checkins
+    ):
         return ()
     return tuple(dict.fromkeys(c.hostname for c in checkins))
+
+
+def host_sizes(checkins: Sequence[CheckIn], hosts: Sequence[str]) -> tuple[int, ...]:
+    """Return how many ranks run on each of `hosts`, or () if every rank knew its local size.
+
+    `hosts` are the roll call's nodes (`node_hosts`): a rank whose launcher did not count the
+    ranks on its node (Flux) takes its host's count, and its local rank stays the launcher's.
+    """
+    if not hosts or all(c.local_world_size is not None for c in checkins):
+        return ()
+    counts = Counter(c.hostname for c in checkins)
+    return tuple(counts[host] for host in hosts)
 
 
 def _problems() -> ModuleType:

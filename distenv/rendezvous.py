@@ -65,6 +65,7 @@ from distenv.records import (
     CheckIn,
     ForeignRecordError,
     Verdict,
+    host_sizes,
     matches,
     node_hosts,
     parse_checkin,
@@ -602,26 +603,36 @@ def fill_layout(info: RankInfo, verdict: Verdict, checkin: CheckIn) -> RankInfo:
     """Return `info` with the node layout its launcher left unknown, from the roll call's verdict.
 
     The verdict numbers the hosts in order of their lowest rank (`distenv.records.node_hosts`);
-    this rank's node is the position of the host name it checked in with. A known layout is
-    kept as the launcher stated it.
+    this rank's node is the position of the host name it checked in with, and its local world
+    size, where unknown, the verdict's count of ranks on that host (`distenv.records.host_sizes`).
+    A known layout is kept as the launcher stated it (the roll call checked it against the hosts).
 
     Raises:
-        RendezvousError: The verdict does not name this rank's host (not this job's rank 0's).
+        RendezvousError: The verdict does not name this rank's host, or does not count its ranks
+            (not this job's rank 0's).
     """
     if info.layout_known or not verdict.ok:
         return info
     node = verdict.node_of(checkin.hostname)
-    if node is None:
+    size = None if node is None else verdict.size_of(node)
+    if node is None or (info.local_world_size is None and size is None):
+        what = (
+            f"numbers {len(verdict.nodes)} node(s) but not this rank's host "
+            f"{checkin.hostname!r}, so its node is unknown"
+            if node is None
+            else f"does not count the ranks on this rank's host {checkin.hostname!r}, so its "
+            "local world size is unknown"
+        )
         raise RendezvousError(
             info.launcher,
-            f"rank {info.rank}: the roll call's verdict numbers {len(verdict.nodes)} node(s) "
-            f"but not this rank's host {checkin.hostname!r}, so its node is unknown",
+            f"rank {info.rank}: the roll call's verdict {what}",
             hint="the verdict was not written by this job's rank 0, or a host's name changed "
             "during the start-up: see docs/security.md, and give the job its own MASTER_PORT",
         )
     return info.replace(
         node_rank=node if info.node_rank is None else info.node_rank,
         num_nodes=len(verdict.nodes) if info.num_nodes is None else info.num_nodes,
+        local_world_size=size if info.local_world_size is None else info.local_world_size,
     )
 
 
@@ -712,7 +723,8 @@ def _gather(store: Any, info: RankInfo, scope: str, until: float) -> Verdict:
     if complete and not foreign:
         problems = validate(found, world)
         nodes = () if problems else node_hosts(found, layout_known=info.layout_known)
-        return Verdict(not problems, tuple(problems), found, scope, nodes)
+        sizes = host_sizes(found, nodes)
+        return Verdict(not problems, tuple(problems), found, scope, nodes, sizes)
     from distenv.problems import ForeignCheckIn, missing_ranks
 
     named: list[Problem] = [ForeignCheckIn(key) for key in foreign]

@@ -23,6 +23,7 @@ from distenv.master import DEFAULT_PORT, LOCAL_HOST
 from distenv.plan import (
     LaunchOptions,
     NodePlan,
+    check_processes_per_node,
     child_env,
     local_ranks,
     nproc_per_node,
@@ -340,8 +341,13 @@ def check_refused(args: argparse.Namespace) -> None:
             )
 
 
-def plan_node(args: argparse.Namespace, env: Mapping[str, str]) -> NodePlan:
+def plan_node(
+    args: argparse.Namespace, env: Mapping[str, str], nproc: int | None = None
+) -> NodePlan:
     """Return this node's layout from the parsed options: flags, then Slurm/LSF, then one node.
+
+    `nproc`, the number of ranks this node starts (`build_children` passes it), is checked
+    against the count a launcher's job states (Kubeflow's ``PET_NPROC_PER_NODE``).
 
     Raises:
         ConfigurationError: For contradictory flags or a scheduler layout distenv run cannot use.
@@ -352,6 +358,8 @@ def plan_node(args: argparse.Namespace, env: Mapping[str, str]) -> NodePlan:
             NAME, f"--standalone is one node, but --nnodes is {args.nnodes}", hint="drop one"
         )
     layout = None if args.standalone or manual else scheduler_layout(NAME, env)
+    if layout is not None and nproc is not None:
+        check_processes_per_node(NAME, layout, env, nproc)
     options = LaunchOptions(
         who=NAME,
         nnodes=args.nnodes,
@@ -375,7 +383,7 @@ def build_children(args: argparse.Namespace, env: Mapping[str, str]) -> list[Chi
     if args.no_python and args.module:
         raise ConfigurationError(NAME, "--no-python and -m contradict each other", hint="drop one")
     nproc = nproc_per_node(NAME, args.nproc_per_node)
-    plan = plan_node(args, env)
+    plan = plan_node(args, env, nproc)
     world_size = plan.nnodes * nproc
     bad = sorted(r for r in args.ranks or () if r >= world_size)
     if bad:

@@ -68,6 +68,8 @@ def same_rank(a: RankInfo, b: RankInfo) -> bool:
     ignore: tuple[str, ...] = ("master_addr", "master_port")
     if b.node_rank is None or b.num_nodes is None:
         ignore += ("node_rank", "num_nodes")
+    if b.local_world_size is None:
+        ignore += ("local_world_size",)
     return {k: v for k, v in a.to_dict().items() if k not in ignore} == {
         k: v for k, v in b.to_dict().items() if k not in ignore
     }

@@ -13,7 +13,7 @@ import pytest
 
 from distenv.cli import main
 from tests.conftest import scrubbed_environ
-from tests.envs import mpi, slurm, torchrun
+from tests.envs import flux, mpi, slurm, torchrun
 
 
 def run_cli(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
@@ -122,6 +122,20 @@ def test_info_says_the_node_layout_comes_from_the_roll_call() -> None:
     # Where a scheduler's daemon step spans the allocation, the layout is known before init.
     known = json.loads(run_cli("info", "--json", env=mpi.HYDRA_IN_SBATCH[3]).stdout)
     assert (known["node_rank"], known["num_nodes"]) == (1, 2)
+
+
+def test_info_says_a_flux_tasks_local_size_comes_from_the_roll_call() -> None:
+    """Flux with 2 tasks on each of 2 nodes: node index and local size are the roll call's."""
+    env = {**flux.FLUX_2X2[3], "MASTER_ADDR": "fluke1"}
+    table = run_cli("info", env=env)
+    assert table.returncode == 0, table.stderr
+    for field in ("node_rank", "local_world_size"):
+        assert re.search(rf"^{field} +from the roll call at init \(", table.stdout, re.M), (
+            table.stdout
+        )
+    assert re.search(r"^num_nodes +2$", table.stdout, re.M), table.stdout
+    data = json.loads(run_cli("info", "--json", env=env).stdout)
+    assert (data["local_rank"], data["local_world_size"], data["node_rank"]) == (1, None, None)
 
 
 def test_info_mpi_and_no_resolve_exclude_each_other(capsys: pytest.CaptureFixture[str]) -> None:

@@ -125,3 +125,19 @@ def test_device_reason_says_why(
     assert select_device(local_rank, 4, visible) == device
     assert device_reason(device, local_rank=local_rank, visible=visible, torch_version="2.13.0",
                          cuda_build=cuda, cuda_visible_devices=env) == expected  # fmt: skip
+
+
+@pytest.mark.parametrize("rank", range(4))
+def test_a_flux_task_without_a_local_size_gets_its_local_ranks_device(
+    rank: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The device follows FLUX_TASK_LOCAL_ID before the roll call has counted the host's tasks."""
+    from distenv import detect, device
+    from tests.envs import flux
+
+    info = detect("auto", flux.FLUX_2X2[rank])
+    assert info.local_world_size is None
+    monkeypatch.setattr(device, "visible_device_count", lambda: 2)
+    assert device.rank_device(info) == rank % 2
+    monkeypatch.setattr(device, "visible_device_count", lambda: 1)
+    assert device.rank_device(info) == 0

@@ -16,7 +16,7 @@ from distenv.launchers import FLUX
 from distenv.launchers.flux import job_number
 from distenv.master import scheduler_port
 from distenv.run import build_children
-from tests.envs import flux
+from tests.envs import flux, layout
 
 
 @pytest.mark.parametrize(
@@ -74,14 +74,27 @@ def test_ascii_prefix_gives_the_same_scope_and_port() -> None:
 
 
 @pytest.mark.parametrize("rank", range(4))
-def test_two_nodes_two_tasks_is_refused_with_the_fix(rank: int) -> None:
-    """2 nodes x 2 tasks: Flux names no node index or local size; refused, never guessed."""
-    assert flux.FLUX_2X2_ANSWER == "refused"
-    with pytest.raises(InconsistentEnvironmentError) as caught:
-        detect("auto", flux.FLUX_2X2[rank])
-    error = caught.value
-    assert (error.source, error.variable, error.value) == ("flux", "FLUX_JOB_NNODES", "2")
-    assert "--tasks-per-node=1 distenv run" in str(error)
+def test_two_nodes_two_tasks_leave_the_node_layout_to_the_roll_call(rank: int) -> None:
+    """2 nodes x 2 tasks: Flux names no node index or local size; left unknown, never guessed.
+
+    The local rank is FLUX_TASK_LOCAL_ID; init_dist's roll call fills the rest (test_rollcall's
+    Flux tests, and tests/integration/test_slurm.py's run of these variables on real hosts).
+    """
+    info = detect("auto", flux.FLUX_2X2[rank])
+    assert layout(info) == flux.FLUX_2X2_DETECTED[rank]
+    assert not info.layout_known
+    exported = info.replace(master_addr="n1", master_port=29500).to_env()
+    assert "LOCAL_WORLD_SIZE" not in exported
+    assert "GROUP_RANK" not in exported
+    assert exported["LOCAL_RANK"] == str(rank % 2)
+
+
+def test_distenv_run_under_several_tasks_per_flux_node_is_refused_with_the_fix() -> None:
+    """`distenv run` started as 2 tasks on each of 2 nodes: it needs one task per node."""
+    args = build_parser().parse_args(["run", "-n", "2", "train.py"])
+    with pytest.raises(DistEnvError, match="flux started 4 tasks on 2 nodes") as caught:
+        build_children(args, flux.FLUX_2X2[0])
+    assert "one task per node" in str(caught.value)
 
 
 def test_initial_program_is_rank_0_of_1() -> None:

@@ -136,6 +136,20 @@ def test_setup_exports_without_group():
     assert distenv.init_dist() is info  # the group then uses the port setup exported
 
 
+def test_setup_leaves_a_layout_the_roll_call_fills_unexported():
+    """A Flux task of a 2 x 2 job: setup() exports no LOCAL_WORLD_SIZE or GROUP_RANK (a stale
+    one is removed), only init_dist's roll call counts them."""
+    from tests.envs import flux
+
+    os.environ.update(flux.FLUX_2X2[2], MASTER_ADDR="127.0.0.1", LOCAL_WORLD_SIZE="8")
+    info = distenv.setup()
+    assert (info.local_rank, info.local_world_size, info.node_rank) == (0, None, None)
+    assert os.environ["LOCAL_RANK"] == "0"
+    assert "LOCAL_WORLD_SIZE" not in os.environ
+    assert "GROUP_RANK" not in os.environ
+    assert os.environ["GROUP_WORLD_SIZE"] == "2"
+
+
 def test_start_method_set_elsewhere_is_kept():
     """An explicit start method chosen by the program survives init_dist."""
     multiprocessing.set_start_method("forkserver")

@@ -194,3 +194,47 @@ def test_distenv_run_children_in_a_pod_are_pytorch() -> None:
     }
     info = locate("auto", child, runtime=False).info
     assert (info.launcher, info.rank, info.world_size, info.node_rank) == ("pytorch", 3, 4, 1)
+
+
+@pytest.mark.parametrize(
+    ("env", "nproc", "value"),
+    [
+        (POD_V1_2X2_WORKER0, "3", "2"),
+        (TRAINJOB_2X2_NODE1, "1", "2"),  # the default -n 1 in a 2-process pod
+        (TRAINJOB_2X1_NODE1, "2", "1"),
+    ],
+)
+def test_distenv_run_with_another_nproc_than_the_job_is_refused(
+    env: dict[str, str], nproc: str, value: str
+) -> None:
+    """`distenv run -n N` in a pod whose job states another nprocPerNode: refused with the fix."""
+    from distenv.cli import build_parser
+    from distenv.errors import ConfigurationError
+    from distenv.run import build_children
+
+    args = build_parser().parse_args(["run", "-n", nproc, "train.py"])
+    with pytest.raises(ConfigurationError) as caught:
+        build_children(args, env)
+    error = caught.value
+    assert (error.variable, error.value) == ("PET_NPROC_PER_NODE", value)
+    assert f"$PET_NPROC_PER_NODE={value!r}" in str(error)
+    assert f"`distenv run --nproc-per-node {value} ...`" in str(error)
+
+
+@pytest.mark.parametrize(
+    ("env", "nproc", "ranks"),
+    [
+        (POD_V1_2X2_WORKER0, "2", [2, 3]),
+        (TRAINJOB_2X1_NODE1, "1", [1]),
+        (TRAINJOB_AUTO_NODE1, "3", [3, 4, 5]),  # 'auto' is the pod's to resolve: not compared
+    ],
+)
+def test_distenv_run_with_the_jobs_nproc_starts_its_ranks(
+    env: dict[str, str], nproc: str, ranks: list[int]
+) -> None:
+    """The job's own count (or a non-numeric nprocPerNode) starts the node's ranks."""
+    from distenv.cli import build_parser
+    from distenv.run import build_children
+
+    args = build_parser().parse_args(["run", "-n", nproc, "train.py"])
+    assert [child.rank for child in build_children(args, env)] == ranks

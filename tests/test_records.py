@@ -18,7 +18,9 @@ from distenv.problems import (
     ClaimedTwice,
     Disagreement,
     ForeignCheckIn,
+    LocalLayout,
     Missing,
+    MixedLayout,
     Placement,
     SharedGpu,
     SharedLocalRank,
@@ -66,12 +68,12 @@ scopes = st.from_regex(r"[a-z]{2,8}/[A-Za-z0-9._-]{1,20}/[0-9-]{1,5}/n[0-9]{1,5}
 @st.composite
 def checkins(draw: st.DrawFn) -> CheckIn:
     world = draw(st.integers(1, 1 << 16))
-    local = draw(st.integers(1, 64))
+    local = draw(st.none() | st.integers(1, 64))  # None: Flux names no local size
     host = draw(hosts)
     return CheckIn(
         rank=draw(st.integers(0, world - 1)),
         world_size=world,
-        local_rank=draw(st.integers(0, local - 1)),
+        local_rank=draw(st.integers(0, (world if local is None else local) - 1)),
         local_world_size=local,
         node_rank=draw(st.integers(0, world - 1)),
         hostname=host,
@@ -191,9 +193,12 @@ def test_verdicts_round_trip_and_render_the_same_on_every_rank() -> None:
         SharedGpu("gpu000", "GPU-5a3e", (0, 1), 2),
         SharedLocalRank("gpu000", 0, 0, 2),
         ForeignCheckIn("checkin/5"),
+        MixedLayout("node_rank", (0, 1), 2, ("gpu000",), (2, 3), 2, ("gpu001",)),
+        LocalLayout("gpu001", None, 2, (2, 3), (0, 3), (4,)),
     )
     kinds = {type(p) for p in problems}
     assert {Disagreement, ClaimedTwice, Missing, Placement, SharedGpu, ForeignCheckIn} <= kinds
+    assert {MixedLayout, LocalLayout} <= kinds
     published = Verdict(False, problems, (), SCOPE).to_json()
     parsed = parse_verdict("verdict", published, scope=SCOPE, world_size=4)
     assert parsed.problems == problems
@@ -272,3 +277,124 @@ def test_job_scope_is_pattern_safe_and_names_the_world() -> None:
     token = bytes(range(16))
     assert job_scope("mpi/-/4", 4, token) == "mpi/-/4/n4/000102030405060708090a0b0c0d0e0f"
     assert job_scope("mpi/-/4", 4, token) != job_scope("mpi/-/4", 4)
+
+
+@st.composite
+def numbered_nodes(draw: st.DrawFn) -> tuple[int, tuple[str, ...], tuple[int, ...]]:
+    """A world, its nodes' distinct host names and the ranks counted on each (`host_sizes`)."""
+    nodes = tuple(draw(st.lists(hosts, min_size=1, max_size=12, unique=True)))
+    sizes = tuple(draw(st.lists(st.integers(1, 40), min_size=len(nodes), max_size=len(nodes))))
+    return sum(sizes), nodes, sizes
+
+
+@settings(max_examples=200, deadline=None)
+@given(numbered_nodes())
+def test_verdicts_that_count_the_ranks_per_node_round_trip(
+    numbered: tuple[int, tuple[str, ...], tuple[int, ...]],
+) -> None:
+    """A verdict carrying nodes and their rank counts parses back to the same layout."""
+    world, nodes, sizes = numbered
+    published = Verdict(True, (), (), SCOPE, nodes, sizes).to_json()
+    parsed = parse_verdict("verdict", published, scope=SCOPE, world_size=world)
+    assert (parsed.nodes, parsed.sizes) == (nodes, sizes)
+    assert [parsed.size_of(parsed.node_of(h) or 0) for h in nodes[:1]] == [sizes[0]]
+
+
+@settings(max_examples=300, deadline=None)
+@given(numbered_nodes(), json_values)
+def test_any_sizes_field_parses_only_if_it_counts_every_rank_of_the_nodes(
+    numbered: tuple[int, tuple[str, ...], tuple[int, ...]], value: object
+) -> None:
+    """`sizes` replaced by any JSON value: refused by name unless it counts each node's ranks."""
+    world, nodes, _ = numbered
+    data = {"scope": SCOPE, "ok": True, "problems": [], "nodes": list(nodes), "sizes": value}
+    refused = _refusal(
+        lambda: parse_verdict("verdict", json.dumps(data), scope=SCOPE, world_size=world)
+    )
+    if refused is not None:
+        assert refused.key == "verdict"
+        return
+    parsed = parse_verdict("verdict", json.dumps(data), scope=SCOPE, world_size=world)
+    assert len(parsed.sizes) == len(nodes)
+    assert sum(parsed.sizes) == world
+    assert all(type(n) is int and n >= 1 for n in parsed.sizes)
+
+
+@pytest.mark.parametrize(
+    ("nodes", "sizes", "why"),
+    [
+        (["a", "b"], [2], "'sizes'"),  # a node not counted
+        (["a", "b"], [2, 1], "'sizes'"),  # 3 ranks in a world of 4
+        (["a", "b"], [4, 0], "'sizes'"),  # an empty node
+        (["a", "b"], [True, 3], "'sizes'"),  # a boolean is not a count
+        (["a", "b"], ["2", "2"], "'sizes'"),
+        ([], [4], "'sizes'"),  # counts without nodes
+        (["a", "b"], [2] * 5, "'sizes' is not a list of at most 4"),
+    ],
+)
+def test_forged_node_counts_are_refused(nodes: list[str], sizes: list[object], why: str) -> None:
+    """Counts that do not add up to the world over the verdict's nodes: refused, never used."""
+    data = {"scope": SCOPE, "ok": True, "problems": [], "nodes": nodes, "sizes": sizes}
+    with pytest.raises(ForeignRecordError) as info:
+        parse_verdict("verdict", json.dumps(data), scope=SCOPE, world_size=4)
+    assert why in info.value.why
+
+
+def test_sizes_are_published_only_where_a_local_size_is_unknown() -> None:
+    """Ranks that all know their local size get no counts (the verdict stays as it was)."""
+    from distenv.records import host_sizes, node_hosts
+
+    known = [checkin(r, node_rank=None) for r in range(4)]
+    nodes = node_hosts(known)
+    assert nodes == ("gpu000", "gpu001")
+    assert host_sizes(known, nodes) == ()
+    assert '"sizes"' not in Verdict(True, (), (), SCOPE, nodes).to_json()
+    flux = [c._replace(local_world_size=None) for c in known]
+    assert host_sizes(flux, node_hosts(flux)) == (2, 2)
+
+
+MIXED = {
+    "code": "mixed_layout",
+    "field": "node_rank",
+    "known": [0, 1],
+    "known_total": 2,
+    "known_hosts": ["gpu000"],
+    "unknown": [2, 3],
+    "unknown_total": 2,
+    "unknown_hosts": ["gpu001"],
+}
+LOCAL = {
+    "code": "local_layout",
+    "host": "gpu001",
+    "node": None,
+    "total": 2,
+    "ranks": [2, 3],
+    "local_ranks": [0, 3],
+    "sizes": [4],
+}
+
+
+@pytest.mark.parametrize(
+    ("problem", "why"),
+    [
+        ({**MIXED, "field": "EVIL TEXT"}, "names no layout field"),
+        ({**MIXED, "known_hosts": ["EVIL TEXT"]}, "'known_hosts'"),
+        ({**MIXED, "unknown": [7]}, "'unknown'"),
+        ({**MIXED, "known_total": 0}, "'known_total'"),
+        ({**LOCAL, "host": "EVIL TEXT"}, "'host'"),
+        ({**LOCAL, "local_ranks": [0]}, "differ in length"),
+        ({**LOCAL, "sizes": [0]}, "sizes are not local world sizes"),
+        ({**LOCAL, "total": 9}, "'total'"),
+        ({**LOCAL, "evil": 1}, "unexpected or missing fields"),
+    ],
+)
+def test_forged_layout_problems_are_refused(problem: dict[str, Any], why: str) -> None:
+    """The layout cross-checks' problems are validated like the others: never free text."""
+    verdict = {"scope": SCOPE, "ok": False, "problems": [problem], "nodes": []}
+    with pytest.raises(ForeignRecordError) as info:
+        parse_verdict("verdict", json.dumps(verdict), scope=SCOPE, world_size=4)
+    assert why in info.value.why
+    assert "EVIL" not in str(info.value)
+    valid = {**verdict, "problems": [MIXED, LOCAL]}
+    parsed = parse_verdict("verdict", json.dumps(valid), scope=SCOPE, world_size=4)
+    assert [type(p) for p in parsed.problems] == [MixedLayout, LocalLayout]

@@ -7,11 +7,12 @@ import time
 
 import pytest
 
-from distenv import RankInfo
+from distenv import RankInfo, detect
 from distenv.errors import RendezvousError, RendezvousTimeoutError
 from distenv.master import free_port
 from distenv.records import CheckIn, Verdict, validate
 from distenv.rendezvous import roll_call
+from tests.envs import Layout, flux, layout
 
 
 def checkin(rank: int, world: int = 4, per_node: int = 2, **change: object) -> CheckIn:
@@ -60,6 +61,70 @@ def test_validate_names_each_problem(mutate: dict[int, dict[str, object]], expec
     checkins = [checkin(r)._replace(**mutate.get(r, {})) for r in range(4)]  # type: ignore[arg-type]
     problems = [p.describe(0) for p in validate(checkins, 4)]
     assert any(expected in p for p in problems), problems
+
+
+@pytest.mark.parametrize(
+    ("mutate", "expected"),
+    [
+        (
+            {2: {"node_rank": None}, 3: {"node_rank": None}},
+            "ranks 0, 1 (on n1) have a node_rank from their launcher's variables but ranks 2, 3 "
+            "(on n2) have none: the ranks were not started alike",
+        ),
+        (
+            {0: {"local_world_size": None}},
+            "ranks 1, 2, 3 (on n1, n2) have a local_world_size from their launcher's variables "
+            "but ranks 0 (on n1) have none",
+        ),
+        (
+            {0: {"local_world_size": 3}, 1: {"local_world_size": 3}},
+            "2 ranks of this job run on n1 (node 0) (ranks 0, 1), but their launcher gave them "
+            "local_world_size 3 and local ranks 0, 1, not local ranks 0..1 of 2",
+        ),
+        (
+            {1: {"local_rank": 3, "local_world_size": 4}},
+            "2 ranks of this job run on n1 (node 0) (ranks 0, 1), but their launcher gave them "
+            "local_world_size 2, 4 and local ranks 0, 3, not local ranks 0..1 of 2",
+        ),
+        (
+            {2: {"node_rank": 0}, 3: {"node_rank": 0}},
+            "ranks that their launcher's variables put on node 0 run on ['n1', 'n2']",
+        ),
+    ],
+    ids=["node-index-mixed", "local-size-mixed", "local-size", "local-rank", "node-on-two-hosts"],
+)
+def test_layouts_that_contradict_the_hosts_are_named(
+    mutate: dict[int, dict[str, object]], expected: str
+) -> None:
+    """Known node indices and local layouts are checked against the hosts the roll call counts."""
+    checkins = [checkin(r)._replace(**mutate.get(r, {})) for r in range(4)]  # type: ignore[arg-type]
+    problems = [p.describe(0) for p in validate(checkins, 4)]
+    assert any(expected in p for p in problems), problems
+
+
+def test_flux_local_ranks_are_checked_against_the_hosts_counted() -> None:
+    """Flux names local ranks but no local size: they must be 0..n-1 for the n ranks of a host."""
+    flux_like = [
+        checkin(r, launcher="flux", node_rank=None, local_world_size=None)._replace(
+            hostname=f"fluke{r // 2 + 1}"
+        )
+        for r in range(4)
+    ]
+    assert validate(flux_like, 4) == []
+    # Two tasks of one host claiming local rank 0: named, not numbered.
+    twice = [*flux_like[:3], flux_like[3]._replace(local_rank=0)]
+    assert [p.describe(0) for p in validate(twice, 4)] == ["2 ranks on fluke2 share local rank 0"]
+    # A local rank past the ranks of its host: named with the host, the ranks and the fix
+    # (docs/troubleshooting.md shows this message).
+    beyond = [*flux_like[:3], flux_like[3]._replace(local_rank=2)]
+    (problem,) = validate(beyond, 4)
+    assert problem.describe(0) == (
+        "2 ranks of this job run on fluke2 (ranks 2, 3), but their launcher gave them local ranks "
+        "0, 2, not local ranks 0..1 of 2: its local variables do not describe these ranks; let "
+        "the launcher set them (unset any inherited from another job or set by hand)"
+    )
+    # An incomplete world is not counted (missing ranks are named instead).
+    assert validate(beyond[:3], 4)[0].describe(0).startswith("1 of 4 ranks did not check in")
 
 
 def test_gpu_sharing_can_be_allowed() -> None:
@@ -137,27 +202,37 @@ def test_roll_call_succeeds_with_everyone() -> None:
         assert sorted(c.rank for c in verdict.checkins) == expected
 
 
-def _filled_layouts(
-    hosts: list[str], local_rank: list[int], node_rank: list[int | None]
-) -> dict[int, tuple[int | None, int | None]]:
-    """Hold a roll call of MPI ranks on `hosts`, no node count given; return each filled layout."""
+def _filled(
+    hosts: list[str],
+    local_rank: list[int],
+    node_rank: list[int | None],
+    *,
+    local_size: list[int | None] | None = None,
+    num_nodes: int | None = None,
+    launcher: str = "mpi",
+) -> dict[int, RankInfo | RendezvousError]:
+    """Hold a roll call of ranks on `hosts` (by default MPI's: local sizes known, no node count);
+    return each rank's filled RankInfo, or the error it raised."""
     from torch.distributed import PrefixStore, TCPStore
 
     from distenv.rendezvous import fill_layout
 
     world, port = len(hosts), free_port("127.0.0.1")
+    sizes = local_size if local_size is not None else [hosts.count(h) for h in hosts]
     master = TCPStore("127.0.0.1", port, world, True, wait_for_workers=False)
-    filled: dict[int, object] = {}
+    filled: dict[int, RankInfo | RendezvousError] = {}
 
     def rank_main(rank: int) -> None:
         store = master if rank == 0 else TCPStore("127.0.0.1", port, world, False)
         info = RankInfo(
-            launcher="mpi", rank=rank, world_size=world, local_rank=local_rank[rank],
-            local_world_size=hosts.count(hosts[rank]), node_rank=node_rank[rank], num_nodes=None,
+            launcher=launcher, rank=rank, world_size=world, local_rank=local_rank[rank],
+            local_world_size=sizes[rank], node_rank=node_rank[rank], num_nodes=num_nodes,
             master_addr="127.0.0.1", master_port=port,
         )  # fmt: skip
-        mine = checkin(rank, world, launcher="mpi", hostname=hosts[rank], node_rank=node_rank[rank])
-        mine = mine._replace(local_rank=local_rank[rank])
+        mine = checkin(rank, world, launcher=launcher, hostname=hosts[rank])
+        mine = mine._replace(
+            local_rank=local_rank[rank], local_world_size=sizes[rank], node_rank=node_rank[rank]
+        )
         try:
             verdict = roll_call(
                 PrefixStore("distenv/test", store),
@@ -175,8 +250,17 @@ def _filled_layouts(
         t.start()
     for t in threads:
         t.join(40)
+    assert len(filled) == world, filled
+    return filled
+
+
+def _filled_layouts(
+    hosts: list[str], local_rank: list[int], node_rank: list[int | None]
+) -> dict[int, tuple[int | None, int | None]]:
+    """Hold a roll call of MPI ranks on `hosts`, no node count given; return each filled layout."""
+    filled = _filled(hosts, local_rank, node_rank)
     layouts = {r: (i.node_rank, i.num_nodes) for r, i in filled.items() if isinstance(i, RankInfo)}
-    assert len(layouts) == world, filled
+    assert len(layouts) == len(hosts), filled
     return layouts
 
 
@@ -188,6 +272,50 @@ def test_roll_call_numbers_the_nodes_a_launcher_left_unknown() -> None:
     """
     layouts = _filled_layouts(["zeta", "alpha", "zeta", "alpha"], [0, 0, 1, 1], [None] * 4)
     assert layouts == {0: (0, 2), 1: (1, 2), 2: (0, 2), 3: (1, 2)}
+
+
+@pytest.mark.parametrize(
+    ("envs", "hosts", "answers"),
+    [
+        (flux.FLUX_2X2, ["fluke1", "fluke1", "fluke2", "fluke2"], flux.FLUX_2X2_ANSWERS),
+        (flux.FLUX_CYCLIC_5, flux.FLUX_CYCLIC_5_HOSTS, flux.FLUX_CYCLIC_5_ANSWERS),
+    ],
+    ids=["2x2", "cyclic-uneven"],
+)
+def test_roll_call_fills_flux_node_and_local_size(
+    envs: list[dict[str, str]], hosts: list[str], answers: list[Layout]
+) -> None:
+    """Flux tasks on several nodes, several per node (block, or cyclic and uneven): detection
+    leaves the node index and the local size unknown; the roll call numbers each task's host and
+    counts the tasks on it, and the local rank stays FLUX_TASK_LOCAL_ID.
+    """
+    detected = [detect("auto", env) for env in envs]
+    filled = _filled(
+        hosts,
+        [i.local_rank for i in detected],
+        [i.node_rank for i in detected],
+        local_size=[i.local_world_size for i in detected],
+        num_nodes=detected[0].num_nodes,
+        launcher="flux",
+    )
+    assert {r: layout(i) for r, i in filled.items() if isinstance(i, RankInfo)} == dict(
+        enumerate(answers)
+    ), filled
+
+
+def test_a_verdict_that_does_not_count_this_hosts_ranks_is_refused() -> None:
+    """A rank with no local size, given a verdict that names its host without counting: refused."""
+    from distenv.rendezvous import fill_layout
+
+    info = RankInfo(
+        launcher="flux", rank=1, world_size=2, local_rank=0, local_world_size=None,
+        node_rank=None, num_nodes=2, master_addr="h", master_port=1,
+    )  # fmt: skip
+    mine = checkin(1, 2, hostname="b", node_rank=None, local_world_size=None, local_rank=0)
+    with pytest.raises(RendezvousError, match="does not count the ranks on this rank's host 'b'"):
+        fill_layout(info, Verdict(True, (), (), "flux/1/-/n2", ("a", "b")), mine)
+    counted = Verdict(True, (), (), "flux/1/-/n2", ("a", "b"), (1, 1))
+    assert layout(fill_layout(info, counted, mine)) == (1, 2, 0, 1, 1, 2)
 
 
 def test_a_verdict_that_does_not_name_this_host_is_refused() -> None:

@@ -15,14 +15,17 @@ from distenv.pipeline import explain
 from distenv.rendezvous import job_scope, listen_address, prefix
 from distenv.settings import Settings
 from tests._spawn import REPO, contract_env, free_port
+from tests.conftest import scrubbed_environ
+from tests.envs import flux
 
 CHILD = r"""
 import sys
 import torch
 import distenv
 print("READY", flush=True)
+launcher = sys.argv[2] if len(sys.argv) > 2 else "pytorch"
 try:
-    info = distenv.init_dist(launcher="pytorch", rendezvous_timeout=float(sys.argv[1]))
+    info = distenv.init_dist(launcher=launcher, rendezvous_timeout=float(sys.argv[1]))
 except distenv.DistEnvError as exc:
     print(f"ERROR {type(exc).__name__}: {exc}", flush=True)
     sys.exit(1)
@@ -30,9 +33,11 @@ print(f"OK {info.rank}", flush=True)
 """
 
 
-def start(env: dict[str, str], timeout_s: float) -> subprocess.Popen[str]:
+def start(
+    env: dict[str, str], timeout_s: float, launcher: str = "pytorch"
+) -> subprocess.Popen[str]:
     return subprocess.Popen(
-        [sys.executable, "-c", CHILD, str(timeout_s)],
+        [sys.executable, "-c", CHILD, str(timeout_s), launcher],
         env=env,
         cwd=REPO,
         stdout=subprocess.PIPE,
@@ -94,6 +99,21 @@ def test_duplicate_rank_fails_every_process() -> None:
         assert code == 1, out
         assert "rank 1 was claimed by 2 processes" in out
         assert all(pid in out for pid in pids), out
+
+
+def test_flux_tasks_whose_local_ranks_contradict_their_host_fail_every_process() -> None:
+    """Three Flux tasks on this one host, two of them with FLUX_TASK_LOCAL_ID 0 (the variables of
+    two nodes' tasks): the roll call counts the tasks per host, every task stops, naming the host.
+    """
+    port, host = free_port(), socket.gethostname()
+    master = {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port)}
+    size = {"FLUX_JOB_SIZE": "3", "PMI_SIZE": "3"}  # the pmi plug-in numbers the same tasks
+    envs = [{**scrubbed_environ(), **flux.FLUX_2X2[rank], **master, **size} for rank in range(3)]
+    procs = [start(env, 20.0, "flux") for env in envs]
+    results = finish(procs, 60)
+    for code, out in results:
+        assert code == 1, out
+        assert f"flux: roll call failed: 2 ranks on {host} share local rank 0" in out, out
 
 
 def test_master_never_started_names_host_and_port() -> None:

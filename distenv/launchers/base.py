@@ -120,6 +120,13 @@ class Launcher(abc.ABC):
         """
         return None
 
+    def processes_per_node(self, env: Mapping[str, str]) -> tuple[str, str] | None:
+        """Return the variable, and its value, by which this launcher's job states how many
+        processes each node runs (a torchrun ``--nproc-per-node`` spec), or None if it states
+        none. ``distenv run`` as the node's agent (`node_agent`) checks its own count against it.
+        """
+        return None
+
     def world(self, env: Mapping[str, str]) -> World | None:
         """Return ``(rank, size)`` as this layer states them, or None if it states no rank.
 

@@ -20,11 +20,6 @@ from distenv.variables import Reader, Var
 __all__ = ["FluxLauncher", "job_number"]
 
 FLUX_HINT = "start the tasks with `flux run -N 2 --tasks-per-node=4 python train.py`"
-PER_NODE_HINT = (
-    "start one task per node and let distenv run start that node's ranks: `flux run -N 2 "
-    '--tasks-per-node=1 distenv run -n 4 --master-addr "$(flux hostlist --nth=0 instance)" '
-    "train.py`, or run on one node"
-)
 # F58 (flux-core src/common/libutil/fluid.c): a FLUID in base 58 (libbase58's alphabet) after the
 # prefix "ƒ" (U+0192), or "f" where the job shell's locale is not UTF-8 or FLUX_F58_FORCE_ASCII is
 # set. Each node's shell encodes FLUX_JOB_ID in its own locale, so both prefixes name one job.
@@ -64,8 +59,11 @@ class FluxLauncher(Scheduler):
 
     Flux names no node index, no tasks per node and no host list, and its task map may be cyclic
     (``flux run --taskmap``): the layout is known on one node, and with one task per node (node
-    index = rank, numbered in order of their lowest rank); other layouts are refused with the fix.
-    No host is named either: the master comes from ``MASTER_ADDR`` or is exchanged over MPI. The
+    index = rank, numbered in order of their lowest rank); with several tasks on each of several
+    nodes, the node index and the tasks per node are left unknown (None) and `init_dist`'s roll
+    call fills them from the tasks' host names (nodes in order of their lowest rank, the tasks
+    counted per host; FLUX_TASK_LOCAL_ID stays the local rank, checked against that count). No
+    host is named either: the master comes from ``MASTER_ADDR`` or is exchanged over MPI. The
     job id is F58 ("ƒ" and base 58, "f" in an ASCII locale): the scope and the port use its
     number, alike on every node. The initial program of ``flux batch``/``flux alloc`` sees only
     ``FLUX_URI`` (the broker unsets the job's variables): no launch, it runs as rank 0 of 1.
@@ -167,15 +165,9 @@ class FluxLauncher(Scheduler):
                 value=str(nodes),
             )
         else:
-            raise InconsistentEnvironmentError(
-                self.name,
-                f"Flux names no node index and no tasks per node: $FLUX_JOB_SIZE={world_size} "
-                f"tasks on $FLUX_JOB_NNODES={nodes} nodes may sit unevenly or cyclically "
-                f"(--taskmap), so task {rank}'s node and its neighbours are unknown",
-                hint=PER_NODE_HINT,
-                variable="FLUX_JOB_NNODES",
-                value=str(nodes),
-            )
+            # Several tasks on each of several nodes, evenly or not, in block or --taskmap order:
+            # init_dist's roll call numbers this task's host and counts the tasks on it.
+            local_size, node_rank = None, None
         return RankInfo.checked(
             self.name,
             sources,

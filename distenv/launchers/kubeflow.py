@@ -137,6 +137,10 @@ class KubeflowLauncher(Scheduler):
         node_rank, num_nodes = self._nodes(reader)
         return self._info(reader, node_rank, num_nodes)
 
+    def processes_per_node(self, env: Mapping[str, str]) -> tuple[str, str] | None:
+        value = self.reader(env).get("PET_NPROC_PER_NODE")
+        return None if value is None else ("PET_NPROC_PER_NODE", value.strip())
+
     def _info(self, reader: Reader, node_rank: int, num_nodes: int) -> RankInfo:
         addr, port = self._master(reader)
         return RankInfo.checked(

@@ -5,7 +5,7 @@ from __future__ import annotations
 from distenv.rankinfo import RankInfo
 
 # rank, world, local rank, local size, node, nodes (None: left to the roll call)
-Layout = tuple[int, int, int, int, int | None, int | None]
+Layout = tuple[int, int, int, int | None, int | None, int | None]
 
 
 def layout(info: RankInfo) -> Layout:

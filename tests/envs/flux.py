@@ -45,8 +45,15 @@ def _task(rank: int, local: int, size: int, nodes: int) -> dict[str, str]:
 
 # `flux run -N2 --tasks-per-node=2 python train.py`: 2 nodes x 2 tasks, block task map [env].
 FLUX_2X2 = [_task(rank, rank % 2, 4, 2) for rank in range(4)]
-# What distenv answers until the roll call fills the layout: refused, naming FLUX_JOB_NNODES.
-FLUX_2X2_ANSWER = "refused"
+# What detection answers: no node index and no local size (None), which init_dist's roll call
+# fills from the tasks' host names; then the answers after the roll call, tasks 0-1 on one host.
+FLUX_2X2_DETECTED = [(r, 4, r % 2, None, None, 2) for r in range(4)]
+FLUX_2X2_ANSWERS = [(r, 4, r % 2, 2, r // 2, 2) for r in range(4)]
+
+# `flux run -N2 -n5 --taskmap=cyclic ...`: uneven and cyclic, tasks 0, 2, 4 on the first node.
+FLUX_CYCLIC_5 = [_task(rank, rank // 2, 5, 2) for rank in range(5)]
+FLUX_CYCLIC_5_HOSTS = ["fluke1", "fluke2", "fluke1", "fluke2", "fluke1"]
+FLUX_CYCLIC_5_ANSWERS = [(r, 5, r // 2, 3 - r % 2, r % 2, 2) for r in range(5)]
 
 # `flux run -N2 --tasks-per-node=1 ...`: one task per node; node index = rank.
 FLUX_2X1 = [_task(rank, 0, 2, 2) for rank in range(2)]

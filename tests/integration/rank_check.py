@@ -60,8 +60,8 @@ import time  # noqa: E402
 
 MARKER = "rank_check"
 MEET_S = 60.0
-REPORTED = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "DISTENV_SCOPE", "SLURM_JOB_ID",
-            "SLURM_ARRAY_JOB_ID", "SLURM_ARRAY_TASK_ID")  # fmt: skip
+REPORTED = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "GROUP_RANK", "DISTENV_SCOPE",
+            "SLURM_JOB_ID", "SLURM_ARRAY_JOB_ID", "SLURM_ARRAY_TASK_ID")  # fmt: skip
 
 
 def visible_count(value: str | None) -> int:

@@ -88,6 +88,18 @@ def test_a_directly_started_process_in_a_two_process_pod_is_refused(harness: Har
         assert "distenv run --nproc-per-node 2 train.py" in result.text, result.text
 
 
+def test_distenv_run_with_another_count_than_nproc_per_node_is_refused(harness: Harness) -> None:
+    """`distenv run -n 3` as the command of a job with nprocPerNode 2: no rank starts, the error
+    names PET_NPROC_PER_NODE, its value and the option to pass."""
+    pods = _pods(TRAINJOB_2X2_NODE1, free_port())
+    results = _start(harness, [*DISTENV_RUN, "-n", "3", *rank_check()[1:]], pods)
+    for result in results:
+        assert result.returncode != 0, result.text
+        assert "$PET_NPROC_PER_NODE='2' per node" in result.text, result.text
+        assert "`distenv run --nproc-per-node 2 ...`" in result.text, result.text
+        assert not result.records(), result.text
+
+
 def test_one_process_per_pod_started_directly_is_a_complete_launch(harness: Harness) -> None:
     """nprocPerNode 1 (v1): `python train.py` in each pod is rank PET_NODE_RANK of PET_NNODES."""
     pods = _pods(POD_V1_2X1_WORKER0, free_port())
