@@ -11,10 +11,10 @@ roll call numbers the nodes, and the layouts below are init_dist's. Open MPI 5's
 not follow rank order (-np 3 gave 0, 2, 1; -np 4 gave 0, 2, 1, 3): the checks take each rank's
 local rank as reported and require those of a node to be 0..n-1.
 
-The same engines also run `distenv info`, `info --json`, `export --mpi` (and, alone, `doctor`) as
-ranks, all in one process per rank (tests/integration/cli_rank.py): each rank's printed launcher,
-rank, world size and local layout ("from the roll call at init" where the engine names no node),
-and export's torchrun contract with the master rank 0 sent over MPI.
+The same engines also run `distenv info`, `info --json`, `export --mpi` (and, Open MPI 5 alone,
+`doctor`) as ranks, all in one process per rank (tests/integration/cli_rank.py): each rank's
+printed launcher, rank, world size and local layout ("from the roll call at init" where the engine names no node),
+and export's torchrun contract with one master on every rank (alone: the one rank 0 sent over MPI).
 """
 
 from __future__ import annotations
@@ -149,7 +149,8 @@ def _allocated(harness: Harness, batch: bool) -> list[tuple[Path, list[Result], 
 
     Open MPI 5 on n1,n2 and MPICH 5 on n3,n4, at the same time; each allocation runs two launches:
     4 ranks without MASTER_ADDR, then 2 ranks, one per node, with MASTER_ADDR (its first node),
-    then 4 ranks of cli_rank.py (`distenv info`, `info --json`, `export --mpi`). Returns (engine, steps, first node).
+    then 4 ranks of cli_rank.py (`distenv info`, `info --json`, `export --mpi`).
+    Returns (engine, steps, first node).
     """
     launches, firsts = [], []
     for bin_dir, nodes in ((OMPI5, ("n1", "n2")), (MPICH5, ("n3", "n4"))):
@@ -220,32 +221,6 @@ def test_pypi_engines_inside_sbatch(harness: Harness) -> None:
     _check_allocated(_allocated(harness, batch=True), batch=True)
 
 
-def test_cli_commands_as_ranks_of_the_pypi_engines_alone(harness: Harness) -> None:
-    """`distenv info`, `info --json`, `export --mpi` and `doctor` as every rank of Open MPI 5
-    `-np 3` and MPICH 5 `-n 4`, alone: neither names a node, so `info` says the roll call fills
-    the layout and export leaves GROUP_* out; export's master is the one rank 0 sent over MPI,
-    and doctor's table (from the roll call) puts every rank on node 0 of 1 with its local rank.
-    """
-    host = socket.gethostname()
-    launches = [
-        harness.start([*_engine(OMPI5), "--oversubscribe", "-np", "3",
-                       *_cli_ranks(OMPI5, "::", "doctor")], env=_env(harness)),
-        harness.start([*_engine(MPICH5), "-n", "4", *_cli_ranks(MPICH5, "::", "doctor")],
-                      env=_env(harness)),
-    ]  # fmt: skip
-    for result, world in zip(wait_all(launches), (3, 4), strict=True):
-        recs = _check_cli(result, [0] * world, host, known=False)
-        doctor = [rec["runs"][3]["stdout"] for rec in recs]
-        assert doctor[1:] == [""] * (world - 1), doctor
-        head = f"distenv doctor: launcher=mpi world_size={world} nodes=1 master={host}:"
-        assert head in doctor[0], doctor[0]
-        rows = [line.split() for line in doctor[0].splitlines() if line[:1].isdigit()]
-        expected = [[str(r), host, str(rec["json"]["local_rank"]), "0", "cpu", "mpi", "ok"]
-                    for r, rec in enumerate(recs)]  # fmt: skip
-        assert rows == expected, doctor[0]
-        assert f"verdict: OK: {world} of {world} ranks checked in" in doctor[0]
-
-
 def _cli_ranks(bin_dir: Path, *more: str) -> list[str]:
     return [str(bin_dir / "python"), str(CLI_RANK), *CLI, *more]
 
@@ -260,10 +235,6 @@ def _cli_records(result: Result) -> list[dict[str, Any]]:
         assert [run["status"] for run in rec["runs"]] == [0] * len(rec["runs"]), rec
         rec["json"] = json.loads(rec["runs"][1]["stdout"])
     return sorted(recs, key=lambda rec: rec["json"]["rank"])
-
-
-def _outputs(recs: list[dict[str, Any]], run: int) -> list[str]:
-    return [rec["runs"][run]["stdout"] for rec in recs]
 
 
 def _text_rows(text: str) -> dict[str, str]:
@@ -317,8 +288,36 @@ def _check_cli(
     for node in sizes:  # local ranks of a node: 0..n-1, in whatever order the engine numbered
         ranks = [rec["json"]["local_rank"] for rec, n in zip(recs, nodes, strict=True) if n == node]
         assert sorted(ranks) == list(range(sizes[node])), recs
-    # One master port and one scope for the job, as rank 0 sent them.
-    ends = {(e["MASTER_PORT"], e[SCOPE_VAR]) for e in map(_exported, _outputs(recs, 2))}
+    # One master port and one scope on every rank of the job.
+    ends = {
+        (e["MASTER_PORT"], e[SCOPE_VAR]) for e in (_exported(r["runs"][2]["stdout"]) for r in recs)
+    }
     assert len(ends) == 1, ends
     assert int(next(iter(ends))[0]) > 0, ends
     return recs
+
+
+def test_cli_commands_as_ranks_of_the_pypi_engines_alone(harness: Harness) -> None:
+    """`distenv info`, `info --json` and `export --mpi` as every rank of Open MPI 5 `-np 3` and
+    MPICH 5 `-n 4`, alone: neither names a node, so `info` says the roll call fills the layout
+    and export leaves GROUP_* out; export's master is the one rank 0 sent over MPI. Open MPI 5's
+    ranks also run `doctor` (only there: it imports torch on every rank), whose table (from the
+    roll call) puts every rank on node 0 with the local rank `info` printed.
+    """
+    host = socket.gethostname()
+    launches = [
+        harness.start([*_engine(OMPI5), "--oversubscribe", "-np", "3",
+                       *_cli_ranks(OMPI5, "::", "doctor")], env=_env(harness)),
+        harness.start([*_engine(MPICH5), "-n", "4", *_cli_ranks(MPICH5)], env=_env(harness)),
+    ]  # fmt: skip
+    ompi, mpich = wait_all(launches)
+    _check_cli(mpich, [0] * 4, host, known=False)
+    recs = _check_cli(ompi, [0] * 3, host, known=False)
+    doctor = [rec["runs"][3]["stdout"] for rec in recs]
+    assert doctor[1:] == ["", ""], doctor
+    assert f"distenv doctor: launcher=mpi world_size=3 nodes=1 master={host}:" in doctor[0]
+    rows = [line.split() for line in doctor[0].splitlines() if line[:1].isdigit()]
+    expected = [[str(r), host, str(rec["json"]["local_rank"]), "0", "cpu", "mpi", "ok"]
+                for r, rec in enumerate(recs)]  # fmt: skip
+    assert rows == expected, doctor[0]
+    assert "verdict: OK: 3 of 3 ranks checked in" in doctor[0]
