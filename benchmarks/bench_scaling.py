@@ -11,12 +11,21 @@ a rank makes), then rank 0's whole roll call is timed (its check-in, the gather 
 records (a possible one-round-trip gather), and a sample of verdict reads (every other rank reads
 the verdict once; in the timed roll call their acknowledgements are pre-counted).
 
+Part B runs each size twice per repetition, in a shuffled order: with the node layout known (every
+check-in names its node, as under srun) and with it left to the roll call (node index and count
+unknown, as under Open MPI 5 alone or Flux, 8 ranks per host): then the verdict also lists the N/8
+hosts, which every rank reads and parses (`parse_verdict` and `fill_layout`, timed as
+"verdict_parse"). Each size reports the roll-call layout's verdict bytes and rank-0 time as
+ratios to the known layout's in the same run (medians of the paired per-repetition ratios).
+
     python benchmarks/bench_scaling.py [--sizes 2,4,8,16,32] [--repeats 2] [--smoke] [--out F]
+    python benchmarks/bench_scaling.py --rollcall-only --rollcall-sizes 1024,4096 --out F
 """
 
 from __future__ import annotations
 
 import datetime
+import os
 import random
 import socket
 import sys
@@ -64,7 +73,20 @@ def init_scaling(sizes: list[int], repeats: int, methods: tuple[str, ...]) -> di
     return out
 
 
-def _checkin(rank: int, world: int) -> Any:
+# The two node layouts part B compares: named by the launcher, or left to the roll call.
+LAYOUTS = ("known", "from_roll_call")
+TIMED = (
+    "checkin_loop",
+    "rank0_roll_call",
+    "rank0_roll_call_cpu",
+    "validate",
+    "multi_get",
+    "verdict_read",
+    "verdict_parse",
+)
+
+
+def _checkin(rank: int, world: int, *, known: bool = True) -> Any:
     from distenv.records import CheckIn
 
     return CheckIn(
@@ -72,7 +94,7 @@ def _checkin(rank: int, world: int) -> Any:
         world_size=world,
         local_rank=rank % RANKS_PER_NODE,
         local_world_size=RANKS_PER_NODE,
-        node_rank=rank // RANKS_PER_NODE,
+        node_rank=rank // RANKS_PER_NODE if known else None,
         hostname=f"node{rank // RANKS_PER_NODE:05d}",
         pid=10000 + rank,
         launcher="slurm",
@@ -84,15 +106,70 @@ def _checkin(rank: int, world: int) -> Any:
     )
 
 
+def _one_roll_call(store: Any, info: Any, checkins: list[Any]) -> tuple[dict[str, float], int]:
+    """Time one roll call of `checkins` on `store` (all of part B's steps); return the verdict's size."""
+    from distenv.records import parse_verdict, validate
+    from distenv.rendezvous import check_in, fill_layout, roll_call
+
+    n = len(checkins)
+    times: dict[str, float] = {}
+    start = time.perf_counter()
+    for c in checkins[1:]:  # ranks 1..N-1, what roll_call makes each of them write
+        check_in(store, c)
+    times["checkin_loop"] = time.perf_counter() - start
+    # Rank 0 then waits until the others acknowledge reading the verdict; their reads are timed
+    # below (verdict_read), so count them as done already.
+    store.add("read", n - 1)
+
+    start, cpu = time.perf_counter(), time.process_time()
+    verdict = roll_call(store, info, checkins[0], timeout=60.0, until=time.monotonic() + 70.0)
+    times["rank0_roll_call"] = time.perf_counter() - start
+    # CPU time of this process meanwhile (rank 0 and its store's threads): less at the mercy of
+    # other work on a shared machine than the wall time.
+    times["rank0_roll_call_cpu"] = time.process_time() - cpu
+    assert verdict.ok, verdict.problems
+
+    start = time.perf_counter()
+    validate(verdict.checkins, n)
+    times["validate"] = time.perf_counter() - start
+
+    start = time.perf_counter()
+    store.multi_get([f"checkin/{i}" for i in range(n)])
+    times["multi_get"] = time.perf_counter() - start
+
+    start = time.perf_counter()
+    for _ in range(VERDICT_READ_SAMPLE):
+        raw = store.get("verdict")
+    times["verdict_read"] = (time.perf_counter() - start) / VERDICT_READ_SAMPLE
+
+    # What the last rank does with it: parse it against its schema, take its node from it.
+    last = checkins[-1]
+    last_info = info.replace(rank=n - 1, local_rank=last.local_rank, node_rank=last.node_rank)
+    start = time.perf_counter()
+    for _ in range(VERDICT_READ_SAMPLE):
+        read = parse_verdict("verdict", raw, scope=last.scope, world_size=n)
+        filled = fill_layout(last_info, read, last)
+    times["verdict_parse"] = (time.perf_counter() - start) / VERDICT_READ_SAMPLE
+    layout = (filled.node_rank, filled.num_nodes)
+    assert layout == ((n - 1) // RANKS_PER_NODE, n // RANKS_PER_NODE), layout
+    return times, len(raw)
+
+
+def _paired_ratio(
+    unknown: dict[str, list[float]], known: dict[str, list[float]], key: str
+) -> float:
+    """Median over repetitions of `key`'s time with the layout from the roll call / known."""
+    return median([u / k for u, k in zip(unknown[key], known[key], strict=True)])
+
+
 def rollcall(sizes: list[int], repeats: int) -> dict[str, Any]:
     import torch
     from torch.distributed import PrefixStore, TCPStore
 
     from distenv import rendezvous as rollcall_module
     from distenv.rankinfo import RankInfo
-    from distenv.records import validate
-    from distenv.rendezvous import check_in, roll_call
 
+    rng = random.Random(SEED)
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         port = sock.getsockname()[1]
@@ -103,61 +180,63 @@ def rollcall(sizes: list[int], repeats: int) -> dict[str, Any]:
     out["torch"] = torch.__version__
     out["poll_s"] = getattr(rollcall_module, "POLL_S", None)
     out["chunk"] = getattr(rollcall_module, "CHUNK", None)
+    out["ranks_per_host"] = RANKS_PER_NODE
     for n in sizes:
-        info = RankInfo(
-            launcher="slurm",
-            rank=0,
-            world_size=n,
-            local_rank=0,
-            local_world_size=RANKS_PER_NODE,
-            node_rank=0,
-            num_nodes=n // RANKS_PER_NODE,
-            master_addr="127.0.0.1",
-            master_port=port,
-        )
-        checkins = [_checkin(r, n) for r in range(n)]
-        timings: dict[str, list[float]] = {
-            k: []
-            for k in ("checkin_loop", "rank0_roll_call", "validate", "multi_get", "verdict_read")
-        }
-        verdict_bytes = 0
-        for rep in range(repeats):
-            store = PrefixStore(f"bench/{n}/{rep}", client)
-            start = time.perf_counter()
-            for c in checkins[1:]:  # ranks 1..N-1, what roll_call makes each of them write
-                check_in(store, c)
-            timings["checkin_loop"].append(time.perf_counter() - start)
-            # Rank 0 then waits until the others acknowledge reading the verdict; their reads
-            # are timed below (verdict_read), so count them as done already.
-            store.add("read", n - 1)
-
-            start = time.perf_counter()
-            verdict = roll_call(
-                store, info, checkins[0], timeout=60.0, until=time.monotonic() + 70.0
+        infos = {
+            layout: RankInfo(
+                launcher="slurm",
+                rank=0,
+                world_size=n,
+                local_rank=0,
+                local_world_size=RANKS_PER_NODE,
+                node_rank=0 if layout == "known" else None,
+                num_nodes=n // RANKS_PER_NODE if layout == "known" else None,
+                master_addr="127.0.0.1",
+                master_port=port,
             )
-            timings["rank0_roll_call"].append(time.perf_counter() - start)
-            assert verdict.ok, verdict.problems
-
-            start = time.perf_counter()
-            validate(verdict.checkins, n)
-            timings["validate"].append(time.perf_counter() - start)
-
-            start = time.perf_counter()
-            store.multi_get([f"checkin/{i}" for i in range(n)])
-            timings["multi_get"].append(time.perf_counter() - start)
-
-            start = time.perf_counter()
-            for _ in range(VERDICT_READ_SAMPLE):
-                verdict_bytes = len(store.get("verdict"))
-            timings["verdict_read"].append((time.perf_counter() - start) / VERDICT_READ_SAMPLE)
-        out[str(n)] = {
-            **{k: summary(v) for k, v in timings.items()},
-            "verdict_bytes": verdict_bytes,
-            "checkin_bytes": len(checkins[-1].to_json()),
-            "all_verdict_reads_bytes": verdict_bytes * (n - 1),
-            "rank0_per_rank_us": median(timings["rank0_roll_call"]) / n * 1e6,
+            for layout in LAYOUTS
         }
-        note(f"roll call N={n}: rank 0 {median(timings['rank0_roll_call']) * 1000:.1f} ms")
+        checkins = {
+            layout: [_checkin(r, n, known=layout == "known") for r in range(n)]
+            for layout in LAYOUTS
+        }
+        timings = {layout: {k: [] for k in TIMED} for layout in LAYOUTS}
+        verdict_bytes = dict.fromkeys(LAYOUTS, 0)
+        for rep in range(repeats):
+            order = list(LAYOUTS)
+            rng.shuffle(order)  # interleaved: neither layout always runs on a warmer store
+            for layout in order:
+                store = PrefixStore(f"bench/{n}/{rep}/{layout}", client)
+                times, verdict_bytes[layout] = _one_roll_call(
+                    store, infos[layout], checkins[layout]
+                )
+                for k, v in times.items():
+                    timings[layout][k].append(v)
+        known, unknown = timings["known"], timings["from_roll_call"]
+        out[str(n)] = {
+            **{k: summary(v) for k, v in known.items()},
+            "verdict_bytes": verdict_bytes["known"],
+            "checkin_bytes": len(checkins["known"][-1].to_json()),
+            "all_verdict_reads_bytes": verdict_bytes["known"] * (n - 1),
+            "rank0_per_rank_us": median(known["rank0_roll_call"]) / n * 1e6,
+            "layout_from_roll_call": {
+                **{k: summary(v) for k, v in unknown.items()},
+                "hosts": n // RANKS_PER_NODE,
+                "verdict_bytes": verdict_bytes["from_roll_call"],
+                "all_verdict_reads_bytes": verdict_bytes["from_roll_call"] * (n - 1),
+                # Paired by repetition: each ratio compares two roll calls of the same round.
+                "rank0_ratio": _paired_ratio(unknown, known, "rank0_roll_call"),
+                "rank0_cpu_ratio": _paired_ratio(unknown, known, "rank0_roll_call_cpu"),
+                "verdict_parse_ratio": _paired_ratio(unknown, known, "verdict_parse"),
+                "verdict_bytes_ratio": verdict_bytes["from_roll_call"] / verdict_bytes["known"],
+            },
+        }
+        layout_ms = median(unknown["rank0_roll_call"]) * 1000
+        note(
+            f"roll call N={n}: rank 0 {median(known['rank0_roll_call']) * 1000:.1f} ms, "
+            f"{layout_ms:.1f} ms with the layout from the roll call "
+            f"(verdict {verdict_bytes['known']} vs {verdict_bytes['from_roll_call']} B)"
+        )
     return out
 
 
@@ -167,6 +246,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--repeats", type=int, default=2)
     p.add_argument("--rollcall-sizes", default=",".join(map(str, ROLLCALL_SIZES)))
     p.add_argument("--rollcall-repeats", type=int, default=5)
+    p.add_argument(
+        "--rollcall-only", action="store_true", help="part B only (no distenv run launches)"
+    )
     args = p.parse_args(argv)
     if args.smoke:
         sizes, repeats, rc_sizes, rc_repeats = [2], 1, [16], 1
@@ -175,17 +257,22 @@ def main(argv: list[str] | None = None) -> int:
         rc_sizes = [int(s) for s in args.rollcall_sizes.split(",")]
         repeats, rc_repeats = args.repeats, args.rollcall_repeats
     started = time.perf_counter()
+    load_before = os.getloadavg()
     result = {
         "benchmark": "scaling",
         "smoke": args.smoke,
         "repeats": repeats,
         "rollcall_repeats": rc_repeats,
         # --smoke: distenv's path only (one launch), to stay within the test's time.
-        "init": init_scaling(sizes, repeats, ("distenv",) if args.smoke else ("distenv", "bare")),
+        "init": {}
+        if args.rollcall_only
+        else init_scaling(sizes, repeats, ("distenv",) if args.smoke else ("distenv", "bare")),
         "rollcall": rollcall(rc_sizes, rc_repeats),
         "machine": machine(),
     }
     result["total_s"] = time.perf_counter() - started
+    # 1-minute load averages: how much else ran on the machine (it may be shared).
+    result["load_average"] = {"before": load_before[0], "after": os.getloadavg()[0]}
     emit(result, args.out)
     return 0
 

@@ -387,6 +387,84 @@ def scaling_section(d: dict[str, Any]) -> tuple[str, str]:
     return init_text, rc_text
 
 
+# The roll call with the node layout left to it: a separate, smaller run of bench_scaling.py
+# (`--rollcall-only`) until a full `benchmarks/run.sh` run carries it in scaling.json.
+LAYOUT_FILE = "rollcall_layout.json"
+LAYOUT_COMMAND = (
+    ".venv/bin/python benchmarks/bench_scaling.py --rollcall-only "
+    "--rollcall-sizes {sizes} --rollcall-repeats {repeats} --out docs/benchmarks/" + LAYOUT_FILE
+)
+
+
+def layout_section(results: Path, scaling: dict[str, Any]) -> str:
+    """The verdict's size and rank 0's time with the node layout from the roll call, as ratios to
+    the known layout's in the same run: from scaling.json if it has them, else LAYOUT_FILE."""
+    source, separate = scaling, False
+    has = [
+        v for k, v in scaling["rollcall"].items() if k.isdigit() and "layout_from_roll_call" in v
+    ]
+    if not has and (results / LAYOUT_FILE).exists():
+        source, separate = json.loads((results / LAYOUT_FILE).read_text()), True
+    rc = {
+        k: v for k, v in source["rollcall"].items() if k.isdigit() and "layout_from_roll_call" in v
+    }
+    if not rc:
+        return (
+            "Not measured yet: run `" + LAYOUT_COMMAND.format(sizes="1024,4096", repeats=3) + "`."
+        )
+    rows = []
+    for n in sorted(rc, key=int):
+        known, lay = rc[n], rc[n]["layout_from_roll_call"]
+        rows.append(
+            [
+                n,
+                lay["hosts"],
+                known["verdict_bytes"],
+                lay["verdict_bytes"],
+                f"{lay['verdict_bytes_ratio']:.0f}x",
+                ms(known["rank0_roll_call"]["median"]),
+                ms(lay["rank0_roll_call"]["median"]),
+                f"{lay['rank0_ratio']:.2f}",
+                f"{lay['rank0_cpu_ratio']:.2f}",
+                f"{known['verdict_parse']['median'] * 1e6:.0f}",
+                f"{lay['verdict_parse']['median'] * 1e6:.0f}",
+                f"{lay['verdict_parse_ratio']:.1f}",
+                f"{lay['all_verdict_reads_bytes'] / MIB:.1f}",
+            ]
+        )
+    text = table(
+        [
+            "ranks",
+            "hosts",
+            "verdict B (known)",
+            "verdict B (roll call)",
+            "bytes ratio",
+            "rank 0 ms (known)",
+            "rank 0 ms (roll call)",
+            "rank 0 ratio",
+            "rank 0 CPU ratio",
+            "verdict parse µs (known)",
+            "verdict parse µs (roll call)",
+            "parse ratio",
+            "N-1 reads MiB (roll call)",
+        ],
+        rows,
+    )
+    sizes = ",".join(sorted(rc, key=int))
+    repeats = source["rollcall_repeats"]
+    if separate:
+        load = source.get("load_average", {})
+        text = (
+            f"Measured in a separate, smaller run than the rest of this page, on "
+            f"{source['machine']['date']} (`{LAYOUT_COMMAND.format(sizes=sizes, repeats=repeats)}`"
+            f", {repeats} repetitions), while the 2-core machine was shared with other work (1-minute"
+            f" load average {load.get('before', math.nan):.1f} before, "
+            f"{load.get('after', math.nan):.1f} after): the milliseconds are noisy, and the ratios,"
+            " each the median of per-repetition pairs, are what to read.\n\n" + text
+        )
+    return text
+
+
 PAGE = """\
 # Benchmarks
 
@@ -517,6 +595,19 @@ with rank 0's chunks; "verdict B" is the size of the verdict every other rank re
 
 ![scaling](benchmarks/scaling.png)
 
+#### The node layout from the roll call
+
+Where the launcher names no node index or node count (Open MPI 5 alone, Flux, Cray PALS), rank 0's
+verdict also lists the ranks' hosts in order of their lowest rank, and every rank takes its node
+from that list (`distenv.rendezvous.fill_layout`). The same simulated roll call, {ranks_per_host}
+ranks per host, runs each size twice per repetition in a shuffled order: once with every check-in
+naming its node ("known") and once with the layout left to the roll call. "rank 0 CPU" is the
+CPU time of rank 0's process (with its store's threads) during its roll call, steadier than the wall
+time when other work shares the machine. "verdict parse" is what each other rank then does with the
+verdict it read: `parse_verdict` against its schema and `fill_layout`.
+
+{layout_table}
+
 **At scale.** Rank 0 reads the N records in `multi_get` chunks of {chunk} keys (a `check` first, since
 `multi_get` waits for a missing key), parses each against its schema (`distenv.records`, with a cache
 of the strings each pattern has matched) and validates the world with set comparisons:
@@ -613,6 +704,8 @@ def render(results: Path, page: Path) -> None:
         rc_repeats=s["rollcall_repeats"],
         store=s["rollcall"]["store"],
         rc_table=rc_table,
+        ranks_per_host=s["rollcall"].get("ranks_per_host", 8),
+        layout_table=layout_section(results, s),
         total_min=total / 60,
         **projection(s["rollcall"]),
     )

@@ -195,7 +195,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     template = sub.add_parser(
         "template",
-        help="list the job-script templates (sbatch, bsub, mpirun), or print one",
+        help="list the job-script templates (sbatch, bsub, qsub, flux batch, mpirun), or print one",
         description="List the job-script templates shipped with distenv (the repository's "
         "scripts/), or print one to copy: `distenv template single_node > job.sbatch`.",
     )

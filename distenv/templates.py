@@ -21,6 +21,8 @@ __all__ = ["description", "find", "names", "read", "summary"]
 
 _ROOT = "scripts"
 _WIDTH = 72
+# Scheduler directive lines (sbatch, bsub, qsub, flux batch): they end a leading comment.
+_DIRECTIVES = ("#SBATCH", "#BSUB", "#PBS", "#flux:")
 
 
 def _root() -> Traversable:
@@ -79,7 +81,7 @@ def description(name: str) -> str:
     words: list[str] = []
     for line in read(name).splitlines()[1:]:
         text = line.lstrip("#").strip()
-        if not line.startswith("#") or not text or line.startswith(("#SBATCH", "#BSUB")):
+        if not line.startswith("#") or not text or line.startswith(_DIRECTIVES):
             break
         words.append(text)
     return " ".join(words)

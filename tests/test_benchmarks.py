@@ -75,12 +75,19 @@ def test_allreduce_benchmark_averages_with_fewer_collectives() -> None:
 
 
 def test_scaling_benchmark_runs_the_roll_call() -> None:
-    """One `distenv run -n 2` launch and a 16-rank simulated roll call with a valid verdict."""
+    """One `distenv run -n 2` launch and a 16-rank simulated roll call with a valid verdict, with
+    the node layout known and left to the roll call: then the verdict also lists the 2 hosts."""
     data = smoke("bench_scaling.py")
     assert data["init"]["2"]["distenv"]["processes_per_rank"] == 0
     rollcall = data["rollcall"]["16"]
     assert rollcall["rank0_roll_call"]["n"] == 1
     assert rollcall["verdict_bytes"] > 0
+    layout = rollcall["layout_from_roll_call"]
+    assert layout["hosts"] == 2
+    assert layout["rank0_roll_call"]["n"] == layout["verdict_parse"]["n"] == 1
+    assert layout["verdict_bytes"] > rollcall["verdict_bytes"]
+    assert layout["verdict_bytes_ratio"] == layout["verdict_bytes"] / rollcall["verdict_bytes"]
+    assert layout["rank0_ratio"] > 0
 
 
 def test_fault_matrix_records_the_silent_listener() -> None:

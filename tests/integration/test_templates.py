@@ -2,26 +2,34 @@
 
 Slurm templates are submitted byte-identical from scripts/ with ``sbatch --wait``; what differs on
 the test clusters is given on sbatch's command line (options override #SBATCH lines) and through
-``--export=ALL,TRAIN=...,LAUNCHER=...``. The LSF template runs with a fake ``jsrun`` that prints
-its arguments (no LSF here); every template passes ``bash -n`` and shellcheck.
+``--export=ALL,TRAIN=...,LAUNCHER=...``. The LSF templates run with a fake ``jsrun`` or
+``blaunch`` that prints its arguments (no LSF here), the PBS template with a fake ``mpiexec`` and
+the Flux one with a fake ``flux``; the rank command each prints then runs for real with the
+environment recorded for that launcher (tests/envs), and must give the recorded answer. Every
+template passes ``bash -n`` and shellcheck.
 """
 
 from __future__ import annotations
 
+import json
 import re
 import shlex
 import shutil
 import socket
 import subprocess
+from collections.abc import Mapping
 from pathlib import Path
 
 import pytest
 
 from distenv import detect
+from distenv.master import free_port
 from tests.conftest import scrubbed_environ
+from tests.envs import flux, lsf, pbs
 from tests.integration.helpers import (
     OMPI,
     ONE_NODE,
+    PYTHON,
     RANK_CHECK,
     REPO,
     SCRIPTS,
@@ -29,6 +37,7 @@ from tests.integration.helpers import (
     Harness,
     Result,
     check_world,
+    layout,
     wait_all,
 )
 
@@ -148,7 +157,8 @@ def test_templates_pass_bash_n_and_shellcheck() -> None:
     assert lint.returncode == 0, lint.stdout + lint.stderr
 
 
-STARTERS = ("srun", "mpirun", "mpiexec", "jsrun", "torchrun", "python", "scontrol")
+STARTERS = ("srun", "mpirun", "mpiexec", "jsrun", "blaunch", "flux", "torchrun", "python",
+            "scontrol", "distenv")  # fmt: skip
 
 
 @pytest.mark.parametrize("template", TEMPLATES, ids=lambda p: p.name)
@@ -221,3 +231,138 @@ def test_lsf_template_renders_jsrun_command(tmp_path: Path, hosts: str, nodes: i
     info = detect("auto", rank7)
     assert (info.launcher, info.rank, info.node_rank, info.num_nodes) == ("lsf", 7, 1, nodes)
     assert info.master_addr == "h22n07"
+
+
+# Stand-in for a starter (blaunch, mpiexec, flux): print each argument on its own line, then the
+# variables it would hand to the ranks; `flux getattr size` and `flux hostlist` answer as Flux does.
+FAKE_STARTER = """#!/bin/sh
+case "$1 $2" in
+    "getattr size") echo 2; exit 0 ;;
+    "hostlist --nth=0") echo 127.0.0.1; exit 0 ;;
+esac
+printf 'arg=%s\\n' "$@"
+echo "env=MASTER_ADDR=${MASTER_ADDR:-}"
+echo "env=MASTER_PORT=${MASTER_PORT:-}"
+echo "env=OMP_NUM_THREADS=${OMP_NUM_THREADS:-}"
+"""
+# The rank program the templates' rank commands run here: `distenv info --json --launcher NAME`,
+# NAME from its own `--launcher NAME` (the template's); the training arguments are ignored.
+INFO_RANK = """import sys
+from distenv.cli import main
+args = sys.argv[1:]
+sys.exit(main(["info", "--json", "--launcher", args[args.index("--launcher") + 1]]))
+"""
+VENV_BIN = str(Path(PYTHON).parent)
+
+
+def _render(
+    tmp_path: Path,
+    template: str,
+    starter: str,
+    env: Mapping[str, str],
+    *,
+    train: Path | None = None,
+    args: tuple[str, ...] = ("--epochs", "3"),
+) -> tuple[list[str], dict[str, str]]:
+    """Run `template` (scripts/NAME) with a stand-in `starter`; return its argv and the variables.
+
+    TRAIN is `train`, else INFO_RANK written under `tmp_path`; `args` go to the template.
+    """
+    fake = tmp_path / "bin"
+    fake.mkdir()
+    (fake / starter).write_text(FAKE_STARTER)
+    (fake / starter).chmod(0o755)
+    if train is None:
+        train = tmp_path / "info_rank.py"
+        train.write_text(INFO_RANK)
+    child = {**scrubbed_environ(), "PATH": f"{fake}:{VENV_BIN}:/usr/bin:/bin",
+             "TRAIN": str(train), **env}  # fmt: skip
+    done = subprocess.run(["bash", str(SCRIPTS / template), *args], env=child, cwd=tmp_path,
+                          capture_output=True, text=True, timeout=30, check=False)  # fmt: skip
+    assert done.returncode == 0, done.stdout + done.stderr
+    lines = done.stdout.splitlines()
+    args = [line[4:] for line in lines if line.startswith("arg=")]
+    exported = dict(line[4:].split("=", 1) for line in lines if line.startswith("env="))
+    return args, exported
+
+
+def _rank(argv: list[str], env: Mapping[str, str]) -> dict[str, object]:
+    """Run one rank command (`python info_rank.py ...`) with `env`; return its RankInfo dict."""
+    child = {**scrubbed_environ(), "PATH": f"{VENV_BIN}:/usr/bin:/bin", **env}
+    done = subprocess.run(argv, env=child, capture_output=True, text=True, timeout=60, check=False)
+    assert done.returncode == 0, done.stdout + done.stderr
+    info: dict[str, object] = json.loads(done.stdout)
+    return info
+
+
+def test_blaunch_template_runs_one_task_per_slot(tmp_path: Path) -> None:
+    """lsf/blaunch.bsub runs `blaunch python TRAIN --launcher lsf ARGS` (one task per slot); that
+    command, given each task's recorded environment (tests/envs/lsf.py BLAUNCH_2X2), is rank
+    0..3 of 4 on 2 nodes, master the first slot's host."""
+    hostfile = tmp_path / "hostfile"
+    hostfile.write_text(lsf.blaunch_hostfile)
+    args, exported = _render(tmp_path, "lsf/blaunch.bsub", "blaunch", {"LSB_JOBID": "7001"})
+    train = str(tmp_path / "info_rank.py")
+    assert args == ["python", train, "--launcher", "lsf", "--epochs", "3"]
+    assert exported == {"MASTER_ADDR": "", "MASTER_PORT": "", "OMP_NUM_THREADS": ""}
+    for task, answer in zip(lsf.BLAUNCH_2X2, lsf.BLAUNCH_2X2_ANSWERS, strict=True):
+        info = _rank(args, {**task, "LSB_DJOB_HOSTFILE": str(hostfile)})
+        assert (info["launcher"], layout(info), info["master_addr"]) == ("lsf", answer, "c01")
+
+
+def test_pbs_template_runs_pals_mpiexec_with_the_master(tmp_path: Path) -> None:
+    """pbs/pals_mpiexec.qsub runs `mpiexec -n NODES*GPUS --ppn GPUS ... python TRAIN --launcher
+    mpi ARGS` with MASTER_ADDR (the node file's first host) and MASTER_PORT (from PBS_JOBID); that
+    command, given each rank's recorded PALS environment (tests/envs/pbs.py PALS_2X2) and those
+    two, is rank 0..3 of 4 with PALS's node index, the node count left to the roll call."""
+    nodefile = tmp_path / "nodefile"
+    nodefile.write_text(pbs.nodefile_2x2)
+    job = {**pbs.PALS_2X2[0], "PBS_NODEFILE": str(nodefile), "GPUS_PER_NODE": "2"}
+    args, exported = _render(tmp_path, "pbs/pals_mpiexec.qsub", "mpiexec", job)
+    train = str(tmp_path / "info_rank.py")
+    assert args == ["-n", "4", "--ppn", "2", "--depth", "8", "--cpu-bind", "depth",
+                    "python", train, "--launcher", "mpi", "--epochs", "3"]  # fmt: skip
+    # 2024713.polaris-pbs-01...: 20000 + 2024713 % 10000.
+    assert exported == {"MASTER_ADDR": pbs.NODES[0], "MASTER_PORT": "24713", "OMP_NUM_THREADS": "8"}
+    rank_command = args[args.index("python") :]
+    for rank_env, answer in zip(pbs.PALS_2X2, pbs.PALS_2X2_ANSWERS, strict=True):
+        info = _rank(rank_command, {**rank_env, **exported})
+        assert (info["launcher"], layout(info)) == ("mpi", answer)
+        assert (info["master_addr"], info["master_port"]) == (pbs.NODES[0], 24713)
+
+
+def test_flux_template_runs_distenv_run_per_node(harness: Harness, tmp_path: Path) -> None:
+    """flux/distenv_run.flux runs `flux run -N NODES --tasks-per-node=1 --gpus-per-task=GPUS
+    distenv run --nproc-per-node GPUS --master-addr HOST TRAIN --launcher pytorch ARGS`; that
+    command, started for real as both tasks with their recorded environments (tests/envs/flux.py
+    FLUX_2X1, the host 127.0.0.1 here, TRAIN rank_check.py), starts 2 x 2 ranks that finish one
+    all_reduce."""
+    task = {"FLUX_URI": "local:///run/flux/local", "GPUS_PER_NODE": "2"}
+    args, exported = _render(tmp_path, "flux/distenv_run.flux", "flux", task, train=RANK_CHECK,
+                             args=())  # fmt: skip
+    assert args == ["run", "-N", "2", "--tasks-per-node=1", "--gpus-per-task=2", "distenv", "run",
+                    "--nproc-per-node", "2", "--master-addr", "127.0.0.1", str(RANK_CHECK),
+                    "--launcher", "pytorch"]  # fmt: skip
+    assert exported == {"MASTER_ADDR": "", "MASTER_PORT": "", "OMP_NUM_THREADS": ""}
+    # Each task runs that rank command as is, but for a port free here (Flux's default, 29500,
+    # may be taken on a shared machine).
+    command = args[args.index("distenv") :]
+    port = str(free_port("127.0.0.1"))
+    launches = [
+        harness.start(
+            [*command[:2], "--master-port", port, *command[2:]],
+            env=harness.env(extra={**task, "DISTENV_TIMEOUT": "30"}),
+        )
+        for task in flux.FLUX_2X1
+    ]
+    records = sorted(
+        [rec for result in wait_all(launches) for rec in result.ok().records()],
+        key=lambda rec: rec["info"]["rank"],
+    )
+    assert [layout(rec["info"]) for rec in records] == [
+        (r, 4, r % 2, 2, r // 2, 2) for r in range(4)
+    ], records
+    for rec in records:
+        assert rec["info"]["launcher"] == "pytorch", rec
+        assert rec["info"]["master_addr"] == "127.0.0.1", rec
+        assert rec["all_reduce"] == 10, rec
