@@ -1,9 +1,10 @@
 """The user templates in scripts/, run as users run them: submitted unmodified.
 
-Slurm templates are submitted byte-identical from scripts/ with ``sbatch --wait``; what differs on
-the test clusters is given on sbatch's command line (options override #SBATCH lines) and through
-``--export=ALL,TRAIN=...,LAUNCHER=...``. The LSF template runs with a fake ``jsrun`` that prints
-its arguments (no LSF here); every template passes ``bash -n`` and shellcheck.
+Slurm templates are submitted byte-identical from scripts/ and waited for as ``sbatch --wait``
+does (sbatch_wait.py); what differs on the test clusters is given on sbatch's command line
+(options override #SBATCH lines) and through ``--export=ALL,TRAIN=...,LAUNCHER=...``. The LSF
+template runs with a fake ``jsrun`` that prints its arguments (no LSF here); every template passes
+``bash -n`` and shellcheck.
 """
 
 from __future__ import annotations
