@@ -64,5 +64,7 @@ def _start_background_jobs(request: pytest.FixtureRequest) -> None:
     """Start `timed_requeue` early when a selected test uses it, after the idle_clusters tests."""
     if request.node.get_closest_marker("idle_clusters") is not None:
         return
+    if hasattr(request.module, "harness"):  # a module's own (local, function-scoped) harness
+        return
     if any("timed_requeue" in getattr(item, "fixturenames", ()) for item in request.session.items):
         request.getfixturevalue("timed_requeue")
