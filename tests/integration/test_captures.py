@@ -60,6 +60,7 @@ def _comparable(env: dict[str, str], live_host: str, captured_host: str) -> dict
 
 @pytest.mark.slurm
 @pytest.mark.mpi
+@pytest.mark.idle_clusters
 def test_fixtures_match_live_launchers(harness: Harness) -> None:
     """Each rank's declared variables, live, equal the captured fixture's (fixtures cannot drift)."""
     runner = _capture_all()

@@ -8,8 +8,6 @@ not compete for the same GPUs run concurrently: 2 cores make that the only way t
 from __future__ import annotations
 
 import socket
-import subprocess
-import time
 
 import pytest
 
@@ -18,14 +16,11 @@ from tests.integration.helpers import (
     JOB_NAME,
     ONE_NODE,
     PYTHON,
-    REPO,
     SINGLE,
     STEPS,
-    TIMEOUT_S,
     TWO_BY_TWO,
     Harness,
     Result,
-    cancel_jobs,
     check_world,
     rank_check,
     wait_all,
@@ -272,37 +267,15 @@ def test_heterogeneous_job_steps_in_both_placements(harness: Harness) -> None:
         assert {r["env"]["DISTENV_SCOPE"] for r in recs} == {f"slurm/{job}/0"}, recs
 
 
-def _sbatch_polled(harness: Harness, options: list[str], *, label: str) -> Result:
-    """Submit to cluster `one` and poll squeue every 0.2 s until the job (every array element)
-    has left the queue; return the output files. `sbatch --wait` sleeps 2, 8, then 32 s between
-    its own polls (with MinJobAge=30): measured, an array whose elements ended after about 15 s
-    came back after 42 s."""
-    out = harness.outdir(label)
-    argv = ["sbatch", "--parsable", "-J", JOB_NAME, "--chdir", str(REPO),
-            "-o", f"{out}/%x-%j-%a.out", "-e", f"{out}/%x-%j-%a.err", *options]  # fmt: skip
-    started = time.monotonic()
-    job = harness.run(argv, cluster="one").ok().stdout.strip().split(";")[0]
-    env = harness.env("one")
-    while True:
-        queue = subprocess.run(["squeue", "-h", "-j", job, "-o", "%i"], env=env, text=True,
-                               capture_output=True, timeout=30, check=False)  # fmt: skip
-        if (queue.returncode == 0 and not queue.stdout.strip()) or "Invalid job id" in queue.stderr:
-            break
-        if time.monotonic() - started > TIMEOUT_S:
-            cancel_jobs(harness.clusters["one"])
-            raise AssertionError(f"job {job} still queued after {TIMEOUT_S}s: {queue.stdout}")
-        time.sleep(0.2)
-    files = {p.name: p.read_text(errors="replace") for p in sorted(out.iterdir())}
-    return Result(argv, 0, "", "", time.monotonic() - started, files)
-
-
 def test_array_elements_on_one_node_get_their_own_scope_and_port(harness: Harness) -> None:
     """`sbatch --array=0-1 -n 2` whose elements each run a 2-task srun step on the one node, at
     the same time (their ranks meet before leaving the process group): both finish their
     all_reduce, on different scopes and ports. Guards 0.1.0's behaviour (scope = element's job)."""
     meeting = harness.outdir("meet")
     step = " ".join(["exec", "srun", *rank_check("--meet", str(meeting), "4")])  # paths only
-    result = _sbatch_polled(harness, ["--array=0-1", "-n", "2", "--wrap", step], label="array")
+    launch = harness.sbatch(None, cluster="one", options=["--array=0-1", "-n", "2", "--wrap", step],
+                            label="array")  # fmt: skip
+    result = launch.wait().ok()
     elements = {}
     for index in ("0", "1"):
         files = {n: b for n, b in result.files.items() if n.endswith(f"-{index}.out")}

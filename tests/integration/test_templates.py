@@ -1,12 +1,12 @@
 """The user templates in scripts/, run as users run them: submitted unmodified.
 
-Slurm templates are submitted byte-identical from scripts/ with ``sbatch --wait``; what differs on
-the test clusters is given on sbatch's command line (options override #SBATCH lines) and through
-``--export=ALL,TRAIN=...,LAUNCHER=...``. The LSF templates run with a fake ``jsrun`` or
-``blaunch`` that prints its arguments (no LSF here), the PBS template with a fake ``mpiexec`` and
-the Flux one with a fake ``flux``; the rank command each prints then runs for real with the
-environment recorded for that launcher (tests/envs), and must give the recorded answer. Every
-template passes ``bash -n`` and shellcheck.
+Slurm templates are submitted byte-identical from scripts/ and waited for as ``sbatch --wait``
+does (sbatch_wait.py); what differs on the test clusters is given on sbatch's command line
+(options override #SBATCH lines) and through ``--export=ALL,TRAIN=...,LAUNCHER=...``. The LSF
+templates run with a fake ``jsrun`` or ``blaunch`` that prints its arguments (no LSF here), the PBS
+template with a fake ``mpiexec`` and the Flux one with a fake ``flux``; the rank command each
+prints then runs for real with the environment recorded for that launcher (tests/envs), and must
+give the recorded answer. Every template passes ``bash -n`` and shellcheck.
 """
 
 from __future__ import annotations
