@@ -107,3 +107,19 @@ def test_preempt_benchmark_times_the_step_with_and_without_the_check() -> None:
     assert set(data["methods"]) == {"plain", "check", "check_10"}
     assert all(m["p50"] > 0 for m in data["methods"].values())
     assert data["methods"]["plain"]["overhead_vs_plain"] == 0
+
+
+def test_the_security_page_states_the_versions_benchmark_as_recorded() -> None:
+    """docs/security.md's cost table is docs/benchmarks/versions.json's bootstrap rows, rounded."""
+    repo = Path(__file__).resolve().parent.parent
+    result = json.loads((repo / "docs" / "benchmarks" / "versions.json").read_text())
+    page = (repo / "docs" / "security.md").read_text()
+    for launcher in ("srun", "torchrun"):
+        row = result["measurements"][f"bootstrap {launcher}"]
+        low, high = row["ci95_diff_ms"]
+        expected = (
+            f"| `{launcher}` | {row['baseline_ms']['median']:.1f} ms | "
+            f"{row['candidate_ms']['median']:.1f} ms | {row['median_diff_ms']:+.1f} ms "
+            f"[{low:+.1f}, {high:+.1f}] |"
+        )
+        assert expected in page, expected
