@@ -156,6 +156,37 @@ class RankInfo:
         return cls(launcher=launcher, **fields)
 
     @classmethod
+    def one_per_node(
+        cls,
+        launcher: str,
+        sources: Mapping[str, str],
+        node: int,
+        nodes: int,
+        *,
+        master_addr: str | None = None,
+        master_port: int | None = None,
+        job_id: str | None = None,
+    ) -> RankInfo:
+        """Return the one process of node `node` of `nodes` (rank = node index), validated.
+
+        For launchers that start one process per node or pod (a Kubeflow pod with one process,
+        an Indexed Job, SageMaker): errors name the variables in `sources`.
+        """
+        return cls.checked(
+            launcher,
+            sources,
+            rank=node,
+            world_size=nodes,
+            local_rank=0,
+            local_world_size=1,
+            node_rank=node,
+            num_nodes=nodes,
+            master_addr=master_addr,
+            master_port=master_port,
+            job_id=job_id,
+        )
+
+    @classmethod
     def single(
         cls,
         launcher: str,

@@ -335,8 +335,8 @@ def validate(checkins: Sequence[CheckIn], world_size: int) -> list["Problem"]:
     local ranks and stated local sizes against the ranks counted on each host (and node); that
     every rank, or none, has a node index and a local size from its launcher; the node index,
     where a launcher names one, against the host names (one node, one host); no two ranks of one
-    host on the same physical GPU unless sharing was allowed. Each check is a set comparison at C speed (rank 0
-    runs this on every check-in of the world); only a check that fails imports
+    host on the same physical GPU unless sharing was allowed. Each check is a set comparison at C
+    speed (rank 0 runs this on every check-in of the world); only a check that fails imports
     `distenv.problems` to say what.
     """
     found: list[Problem] = []

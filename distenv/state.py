@@ -6,7 +6,7 @@ The only module-level state of distenv. It is written once per successful `setup
 
 from typing import NamedTuple
 
-from distenv.rankinfo import RankInfo
+from distenv.rankinfo import LAYOUT_FIELDS, RankInfo
 
 __all__ = [
     "State",
@@ -65,11 +65,8 @@ def same_rank(a: RankInfo, b: RankInfo) -> bool:
 
     A node layout the launcher left unknown (None) matches the one the roll call filled in.
     """
-    ignore: tuple[str, ...] = ("master_addr", "master_port")
-    if b.node_rank is None or b.num_nodes is None:
-        ignore += ("node_rank", "num_nodes")
-    if b.local_world_size is None:
-        ignore += ("local_world_size",)
+    unknown = tuple(name for name in LAYOUT_FIELDS if getattr(b, name) is None)
+    ignore = ("master_addr", "master_port", *unknown)
     return {k: v for k, v in a.to_dict().items() if k not in ignore} == {
         k: v for k, v in b.to_dict().items() if k not in ignore
     }

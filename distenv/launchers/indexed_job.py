@@ -69,17 +69,11 @@ class IndexedJobLauncher(Scheduler):
                 variable="WORLD_SIZE",
             )
         world = reader.integer("WORLD_SIZE", minimum=1)
-        return RankInfo.checked(
+        return RankInfo.one_per_node(
             self.name,
             {"rank": INDEX, "world_size": "WORLD_SIZE", "node_rank": INDEX},
-            rank=index,
-            world_size=world,
-            local_rank=0,
-            local_world_size=1,
-            node_rank=index,
-            num_nodes=world,
-            master_addr=None,
-            master_port=None,
+            index,
+            world,
             job_id=explicit_master(reader)[0],
         )
 

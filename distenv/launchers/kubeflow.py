@@ -143,15 +143,11 @@ class KubeflowLauncher(Scheduler):
 
     def _info(self, reader: Reader, node_rank: int, num_nodes: int) -> RankInfo:
         addr, port = self._master(reader)
-        return RankInfo.checked(
+        return RankInfo.one_per_node(
             self.name,
             {"rank": "PET_NODE_RANK", "world_size": "PET_NNODES"},
-            rank=node_rank,
-            world_size=num_nodes,
-            local_rank=0,
-            local_world_size=1,
-            node_rank=node_rank,
-            num_nodes=num_nodes,
+            node_rank,
+            num_nodes,
             master_addr=addr,
             master_port=port,
             job_id=addr,

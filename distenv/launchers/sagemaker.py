@@ -93,17 +93,11 @@ class SagemakerLauncher(Scheduler):
         reader = self.reader(env)
         hosts = self._hosts(reader)
         index = self._index(reader, hosts)
-        return RankInfo.checked(
+        return RankInfo.one_per_node(
             self.name,
             {"rank": "SM_CURRENT_HOST", "world_size": "SM_HOSTS"},
-            rank=index,
-            world_size=len(hosts),
-            local_rank=0,
-            local_world_size=1,
-            node_rank=index,
-            num_nodes=len(hosts),
-            master_addr=None,
-            master_port=None,
+            index,
+            len(hosts),
             job_id=reader.get("TRAINING_JOB_NAME"),
         )
 
