@@ -32,6 +32,10 @@ RUN_SPECIFIC = frozenset(
         "PMIX_NAMESPACE",
     }
 )
+# srun sets a heterogeneous step's SLURM_DISTRIBUTION to block or cyclic from run to run where a
+# component has one task (seen on srun_het_reversed's rank 0, and on srun_het_direct when it had
+# one), so in a het step either value matches either.
+HET_RANDOM = {"SLURM_DISTRIBUTION": frozenset({"block", "cyclic"})}
 # Fixture module of each scenario family (as tests/envs/make_fixtures.py writes them).
 MODULES = {"srun_": slurm, "sbatch_": slurm, "salloc_": slurm, "ompi_": mpi, "hydra_": mpi,
            "ompi5_": mpi, "mpich5_": mpi, "torchrun_": torchrun}  # fmt: skip
@@ -50,9 +54,20 @@ def _capture_all() -> ModuleType:
 
 
 def _comparable(env: dict[str, str], live_host: str, captured_host: str) -> dict[str, str]:
-    """Declared variables only, run-specific values blanked, this host named as when captured."""
+    """Declared variables only, run-specific values blanked, this host named as when captured.
+
+    In a heterogeneous step, a value Slurm picks at random (`HET_RANDOM`) reads as "<random>"
+    when it is one of the values Slurm picks from.
+    """
+    het = "SLURM_HET_SIZE" in env
     return {
-        k: "<run>" if k in RUN_SPECIFIC else captured_host if v == live_host else v
+        k: "<run>"
+        if k in RUN_SPECIFIC
+        else "<random>"
+        if het and v in HET_RANDOM.get(k, ())
+        else captured_host
+        if v == live_host
+        else v
         for k, v in env.items()
         if k in DECLARED
     }
