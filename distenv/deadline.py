@@ -11,8 +11,9 @@ thread per call cost every rank milliseconds on a loaded 2-core node (`bounded` 
 rare one-off call). An abandoned thread stays blocked until the
 process ends; the native calls release the GIL, so nothing else waits for it. A call that is only
 waiting between store operations is told to stop instead (`pause` raises `Cancelled` in it), and
-is given `STOP_S` to do so: a thread still inside a pybind11 call when the interpreter finalises
-aborts the process (``terminate called without an active exception``) as that call returns.
+is given `STOP_S` to do so, so that it is not left inside a native call while the interpreter
+finalises. (The abort at exit after a finished training, ``terminate called without an active
+exception``, comes from gloo's worker threads, not from this one: `distenv.teardown`.)
 
 The deadline is the rendezvous timeout plus `GRACE_S`, from `init_dist`'s entry to its return.
 """

@@ -50,6 +50,7 @@ from distenv.rendezvous import (
 )
 from distenv.seeding import check_seed, seed_everything
 from distenv.settings import Settings, seconds
+from distenv.teardown import register as end_groups_at_exit
 
 if TYPE_CHECKING:
     from distenv.settings import Timeout
@@ -123,6 +124,9 @@ def _prepare(
             os.environ.pop(name, None)
     os.environ[SCOPE_VAR] = detection.scope
     state.remember(state.State(info, detection.scope, device, allow_gpu_sharing))
+    # Whoever creates the process group (init_dist, or the framework after setup), it ends
+    # before the interpreter finalises (distenv.teardown).
+    end_groups_at_exit()
     return device
 
 
@@ -272,6 +276,9 @@ def init_dist(
     launcher (``none``) it makes a 1-rank group on 127.0.0.1 and a free port.
 
     Calling it again for the same rank and world returns the same `RankInfo` and creates nothing.
+    At exit the group ends before the interpreter finalises, within 5 s (`distenv.teardown`):
+    ``destroy_process_group()`` is optional, and `atexit` handlers that need the group must be
+    registered after this call.
 
     Args:
         launcher: ``auto`` or a launcher name (see `distenv.detect.explain`).

@@ -153,7 +153,6 @@ def main(argv: list[str] | None = None) -> int:
                 print(f"train: stop requested; saved step {step} of {args.steps}", flush=True)
             if args.on_stop == "requeue":
                 distenv.requeue()  # a barrier first: every rank's checkpoint is written
-            dist.destroy_process_group()
             return 0
         # --8<-- [end:loop]
         time.sleep(args.step_time)
@@ -178,7 +177,8 @@ def main(argv: list[str] | None = None) -> int:
             f"loss={mean_loss.item() / info.world_size:.3f} weights_identical={identical}",
             flush=True,
         )
-    dist.destroy_process_group()
+    # No destroy_process_group() here: with the DDP wrapper alive it would not stop gloo's worker
+    # threads, which can then abort the exit. init_dist ends the group at exit, once they are idle.
     return 0 if identical else 1
 
 

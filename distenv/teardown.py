@@ -1,0 +1,199 @@
+"""Ending the process groups' lifetime before the interpreter finalises, so that no rank aborts at exit.
+
+gloo runs each collective on a worker thread (``pt_gloo_runloop``) that drops its reference to
+the finished work only after the caller has been woken. When that reference is the last one and a
+tensor it holds owns a Python object, the thread takes the GIL to free it. Once CPython has begun
+finalising, a thread that takes the GIL is ended with ``pthread_exit``, which unwinds through a
+``noexcept`` C++ destructor and aborts the process (``terminate called without an active
+exception``, SIGABRT, exit 134) after a run that succeeded. ``destroy_process_group()`` does not
+stop those threads while a DDP reducer still holds the group.
+
+`end_groups` runs while the interpreter is still whole (`init_dist` and `setup` register it with
+`atexit`, so it runs before any handler registered earlier, and after any registered later):
+
+1. it destroys the default group if the script did not (``destroy_process_group``: NCCL's
+   communicators are shut down, every group is unregistered); a group already destroyed is left
+   alone;
+2. it collects garbage, so that DDP wrappers nothing refers to any more free their reducers, and
+   with them the groups, whose destructors join the worker threads now;
+3. it waits until every gloo worker thread still alive is idle (seen waiting on its queue twice in a
+   row): a worker still finishing a collective gets the CPU and the GIL it needs now, not after
+   finalisation began.
+
+All of it runs in a daemon thread, within `TEARDOWN_S`. A worker still inside a collective then
+(waiting on a peer that was stopped, or on an operation the script never waited for) would hold
+the exit for the group's timeout, 30 minutes by default, when the group is destroyed: the rank says
+so in one line and ends at once (``os._exit``) with the status the script was ending with
+(`ExitStatus`), after flushing stdout and stderr.
+
+Thread states come from ``/proc/self/task``: an idle worker waits on its queue's condition variable
+without a timeout, one inside a collective waits with the group's timeout (the fourth argument of
+its ``futex`` call, in ``/proc/self/task/TID/syscall``). Without ``/proc`` (not Linux) steps 1 and
+2 still run and step 3 is skipped.
+"""
+
+from __future__ import annotations
+
+import atexit
+import contextlib
+import gc
+import os
+import sys
+import threading
+import time
+from collections.abc import Callable
+from types import TracebackType
+from typing import Any
+
+__all__ = ["TEARDOWN_S", "ExitStatus", "end_groups", "register"]
+
+#: The most `end_groups` may add to a rank's exit.
+TEARDOWN_S = 5.0
+# gloo names its worker threads so (torch/csrc/distributed/c10d/ProcessGroupGloo.cpp).
+_WORKER_NAME = b"pt_gloo_runloop"
+# How often the worker threads' states are read while waiting for them.
+_POLL_S = 0.002
+# The futex(2) system call's number on x86-64 and arm64, as /proc/TID/syscall shows it.
+_FUTEX = {b"202", b"98"}
+
+_registered = threading.Lock()
+_done: list[bool] = []
+
+
+class ExitStatus:
+    """The status this process is ending with, as far as Python lets a library know it.
+
+    An exception that reaches the top makes it 1 (``sys.excepthook`` is chained; a
+    KeyboardInterrupt makes it 130, as a shell reports SIGINT); ``sys.exit(code)`` makes it the
+    code (``sys.exit`` is wrapped: a bare ``raise SystemExit(code)`` is not seen and reads as 0).
+    """
+
+    code = 0
+
+    @classmethod
+    def watch(cls) -> None:
+        """Start recording (once per process)."""
+        previous_hook = sys.excepthook
+        previous_exit = sys.exit
+
+        def excepthook(
+            kind: type[BaseException], value: BaseException, tb: TracebackType | None
+        ) -> None:
+            cls.code = 130 if issubclass(kind, KeyboardInterrupt) else 1
+            previous_hook(kind, value, tb)
+
+        def exit_(status: Any = None) -> None:
+            cls.code = _code(status)
+            previous_exit(status)
+
+        sys.excepthook = excepthook
+        sys.exit = exit_  # type: ignore[assignment]
+
+
+def _code(status: object) -> int:
+    """Return the process status Python gives ``sys.exit(status)``."""
+    if status is None:
+        return 0
+    if isinstance(status, int):
+        return status & 0xFF
+    return 1  # a message: printed to stderr, status 1
+
+
+def _workers() -> list[tuple[bytes, bytes]] | None:
+    """Return each gloo worker thread's state letter and ``syscall`` line (None: no /proc)."""
+    try:
+        tasks = os.listdir("/proc/self/task")
+    except OSError:
+        return None
+    found = []
+    for task in tasks:
+        try:
+            with open(f"/proc/self/task/{task}/stat", "rb") as file:
+                stat = file.read(512)
+            end = stat.rfind(b")")
+            if stat[stat.find(b"(") + 1 : end] != _WORKER_NAME:
+                continue
+            with open(f"/proc/self/task/{task}/syscall", "rb") as file:
+                found.append((stat[end + 2 : end + 3], file.read(256)))
+        except OSError:  # the thread ended meanwhile, or its syscall cannot be read
+            continue
+    return found
+
+
+def _idle(state: bytes, syscall: bytes) -> bool:
+    """Return whether a worker waits on its queue: asleep in futex(2) with no timeout."""
+    words = syscall.split()
+    return state == b"S" and len(words) > 4 and words[0] in _FUTEX and int(words[4], 16) == 0
+
+
+def _wait_until_idle(until: float) -> bool:
+    """Return True once every gloo worker is seen idle twice in a row; False at `until`."""
+    quiet = 0
+    while quiet < 2:
+        if time.monotonic() >= until:
+            return False
+        time.sleep(_POLL_S)  # releases the GIL to a worker that needs it
+        workers = _workers()
+        if workers is None:
+            return True
+        quiet = quiet + 1 if all(_idle(*worker) for worker in workers) else 0
+    return True
+
+
+def _end(until: float) -> bool:
+    import torch.distributed as dist
+
+    if dist.is_available() and dist.is_initialized():
+        dist.destroy_process_group()
+    gc.collect()
+    return _wait_until_idle(until)
+
+
+def _bounded(call: Callable[[float], bool]) -> tuple[bool, BaseException | None]:
+    """Run ``call(until)`` in a daemon thread; return (whether it ended in time and True, error)."""
+    until = time.monotonic() + TEARDOWN_S
+    outcome: list[bool] = []
+    failure: list[BaseException] = []
+
+    def run() -> None:
+        try:
+            outcome.append(call(until))
+        except BaseException as exc:
+            failure.append(exc)
+
+    worker = threading.Thread(target=run, name="distenv-teardown", daemon=True)
+    worker.start()
+    worker.join(TEARDOWN_S + 10 * _POLL_S)
+    return (not worker.is_alive() and outcome == [True]), (failure[0] if failure else None)
+
+
+def end_groups() -> None:
+    """Destroy the default process group and let gloo's worker threads finish, within `TEARDOWN_S`.
+
+    A no-op where torch.distributed was never imported. Never raises: a failure is reported in one
+    line on stderr; a collective still waiting at the bound ends the process with its status.
+    """
+    if "torch.distributed" not in sys.modules:  # no group can exist: do not import torch for it
+        return
+    ended, failure = _bounded(_end)
+    if failure is not None:
+        sys.stderr.write(f"distenv: ending the process group at exit failed: {failure!r}\n")
+    elif not ended:
+        sys.stderr.write(
+            f"distenv: a collective was still waiting on a peer {TEARDOWN_S:g} s into this "
+            f"rank's exit; exiting now with status {ExitStatus.code}, without waiting for the "
+            "process group's timeout\n"
+        )
+        for stream in (sys.stdout, sys.stderr):
+            with contextlib.suppress(OSError, ValueError):  # closed, or a broken pipe
+                stream.flush()
+        os._exit(ExitStatus.code)
+
+
+def register() -> None:
+    """Run `end_groups` at interpreter exit (once per process, however often this is called)."""
+    with _registered:
+        if not _done:
+            ExitStatus.watch()
+            atexit.register(end_groups)
+            _done.append(True)
