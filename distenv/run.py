@@ -5,8 +5,8 @@
 
 Every child gets torchrun's environment contract (`RankInfo.to_env`), so it detects as the
 ``pytorch`` launcher. This module is the command line; what the ranks are is `distenv.plan`'s
-decision (shared with `distenv.launch`), and supervision (fail-fast, signal forwarding, no
-orphans, the stop policy) is `distenv.supervise`'s.
+decision (shared with `distenv.launch`), supervision (fail-fast, signal forwarding, no orphans)
+is `distenv.supervise`'s, and the stop policy `distenv.stopping`'s.
 """
 
 from __future__ import annotations
@@ -32,7 +32,8 @@ from distenv.plan import (
 )
 from distenv.plan import plan_node as plan_from_options
 from distenv.settings import Settings
-from distenv.supervise import DEFAULT_GRACE_PERIOD, Child, StopPolicy, Supervisor
+from distenv.stopping import DEFAULT_GRACE_PERIOD, StopPolicy
+from distenv.supervise import Child, Supervisor
 
 __all__ = [
     "REFUSED_FLAGS",

@@ -25,6 +25,7 @@ import importlib
 import multiprocessing
 import os
 import pickle
+import signal
 import traceback
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -34,13 +35,9 @@ from typing import Any, Generic, ParamSpec, TypeVar, overload
 
 from distenv.errors import ConfigurationError, WorkerFailedError
 from distenv.plan import LaunchOptions, child_env, is_stale, local_ranks, plan_node, thread_env
+from distenv.processes import parent_death_signal
 from distenv.settings import Settings
-from distenv.supervise import (
-    DEFAULT_GRACE_PERIOD,
-    StopPolicy,
-    describe_exit,
-    set_parent_death_signal,
-)
+from distenv.stopping import DEFAULT_GRACE_PERIOD, StopPolicy, describe_exit
 
 __all__ = ["Launched", "launch"]
 
@@ -129,7 +126,9 @@ def _worker(
     parent: int,
 ) -> None:
     """Run in each spawned worker: join the group, call the function, send back its result."""
-    set_parent_death_signal(parent)
+    # multiprocessing starts the workers, so no exec wrapper can ask for the parent-death signal.
+    if not parent_death_signal(parent):
+        os.kill(os.getpid(), signal.SIGKILL)
     for key in [key for key in os.environ if is_stale(key)]:
         del os.environ[key]
     os.environ.update(env)
