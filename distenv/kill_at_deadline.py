@@ -1,7 +1,7 @@
 """A deadline that needs no GIL: a forked helper that kills this process unless told in time.
 
 Some blocking calls cannot be bounded from Python: MPI_Init waits for every rank while holding the
-GIL, so neither a thread nor a signal handler of this interpreter gets a chance. `Watchdog`
+GIL, so neither a thread nor a signal handler of this interpreter gets a chance. `KillAtDeadline`
 forks a small helper *before* such a call. The helper waits on a pipe; when the parent says "done"
 (or dies: the pipe reaches EOF, and the parent-death signal kills the helper with it) the helper
 exits quietly; when the deadline passes first it writes the parent's one-line message to stderr
@@ -13,8 +13,8 @@ Rules that keep this safe:
 - The helper makes system calls only (select, write, kill) and leaves with ``os._exit``: it never
   runs atexit handlers, flushes inherited buffers, or returns into the parent's code.
 - It closes every inherited descriptor but stderr and its pipe, so it holds no launcher pipe or
-  socket open, and the parent reaps it (`Watchdog.stop`).
-- ``sys.audit("distenv.watchdog", pid)`` precedes the fork, so an audit hook can tell this
+  socket open, and the parent reaps it (`KillAtDeadline.stop`).
+- ``sys.audit("distenv.kill_at_deadline", pid)`` precedes the fork, so an audit hook can tell this
   fork from a subprocess.
 """
 
@@ -31,7 +31,7 @@ from types import TracebackType
 
 from distenv.processes import parent_death_signal
 
-__all__ = ["Watchdog"]
+__all__ = ["KillAtDeadline"]
 
 
 def _helper(read_fd: int, parent: int, deadline: float, message: bytes) -> None:
@@ -62,12 +62,12 @@ def _reap(pid: int) -> None:
         os.waitpid(pid, 0)
 
 
-class Watchdog:
+class KillAtDeadline:
     """Kill this process with a message unless `stop` is called before `deadline`.
 
     Use it as a context manager around a blocking native call that holds the GIL::
 
-        with Watchdog(deadline, "mpi: rank 1 of 4: ... Hint: ..."):
+        with KillAtDeadline(deadline, "mpi: rank 1 of 4: ... Hint: ..."):
             from mpi4py import MPI  # MPI_Init
 
     Args:
@@ -86,7 +86,7 @@ class Watchdog:
         """Fork the helper. Call it before MPI is initialised, never after."""
         read_fd, write_fd = os.pipe()
         parent = os.getpid()
-        sys.audit("distenv.watchdog", parent)
+        sys.audit("distenv.kill_at_deadline", parent)
         with warnings.catch_warnings():
             # Python >= 3.12 warns about any fork of a threaded process; the helper makes system
             # calls only, so it cannot deadlock on a lock another thread held at the fork.
@@ -114,7 +114,7 @@ class Watchdog:
         # _thread: threading.Thread.start would wait until the thread runs; nothing here needs to.
         _thread.start_new_thread(_reap, (pid,))
 
-    def __enter__(self) -> Watchdog:
+    def __enter__(self) -> KillAtDeadline:
         self.start()
         return self
 
