@@ -28,10 +28,10 @@ then ends the job (main thread only; the previous handlers come back afterwards)
 
 MPI_Init itself (the import of ``mpi4py.MPI``) blocks until every rank has started MPI, holding the
 GIL, so no Python code can bound it. When this module is the one to initialise MPI, a
-`distenv.watchdog.Watchdog` forked just before covers MPI_Init and the broadcast: `WATCHDOG_S`
-after the deadline it prints the same message and kills the rank; the launcher then ends the job.
-When MPI is already initialised (the program imported mpi4py first, or passed `comm`) there is
-nothing to fork around, and nothing may be forked.
+`distenv.kill_at_deadline.KillAtDeadline` helper forked just before covers MPI_Init and the
+broadcast: `KILL_DELAY_S` after the deadline it prints the same message and kills the rank; the
+launcher then ends the job. When MPI is already initialised (the program imported mpi4py first, or
+passed `comm`) there is nothing to fork around, and nothing may be forked.
 """
 
 from __future__ import annotations
@@ -58,16 +58,16 @@ from distenv.errors import (
     RendezvousError,
     RendezvousTimeoutError,
 )
+from distenv.kill_at_deadline import KillAtDeadline
 from distenv.rankinfo import RankInfo
 from distenv.settings import Settings
-from distenv.watchdog import Watchdog
 
 __all__ = [
     "ABI_HINT",
+    "KILL_DELAY_S",
     "MPICH_RECIPE",
     "PAYLOAD",
     "TOKEN_BYTES",
-    "WATCHDOG_S",
     "MpiExchange",
     "Published",
     "decode",
@@ -95,8 +95,8 @@ LATE_HINT = (
     "(did it reach init_dist, or stall or crash before it?)"
 )
 
-#: Seconds after the deadline at which the watchdog kills a rank the Python loop could not end.
-WATCHDOG_S = 1.0
+#: Seconds after the deadline at which the forked helper kills a rank the Python loop could not end.
+KILL_DELAY_S = 1.0
 TOKEN_BYTES = 16
 HOST_BYTES = 255
 #: status, host length, host (UTF-8, zero-padded), port, token: network byte order, 275 bytes.
@@ -247,23 +247,23 @@ class MpiExchange:
         settings = Settings.read(os.environ) if self.settings is None else self.settings
         deadline = exchange_deadline(settings, start) if self.deadline is None else self.deadline
         seconds = deadline - start
-        comm, dog = self.comm, None
+        comm, killer = self.comm, None
         if comm is None:
             if not _mpi_initialised(self.info):
                 message = str(_late(self.info, seconds, " (MPI_Init did not return)"))
-                dog = Watchdog(deadline + WATCHDOG_S, message)
-                dog.start()
+                killer = KillAtDeadline(deadline + KILL_DELAY_S, message)
+                killer.start()
             try:
                 comm = _comm_world(self.info)
             except BaseException:
-                if dog is not None:
-                    dog.stop()
+                if killer is not None:
+                    killer.stop()
                 raise
         try:
             self.published = _exchange(self.info, comm, rank0_master, deadline, seconds)
         finally:
-            if dog is not None:
-                dog.stop()
+            if killer is not None:
+                killer.stop()
         return self.published.host, self.published.port
 
 
@@ -281,7 +281,7 @@ def mpi_exchange(
 
     Args:
         info: This rank, as the launcher's variables describe it.
-        comm: An mpi4py communicator; None: ``MPI.COMM_WORLD`` (MPI_Init, under a watchdog).
+        comm: An mpi4py communicator; None: ``MPI.COMM_WORLD`` (MPI_Init, under `KillAtDeadline`).
         deadline: The `time.monotonic` instant every MPI call must end by; None: the rendezvous
             timeout of `settings` plus `GRACE_S` from the call.
         settings: Where the default deadline's timeout comes from; None: `os.environ`.

@@ -5,8 +5,8 @@
 
 Every child gets torchrun's environment contract (`RankInfo.to_env`), so it detects as the
 ``pytorch`` launcher. This module is the command line; what the ranks are is `distenv.plan`'s
-decision (shared with `distenv.launch`), and supervision (fail-fast, signal forwarding, no
-orphans, the stop policy) is `distenv.supervise`'s.
+decision (shared with `distenv.launch`), supervision (fail-fast, signal forwarding, no orphans)
+is `distenv.supervise`'s, and the stop policy `distenv.stopping`'s.
 """
 
 from __future__ import annotations
@@ -27,23 +27,25 @@ from distenv.plan import (
     child_env,
     local_ranks,
     nproc_per_node,
+    plan_node,
     scheduler_layout,
     thread_env,
 )
-from distenv.plan import plan_node as plan_from_options
 from distenv.settings import Settings
-from distenv.supervise import DEFAULT_GRACE_PERIOD, Child, StopPolicy, Supervisor
+from distenv.stopping import DEFAULT_GRACE_PERIOD, StopPolicy
+from distenv.supervise import Child, Supervisor
 
 __all__ = [
     "REFUSED_FLAGS",
     "RefusedFlag",
     "add_run_parser",
     "build_children",
-    "plan_node",
+    "plan_from_args",
     "run",
 ]
 
-NAME = "run"
+#: The subcommand's name, which its errors name as their source.
+COMMAND = "run"
 LOG_HINT = (
     "redirect distenv run's own output instead (e.g. `2>&1 | tee run.log`); --prefix-output marks "
     "each line with its rank and --ranks chooses whose output is shown"
@@ -194,7 +196,7 @@ def add_run_parser(subparsers: Any) -> argparse.ArgumentParser:
         The ``run`` parser (its ``func`` default runs the command).
     """
     parser: argparse.ArgumentParser = subparsers.add_parser(
-        NAME,
+        COMMAND,
         help="start N ranks of a script on this node (torchrun's env contract)",
         description="Start N ranks of a script on this node, with torchrun's environment.",
         epilog=_epilog(),
@@ -337,11 +339,14 @@ def check_refused(args: argparse.Namespace) -> None:
     for refused in REFUSED_FLAGS:
         if hasattr(args, f"refused:{refused.flag}"):
             raise ConfigurationError(
-                NAME, f"{refused.flag} is not supported", hint=refused.hint, variable=refused.flag
+                COMMAND,
+                f"{refused.flag} is not supported",
+                hint=refused.hint,
+                variable=refused.flag,
             )
 
 
-def plan_node(
+def plan_from_args(
     args: argparse.Namespace, env: Mapping[str, str], nproc: int | None = None
 ) -> NodePlan:
     """Return this node's layout from the parsed options: flags, then Slurm/LSF, then one node.
@@ -355,13 +360,13 @@ def plan_node(
     manual = args.nnodes is not None and args.node_rank is not None
     if args.standalone and (args.nnodes or 1) > 1:
         raise ConfigurationError(
-            NAME, f"--standalone is one node, but --nnodes is {args.nnodes}", hint="drop one"
+            COMMAND, f"--standalone is one node, but --nnodes is {args.nnodes}", hint="drop one"
         )
-    layout = None if args.standalone or manual else scheduler_layout(NAME, env)
+    layout = None if args.standalone or manual else scheduler_layout(COMMAND, env)
     if layout is not None and nproc is not None:
-        check_processes_per_node(NAME, layout, env, nproc)
+        check_processes_per_node(COMMAND, layout, env, nproc)
     options = LaunchOptions(
-        who=NAME,
+        who=COMMAND,
         nnodes=args.nnodes,
         node_rank=args.node_rank,
         master_addr=args.master_addr,
@@ -370,7 +375,7 @@ def plan_node(
         hint="pass --master-addr (the host of node 0) on every node, or run under srun/jsrun",
         run_id=args.run_id,
     )
-    return plan_from_options(options, layout)
+    return plan_node(options, layout)
 
 
 def build_children(args: argparse.Namespace, env: Mapping[str, str]) -> list[Child]:
@@ -381,23 +386,25 @@ def build_children(args: argparse.Namespace, env: Mapping[str, str]) -> list[Chi
     """
     check_refused(args)
     if args.no_python and args.module:
-        raise ConfigurationError(NAME, "--no-python and -m contradict each other", hint="drop one")
-    nproc = nproc_per_node(NAME, args.nproc_per_node)
-    plan = plan_node(args, env, nproc)
+        raise ConfigurationError(
+            COMMAND, "--no-python and -m contradict each other", hint="drop one"
+        )
+    nproc = nproc_per_node(COMMAND, args.nproc_per_node)
+    plan = plan_from_args(args, env, nproc)
     world_size = plan.nnodes * nproc
     bad = sorted(r for r in args.ranks or () if r >= world_size)
     if bad:
         raise ConfigurationError(
-            NAME,
+            COMMAND,
             f"--ranks names rank {bad[0]}, but the world has {world_size} ranks",
             hint=f"choose among 0 to {world_size - 1}",
         )
-    extra = thread_env(NAME, nproc, Settings.read(env))
+    extra = thread_env(COMMAND, nproc, Settings.read(env))
     # -u as torchrun does: ranks' output must not sit in a buffer when a rank dies.
     python = [sys.executable, "-u", *(["-m"] if args.module else [])]
     program = [*([] if args.no_python else python), args.script]
     children = []
-    for local_rank, info in enumerate(local_ranks(NAME, plan, nproc)):
+    for local_rank, info in enumerate(local_ranks(COMMAND, plan, nproc)):
         # torch.distributed.launch without --use-env put it right after the script, before the
         # script's own arguments.
         legacy = [f"{args.local_rank_flag}={local_rank}"] if args.local_rank_flag else []

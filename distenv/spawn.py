@@ -25,6 +25,7 @@ import importlib
 import multiprocessing
 import os
 import pickle
+import signal
 import traceback
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -34,20 +35,17 @@ from typing import Any, Generic, ParamSpec, TypeVar, overload
 
 from distenv.errors import ConfigurationError, WorkerFailedError
 from distenv.plan import LaunchOptions, child_env, is_stale, local_ranks, plan_node, thread_env
+from distenv.processes import parent_death_signal
 from distenv.settings import Settings
-from distenv.supervise import (
-    DEFAULT_GRACE_PERIOD,
-    StopPolicy,
-    describe_exit,
-    set_parent_death_signal,
-)
+from distenv.stopping import DEFAULT_GRACE_PERIOD, StopPolicy, describe_exit
 
 __all__ = ["Launched", "launch"]
 
 P = ParamSpec("P")
 R = TypeVar("R")
 
-NAME = "launch"
+#: The source named in `launch`'s errors and in the plan it makes.
+SOURCE = "launch"
 POLL_INTERVAL = 0.1
 PICKLE_HINT = (
     "spawned workers import the function by name: use a module-level function (not a lambda, "
@@ -116,7 +114,7 @@ def _payload(fn: Callable[..., Any], args: Sequence[Any], kwargs: Mapping[str, A
         return pickle.dumps((target, tuple(args), dict(kwargs)))
     except (pickle.PicklingError, AttributeError, TypeError) as exc:
         raise ConfigurationError(
-            NAME, f"cannot send {fn!r} and its arguments to the workers: {exc}", hint=PICKLE_HINT
+            SOURCE, f"cannot send {fn!r} and its arguments to the workers: {exc}", hint=PICKLE_HINT
         ) from exc
 
 
@@ -129,7 +127,9 @@ def _worker(
     parent: int,
 ) -> None:
     """Run in each spawned worker: join the group, call the function, send back its result."""
-    set_parent_death_signal(parent)
+    # multiprocessing starts the workers, so no exec wrapper can ask for the parent-death signal.
+    if not parent_death_signal(parent):
+        os.kill(os.getpid(), signal.SIGKILL)
     for key in [key for key in os.environ if is_stale(key)]:
         del os.environ[key]
     os.environ.update(env)
@@ -168,13 +168,13 @@ def _check(options: _Options) -> None:
         value = getattr(options, name)
         if type(value) is not int or value < 1:
             raise ConfigurationError(
-                NAME,
+                SOURCE,
                 f"{name}={value!r}, expected a positive int",
                 hint=f"pass {name} as a whole number of processes/nodes, e.g. {name}=2",
             )
     if type(options.node_rank) is not int or not 0 <= options.node_rank < options.nnodes:
         raise ConfigurationError(
-            NAME,
+            SOURCE,
             f"node_rank={options.node_rank!r} is outside [0, nnodes={options.nnodes})",
             hint="number the nodes 0 to nnodes-1",
         )
@@ -187,7 +187,7 @@ def _run(
     payload = _payload(fn, args, kwargs)
     plan = plan_node(
         LaunchOptions(
-            who=NAME,
+            who=SOURCE,
             nnodes=options.nnodes,
             node_rank=options.node_rank,
             master_addr=options.master_addr,
@@ -200,14 +200,14 @@ def _run(
         None,  # launch() takes the nodes from its arguments, never from a scheduler
     )
     nprocs = options.nprocs
-    extra = thread_env(NAME, nprocs, Settings.read(os.environ))
+    extra = thread_env(SOURCE, nprocs, Settings.read(os.environ))
     policy = StopPolicy(options.grace_period)
     context = multiprocessing.get_context("spawn")
     processes: list[BaseProcess] = []
     pending: dict[Connection, int] = {}
     results: dict[int, Any] = {}
     try:
-        for local_rank, info in enumerate(local_ranks(NAME, plan, nprocs)):
+        for local_rank, info in enumerate(local_ranks(SOURCE, plan, nprocs)):
             receiver, sender = context.Pipe(duplex=False)
             process = context.Process(
                 target=_worker,
@@ -271,13 +271,13 @@ def _fail(
         code = process.exitcode
         how = "did not exit" if code is None else describe_exit(code)
         raise WorkerFailedError(
-            NAME,
+            SOURCE,
             rank,
             policy.failure(rank, process.pid, f"{how} without a result", others),
             exitcode=code,
         )
     raise WorkerFailedError(
-        NAME,
+        SOURCE,
         rank,
         policy.failure(rank, process.pid, f"raised {message[1]}", others),
         traceback=message[2],
@@ -366,7 +366,7 @@ def launch(
         ConfigurationError: If an argument is invalid or `fn` and its arguments cannot be pickled.
     """
     if nprocs is None:
-        raise ConfigurationError(NAME, "nprocs is missing", hint="e.g. launch(fn, nprocs=4)")
+        raise ConfigurationError(SOURCE, "nprocs is missing", hint="e.g. launch(fn, nprocs=4)")
     options = _Options(
         nprocs, nnodes, node_rank, master_addr, master_port, backend, timeout, grace_period, run_id
     )

@@ -1,39 +1,10 @@
-"""Supervising local ranks: one stop policy, signal forwarding, fail fast, no survivors.
+"""The supervisor of ``distenv run``: start the local ranks, watch them, stop them all at once.
 
-`StopPolicy` is the one way both local launchers stop ranks (in the spirit of torch elastic's
-``PContext``): the first failure is named with how it ended and how many others were stopped;
-the others get SIGTERM (or the stopping signal received), then SIGKILL after the grace period.
-`distenv.launch` applies it with `StopPolicy.stop` to its multiprocessing workers; ``distenv run``
-hands a `Supervisor` one `Child` per local rank, which applies it to their process groups without
-blocking, so that a second stopping signal kills at once. Four mechanisms keep any process
-from outliving ``distenv run``:
-
-1. Each child runs in its own session (so its process group id is its pid) and is always signalled
-   through its whole group (`os.killpg`), which reaches the grandchildren it started (data loader
-   workers, compilers, shells).
-2. Each child is started through `PDEATH_WRAPPER`, which asks the kernel for SIGKILL when the
-   launcher dies (``prctl(PR_SET_PDEATHSIG)``) and then execs the real command: this holds even when
-   the launcher itself is SIGKILLed and runs no more code.
-3. A watchdog process (`WATCHDOG`) learns every group id through a pipe. When the pipe closes
-   without a final ``done`` (the launcher died, however), it SIGKILLs every group: the grandchildren
-   that the kernel's parent-death signal does not reach.
-4. The launcher is the child subreaper of its ranks (``prctl(PR_SET_CHILD_SUBREAPER)``, `Adopter`):
-   a descendant that left its rank's group and session (a daemon: fork, setsid, fork) is
-   re-parented to the launcher when its parent exits, instead of to init. Such orphans get the
-   ranks' stop signal when the job stops, SIGTERM once every rank is done, SIGKILL after the grace
-   period, and are reaped each by its own pid (never ``waitpid(-1)``, which would take a rank's
-   exit status from its `subprocess.Popen`). Exited ones are reaped every `REAP_INTERVAL` meanwhile.
-
-What can survive a SIGKILL of the launcher itself: the ranks die by (2), their process groups by
-(3), but (4) dies with the launcher. A daemonized descendant, in a group the watchdog was never
-told about, is then re-parented to the nearest subreaper above the launcher, or to init, and keeps
-running; so does one whose parent is still alive in it. Under Slurm, srun's step covers it where
-``ProctrackType=proctrack/cgroup`` (slurm.conf(5)): every process of the step stays in the step's
-cgroup whatever its session or parent, and slurmstepd kills what is left in that cgroup when the
-step ends (its task, ``distenv run``, exited or was killed) or is cancelled. proctrack/pgid and
-proctrack/linuxproc track by process group or parent, which a daemon escapes.
-
-Linux-only calls fail soft: without prctl or /proc the launcher adopts nothing and relies on (1-3).
+torchrun-style: the first failure stops every rank under the `distenv.stopping.StopPolicy`,
+stopping signals are forwarded and start the grace period (a second one kills at once), SIGUSR1
+and SIGUSR2 are forwarded only, and nothing the ranks started outlives the run. How the four
+safeguards against survivors fit together (process groups, the parent-death signal, the group
+killer, adoption) is described in docs/architecture.md.
 """
 
 from __future__ import annotations
@@ -48,302 +19,23 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from types import FrameType
-from typing import IO, Any, Protocol
+from typing import Any
 
-__all__ = [
-    "Child",
-    "StopPolicy",
-    "Stoppable",
-    "Supervisor",
-    "describe_exit",
-    "exit_status",
-    "set_parent_death_signal",
-]
+from distenv.group_killer import GroupKiller
+from distenv.output import drain, prefix_output
+from distenv.processes import Adopter, live_groups, with_parent_death
+from distenv.stopping import KILL_WAIT, StopPolicy, describe_exit, exit_status
 
-NAME = "distenv run"
-#: Seconds between SIGTERM and SIGKILL, when the user does not choose (torchrun's default too).
-DEFAULT_GRACE_PERIOD = 5.0
+__all__ = ["Child", "Supervisor"]
 
-# Executed by `python -I -S -c` before the real command: argv is [parent pid, command...].
-# PR_SET_PDEATHSIG (prctl(2)) = 1 survives execve(2). The parent may have died before prctl took
-# effect; then our parent pid is no longer the launcher's and nobody would ever signal us.
-PDEATH_WRAPPER = r"""
-import ctypes, os, signal, sys
-try:
-    ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL, 0, 0, 0)
-except (OSError, AttributeError):
-    pass
-if os.getppid() != int(sys.argv[1]):
-    os.kill(os.getpid(), signal.SIGKILL)
-try:
-    os.execvp(sys.argv[2], sys.argv[2:])
-except OSError as exc:
-    sys.stderr.write("distenv run: cannot execute %r: %s\n" % (sys.argv[2], exc.strerror))
-    sys.exit(127)
-"""
-
-# Executed by `python -I -S -c` in its own session: reads one process group id per line until
-# "done" (a clean end) or EOF (the launcher died), then SIGKILLs every group it was told about.
-WATCHDOG = r"""
-import os, signal, sys
-groups = []
-for line in sys.stdin:
-    word = line.strip()
-    if word == "done":
-        sys.exit(0)
-    if word.isdigit():
-        groups.append(int(word))
-for group in groups:
-    try:
-        os.killpg(group, signal.SIGKILL)
-    except OSError:
-        pass
-"""
-
+#: The program named at the start of each message the supervisor prints.
+PROGRAM = "distenv run"
 # Signals that stop the job: forwarded, then the grace period, then SIGKILL (torchrun handles the
 # same set). SIGUSR1/SIGUSR2 are only forwarded: schedulers send them as "checkpoint soon" warnings.
 STOPPING_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 FORWARDED_SIGNALS = (*STOPPING_SIGNALS, signal.SIGUSR1, signal.SIGUSR2)
-# How long to wait for a process that was sent SIGKILL (it may be stuck in the kernel).
-KILL_WAIT = 5.0
-# How long output threads may keep draining pipes after the ranks are gone.
-DRAIN_WAIT = 2.0
-# prctl(2) options (Linux 3.4): make orphaned descendants this process's children, and read it back.
-PR_SET_CHILD_SUBREAPER = 36
-PR_GET_CHILD_SUBREAPER = 37
 # Seconds between reapings of adopted orphans that exited while the ranks run (/proc is read then).
 REAP_INTERVAL = 1.0
-LINE_LIMIT = 1 << 16
-
-
-def exit_status(returncode: int) -> int:
-    """Return the shell-style exit status of a `Popen.returncode` (128+N for signal N)."""
-    return 128 - returncode if returncode < 0 else returncode
-
-
-def describe_exit(returncode: int) -> str:
-    """Return ``exited with status 3`` or ``was killed by SIGSEGV``."""
-    if returncode >= 0:
-        return f"exited with status {returncode}"
-    try:
-        name = signal.Signals(-returncode).name
-    except ValueError:
-        name = f"signal {-returncode}"
-    return f"was killed by {name}"
-
-
-class Stoppable(Protocol):
-    """A rank as `StopPolicy.stop` sees it (a multiprocessing ``Process`` is one)."""
-
-    def is_alive(self) -> bool: ...
-
-    def terminate(self) -> None: ...
-
-    def kill(self) -> None: ...
-
-    def join(self, timeout: float | None = None) -> None: ...
-
-
-@dataclass(frozen=True)
-class StopPolicy:
-    """How a local launcher stops its ranks, and how it says so.
-
-    Attributes:
-        grace_period: Seconds between SIGTERM (or the stopping signal) and SIGKILL.
-    """
-
-    grace_period: float = DEFAULT_GRACE_PERIOD
-
-    @staticmethod
-    def stopped(others: int) -> str:
-        """Return ``stopped the other 3 ranks`` (or that none was running)."""
-        if not others:
-            return "no other rank was running"
-        return f"stopped the other {others} rank{'s' * (others != 1)}"
-
-    def failure(self, rank: int, pid: int | None, how: str, others: int) -> str:
-        """Return the message that names the first failure and whom it stopped."""
-        return f"rank {rank} (pid {pid}) {how}; {self.stopped(others)}"
-
-    def killed(self, stragglers: Sequence[str]) -> str:
-        """Return the message for ranks still running at the end of the grace period."""
-        ranks = "ranks" if len(stragglers) > 1 else "rank"
-        return (
-            f"{ranks} {', '.join(stragglers)} still running {self.grace_period:g}s after the "
-            "stop signal; sent SIGKILL"
-        )
-
-    def stop(self, ranks: Sequence[Stoppable]) -> int:
-        """Send SIGTERM to the live `ranks`, SIGKILL those alive after the grace period.
-
-        Blocks until every one has exited (or KILL_WAIT more seconds passed after SIGKILL).
-
-        Returns:
-            How many were alive.
-        """
-        alive = [rank for rank in ranks if rank.is_alive()]
-        for rank in alive:
-            rank.terminate()
-        deadline = time.monotonic() + self.grace_period
-        for rank in alive:
-            rank.join(timeout=max(0.0, deadline - time.monotonic()))
-        for rank in alive:
-            if rank.is_alive():
-                rank.kill()
-                rank.join(timeout=KILL_WAIT)
-        return len(alive)
-
-
-def set_parent_death_signal(parent: int) -> None:
-    """Ask the kernel to SIGKILL this process when `parent` dies; die now if it already has.
-
-    Used by `distenv.launch` workers, which multiprocessing starts (no exec wrapper possible).
-    """
-    import ctypes
-
-    with contextlib.suppress(OSError, AttributeError):
-        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL, 0, 0, 0)
-    if os.getppid() != parent:
-        os.kill(os.getpid(), signal.SIGKILL)
-
-
-@dataclass(frozen=True)
-class ProcessEntry:
-    """One process as /proc/PID/stat shows it (proc(5))."""
-
-    pid: int
-    state: str
-    ppid: int
-    pgrp: int
-
-    @property
-    def dead(self) -> bool:
-        """Whether it has exited (a zombie waiting for its parent, or on its way out)."""
-        return self.state in ("Z", "X")
-
-
-def processes() -> list[ProcessEntry] | None:
-    """Return every process on this machine, or None where /proc cannot be read (not Linux)."""
-    try:
-        entries = os.listdir("/proc")
-    except OSError:
-        return None
-    found = []
-    for entry in entries:
-        if not entry.isdigit():
-            continue
-        try:
-            with open(f"/proc/{entry}/stat", "rb") as file:
-                stat = file.read()
-        except OSError:
-            continue
-        # proc(5): "pid (comm) state ppid pgrp ..."; comm may hold spaces and parentheses.
-        fields = stat[stat.rfind(b")") + 2 :].split()
-        if len(fields) > 2:
-            state, ppid, pgrp = fields[0].decode(), int(fields[1]), int(fields[2])
-            found.append(ProcessEntry(int(entry), state, ppid, pgrp))
-    return found
-
-
-def live_groups(groups: set[int]) -> set[int]:
-    """Return the process groups in `groups` that hold a process that is not a zombie.
-
-    ``killpg(group, 0)`` alone also counts zombies, which never go away under an init that does not
-    reap (as in some containers), so /proc is read instead where it exists.
-    """
-    table = processes()
-    if table is None:
-        found = set()
-        for group in groups:
-            with contextlib.suppress(ProcessLookupError, PermissionError):
-                os.killpg(group, 0)
-                found.add(group)
-        return found
-    return {p.pgrp for p in table if not p.dead and p.pgrp in groups}
-
-
-def _prctl(option: int, argument: object) -> int | None:
-    """Call prctl(2) with one argument; return its result, or None where there is no prctl."""
-    import ctypes
-
-    try:
-        result: int = ctypes.CDLL(None, use_errno=True).prctl(option, argument, 0, 0, 0)
-    except (OSError, AttributeError):  # not Linux, or no C library to ask
-        return None
-    return result
-
-
-class Adopter:
-    """Make this process the child subreaper of what it starts; find, end and reap the orphans.
-
-    A process whose parent dies is re-parented to its nearest living ancestor that is a child
-    subreaper, else to init (prctl(2), PR_SET_CHILD_SUBREAPER, Linux 3.4). As one, ``distenv run``
-    inherits what a rank daemonized (fork, setsid, fork): a process in neither the rank's group nor
-    its session, that killpg and the watchdog never reach. Such orphans are found in /proc as
-    children this process did not start, and each is reaped by its own pid; ``waitpid(-1)`` would
-    also take a rank's exit status before its `subprocess.Popen` saw it (poll() then says 0).
-    A child that is never reaped keeps its pid, so signalling an orphan by pid cannot hit a
-    stranger.
-
-    Where there is no prctl or no /proc (not Linux), it adopts nothing and finds nothing.
-    """
-
-    def __init__(self) -> None:
-        self.adopting = False
-        self._previous = 0
-        self._theirs: set[int] = set()  # children this process had before: not ours to end
-        self._sent: dict[int, int] = {}  # orphan pid -> last signal sent
-
-    def start(self) -> None:
-        """Become a child subreaper (if /proc lets orphans be found), remembering the old setting."""
-        table = processes()
-        if table is None:
-            return
-        import ctypes
-
-        previous = ctypes.c_int(0)
-        if _prctl(PR_GET_CHILD_SUBREAPER, ctypes.byref(previous)) == 0:
-            self._previous = previous.value
-        me = os.getpid()
-        self._theirs = {p.pid for p in table if p.ppid == me}
-        self.adopting = _prctl(PR_SET_CHILD_SUBREAPER, 1) == 0
-
-    def stop(self) -> None:
-        """Restore the subreaper setting this process had before `start`."""
-        if self.adopting:
-            _prctl(PR_SET_CHILD_SUBREAPER, self._previous)
-            self.adopting = False
-
-    def orphans(self, own: set[int]) -> tuple[list[int], bool]:
-        """Reap the adopted orphans that have exited and return the live ones.
-
-        Args:
-            own: The pids of the children this process started (never touched here).
-
-        Returns:
-            The live orphans' pids, and whether any orphan (live or reaped) was found: a reaped
-            one's own children may have been re-parented here after /proc was read.
-        """
-        table = processes() if self.adopting else None
-        if table is None:
-            return [], False
-        me = os.getpid()
-        adopted = [p for p in table if p.ppid == me and p.pid not in own | self._theirs]
-        for entry in adopted:
-            if entry.dead:
-                with contextlib.suppress(ChildProcessError):
-                    os.waitpid(entry.pid, os.WNOHANG)
-                self._sent.pop(entry.pid, None)
-        return [p.pid for p in adopted if not p.dead], bool(adopted)
-
-    def send(self, pids: Sequence[int], signum: int) -> None:
-        """Send `signum` to each of `pids` (orphans found by `orphans`) that has not had it yet."""
-        for pid in pids:
-            if self._sent.get(pid) == signum:
-                continue
-            self._sent[pid] = signum
-            with contextlib.suppress(ProcessLookupError, PermissionError):
-                os.kill(pid, signum)
 
 
 @dataclass
@@ -366,26 +58,6 @@ class Child:
     process: subprocess.Popen[bytes] | None = field(default=None, repr=False)
 
 
-def _pump(stream: IO[bytes], fd: int, prefix: bytes) -> None:
-    """Copy `stream` to `fd` line by line, each line prefixed and written in one write."""
-    at_line_start = True
-    broken = False
-    with stream:
-        for chunk in iter(lambda: stream.readline(LINE_LIMIT), b""):
-            if broken:  # keep reading so the rank never blocks on a full pipe
-                continue
-            data = (prefix if at_line_start else b"") + chunk
-            at_line_start = chunk.endswith(b"\n")
-            try:
-                while data:
-                    data = data[os.write(fd, data) :]
-            except OSError:
-                broken = True
-    if not at_line_start and not broken:
-        with contextlib.suppress(OSError):
-            os.write(fd, b"\n")
-
-
 class Supervisor:
     """Run children to completion, torchrun-style: the first failure stops all.
 
@@ -403,7 +75,7 @@ class Supervisor:
         self.poll_interval = poll_interval
         self._signals: list[int] = []
         self._threads: list[threading.Thread] = []
-        self._watchdog: subprocess.Popen[bytes] | None = None
+        self._group_killer = GroupKiller()
         self._deadline: float | None = None
         self._killed = False
         self._stop_signal = signal.SIGTERM
@@ -436,10 +108,10 @@ class Supervisor:
         return {c.process.pid for c in self.children if c.process is not None}
 
     def _own(self) -> set[int]:
-        """Return the pids of the processes this supervisor started (ranks and watchdog)."""
+        """Return the pids of the processes this supervisor started (ranks and group killer)."""
         own = self._groups()
-        if self._watchdog is not None:
-            own.add(self._watchdog.pid)
+        if self._group_killer.pid is not None:
+            own.add(self._group_killer.pid)
         return own
 
     def _orphans(self) -> tuple[list[int], bool]:
@@ -467,57 +139,20 @@ class Supervisor:
             with contextlib.suppress(ProcessLookupError, PermissionError):
                 os.killpg(group, signum)
 
-    def _start_watchdog(self) -> None:
-        self._watchdog = subprocess.Popen(
-            [sys.executable, "-I", "-S", "-c", WATCHDOG],
-            stdin=subprocess.PIPE,
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.DEVNULL,
-            start_new_session=True,  # terminal signals meant for the launcher must not reach it
-        )
-
-    def _tell_watchdog(self, line: str) -> None:
-        if self._watchdog is None or self._watchdog.stdin is None:
-            return
-        with contextlib.suppress(OSError):
-            self._watchdog.stdin.write(line.encode() + b"\n")
-            self._watchdog.stdin.flush()
-
-    def _stop_watchdog(self) -> None:
-        if self._watchdog is None:
-            return
-        self._tell_watchdog("done")
-        with contextlib.suppress(OSError):
-            if self._watchdog.stdin is not None:
-                self._watchdog.stdin.close()
-        try:
-            self._watchdog.wait(timeout=KILL_WAIT)
-        except subprocess.TimeoutExpired:
-            self._watchdog.kill()
-            self._watchdog.wait(timeout=KILL_WAIT)
-
     def _start(self, child: Child) -> None:
         piped = child.show_output and child.prefix_output
         sink = None if child.show_output else subprocess.DEVNULL
         out = subprocess.PIPE if piped else sink
         child.process = subprocess.Popen(
-            [sys.executable, "-I", "-S", "-c", PDEATH_WRAPPER, str(os.getpid()), *child.command],
+            with_parent_death(child.command, os.getpid(), PROGRAM),
             env=child.env,
             stdout=out,
             stderr=out,
             start_new_session=True,
         )
-        self._tell_watchdog(str(child.process.pid))
+        self._group_killer.watch(child.process.pid)
         if piped:
-            prefix = f"[rank {child.rank}] ".encode()
-            for stream, fd in ((child.process.stdout, 1), (child.process.stderr, 2)):
-                assert stream is not None
-                thread = threading.Thread(
-                    target=_pump, args=(stream, fd, prefix), name=f"rank{child.rank}-fd{fd}"
-                )
-                thread.daemon = True  # never let a stuck pipe keep the launcher alive
-                thread.start()
-                self._threads.append(thread)
+            self._threads += prefix_output(child.rank, child.process.stdout, child.process.stderr)
 
     def _begin_stop(self, signum: int) -> None:
         """Send `signum` to every group and start the grace period (a second stop kills now)."""
@@ -545,7 +180,7 @@ class Supervisor:
         self._killed = True
 
     def _say(self, message: str) -> None:
-        print(f"{NAME}: {message}", file=sys.stderr, flush=True)
+        print(f"{PROGRAM}: {message}", file=sys.stderr, flush=True)
 
     def _check_signals(self) -> None:
         while self._signals:
@@ -620,7 +255,7 @@ class Supervisor:
         previous = self._install_handlers()
         try:
             self._adopter.start()
-            self._start_watchdog()
+            self._group_killer.start()
             for child in self.children:
                 try:
                     self._start(child)
@@ -642,10 +277,8 @@ class Supervisor:
                         child.process.wait(timeout=KILL_WAIT)
             self._end_orphans()
             self._adopter.stop()
-            self._stop_watchdog()
-            deadline = time.monotonic() + DRAIN_WAIT
-            for thread in self._threads:
-                thread.join(timeout=max(0.0, deadline - time.monotonic()))
+            self._group_killer.stop()
+            drain(self._threads)
             for signum, handler in previous.items():
                 if handler is not None:  # None: installed outside Python, nothing to restore
                     signal.signal(signum, handler)

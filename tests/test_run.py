@@ -22,7 +22,7 @@ import pytest
 from distenv.cli import build_parser, main
 from distenv.errors import ConfigurationError
 from distenv.pipeline import detect, explain
-from distenv.run import REFUSED_FLAGS, RefusedFlag, build_children, plan_node
+from distenv.run import REFUSED_FLAGS, RefusedFlag, build_children, plan_from_args
 from tests.conftest import scrubbed_environ
 from tests.envs import lsf, mpi, slurm
 
@@ -339,9 +339,9 @@ def test_one_launcher_per_slurm_node_takes_the_nodes(node: int) -> None:
 def test_explicit_flags_win_over_slurm() -> None:
     """--master-port (or --nnodes with --node-rank) overrides what Slurm says."""
     env = slurm.SRUN_4N_4T[1]
-    plan = plan_node(parse("--master-port", "4242"), env)
+    plan = plan_from_args(parse("--master-port", "4242"), env)
     assert (plan.nnodes, plan.node_rank, plan.master_port) == (4, 1, 4242)
-    manual = plan_node(
+    manual = plan_from_args(
         parse("--nnodes", "2", "--node-rank", "0", "--master-addr", "h0", "--run-id", "exp-1"),
         env,
     )
@@ -356,16 +356,16 @@ def test_explicit_flags_win_over_slurm() -> None:
 
 def test_run_id_is_the_job_step_else_drawn_else_required() -> None:
     """The ranks' identity: --run-id, else the scheduler's step, else random on one node only."""
-    srun = plan_node(parse("-n", "2"), slurm.SRUN_4N_4T[1])
+    srun = plan_from_args(parse("-n", "2"), slurm.SRUN_4N_4T[1])
     assert srun.run_id == explain("auto", slurm.SRUN_4N_4T[1]).scope
-    one, other = plan_node(parse("-n", "2"), {}), plan_node(parse("-n", "2"), {})
+    one, other = plan_from_args(parse("-n", "2"), {}), plan_from_args(parse("-n", "2"), {})
     assert one.run_id != other.run_id
     assert len(one.run_id) == 16
     with pytest.raises(ConfigurationError, match="--run-id") as info:
-        plan_node(parse("--nnodes", "2", "--node-rank", "1", "--master-addr", "h0"), {})
+        plan_from_args(parse("--nnodes", "2", "--node-rank", "1", "--master-addr", "h0"), {})
     assert "same --run-id on every node" in str(info.value)
     with pytest.raises(ConfigurationError, match="'a b'"):
-        plan_node(parse("--run-id", "a b"), {})
+        plan_from_args(parse("--run-id", "a b"), {})
 
 
 def test_ranks_carry_the_run_id(tmp_path: Path) -> None:
@@ -389,13 +389,13 @@ def test_ranks_carry_the_run_id(tmp_path: Path) -> None:
 def test_several_tasks_per_node_are_refused(env: dict[str, str]) -> None:
     """A launcher task that is not alone on its node (or is an MPI rank) is a clear error."""
     with pytest.raises(ConfigurationError, match="distenv run") as info:
-        plan_node(parse("-n", "2"), env)
+        plan_from_args(parse("-n", "2"), env)
     assert info.value.hint is not None
 
 
 def test_batch_script_runs_on_this_node(capsys: pytest.CaptureFixture[str]) -> None:
     """In a batch script (no srun step), distenv run is one node on 127.0.0.1, with a notice."""
-    plan = plan_node(parse("-n", "2"), slurm.SBATCH_BATCH_4T[0])
+    plan = plan_from_args(parse("-n", "2"), slurm.SBATCH_BATCH_4T[0])
     assert (plan.nnodes, plan.node_rank, plan.master_addr) == (1, 0, "127.0.0.1")
     assert "not started by srun" in capsys.readouterr().err
 
@@ -403,6 +403,6 @@ def test_batch_script_runs_on_this_node(capsys: pytest.CaptureFixture[str]) -> N
 def test_several_nodes_need_a_master() -> None:
     """--nnodes 2 without a scheduler or --master-addr is refused, naming the fix."""
     with pytest.raises(ConfigurationError, match="--master-addr"):
-        plan_node(parse("--nnodes", "2", "--node-rank", "1", "--run-id", "x"), {})
+        plan_from_args(parse("--nnodes", "2", "--node-rank", "1", "--run-id", "x"), {})
     with pytest.raises(ConfigurationError, match="outside"):
-        plan_node(parse("--nnodes", "2", "--node-rank", "2"), {})
+        plan_from_args(parse("--nnodes", "2", "--node-rank", "2"), {})

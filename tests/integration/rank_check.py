@@ -16,8 +16,8 @@ checked in under DIR (60 s at most): launches that meet there provably ran at th
 The audit hook records the Python-level process-creation events raised while distenv bootstraps
 (import, detection, resolution, init_dist). MPI libraries (Open MPI's singleton init, PMIx) may
 fork inside C code; those raise no audit event and do not count; nor does the one fork announced
-by a ``distenv.watchdog`` event (the helper that bounds MPI_Init, which never execs): what is
-pinned is that distenv itself runs no subprocess (no ``scontrol``, no shell) on any rank.
+by a ``distenv.kill_at_deadline`` event (the helper that bounds MPI_Init, which never execs): what
+is pinned is that distenv itself runs no subprocess (no ``scontrol``, no shell) on any rank.
 """
 
 from __future__ import annotations
@@ -38,11 +38,12 @@ WATCHED = frozenset(
     }
 )
 EVENTS: list[str] = []
-ANNOUNCED: list[bool] = [False]  # a distenv.watchdog event allows the one os.fork that follows
+# A distenv.kill_at_deadline event allows the one os.fork that follows.
+ANNOUNCED: list[bool] = [False]
 
 
 def _audit(event: str, args: tuple[object, ...]) -> None:
-    if event == "distenv.watchdog":
+    if event == "distenv.kill_at_deadline":
         ANNOUNCED[0] = True
     elif event == "os.fork" and ANNOUNCED[0]:
         ANNOUNCED[0] = False

@@ -204,7 +204,7 @@ def survivors(marker: Path, within: float = 5) -> list[str]:
     """Return the processes whose command line names `marker` (ranks and their forks).
 
     Waits up to `within` s for them to go: a launcher may return while its last SIGKILLed rank
-    (or a watchdog, killed with it by PR_SET_PDEATHSIG) is still being torn down.
+    (or its deadline helper, killed with it by PR_SET_PDEATHSIG) is still being torn down.
     """
     until = time.monotonic() + within
     while (found := _named(marker)) and time.monotonic() < until:
@@ -268,8 +268,8 @@ def test_rank0_stalled_every_rank_ends_within_the_bound(harness: Harness, stall:
 
     after-mpi: rank 0 initialised MPI, its peers wait in the broadcast (a Python loop), print
     distenv's message at the deadline and MPI_Abort. before-mpi: the peers wait inside MPI_Init,
-    holding the GIL; the forked watchdog prints the message and kills them. Either way every
-    rank, and every watchdog, is gone.
+    holding the GIL; the forked deadline helper (`KillAtDeadline`) prints the message and kills
+    them. Either way every rank, and every helper, is gone.
     """
     for engine in ENGINES:  # one at a time: the bound is about distenv, not about 2 cores
         out, launch = stalled(harness, engine, stall, STALL_TIMEOUT_S)

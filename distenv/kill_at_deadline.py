@@ -1,11 +1,11 @@
-"""A deadline that needs no GIL: a forked helper that ends this process if it is not told in time.
+"""A deadline that needs no GIL: a forked helper that kills this process unless told in time.
 
 Some blocking calls cannot be bounded from Python: MPI_Init waits for every rank while holding the
-GIL (measured with Open MPI 4.1: 15 s during which no Python thread ran), so neither a thread nor a
-signal handler of this interpreter gets a chance. `Watchdog` forks a small helper *before* such a
-call. The helper waits on a pipe; when the parent says "done" (or dies: the pipe reaches EOF, and
-``PR_SET_PDEATHSIG`` kills the helper with it) the helper exits quietly; when the deadline passes
-first it writes the parent's one-line message to stderr and SIGKILLs the parent.
+GIL, so neither a thread nor a signal handler of this interpreter gets a chance. `KillAtDeadline`
+forks a small helper *before* such a call. The helper waits on a pipe; when the parent says "done"
+(or dies: the pipe reaches EOF, and the parent-death signal kills the helper with it) the helper
+exits quietly; when the deadline passes first it writes the parent's one-line message to stderr
+and SIGKILLs the parent.
 
 Rules that keep this safe:
 
@@ -13,9 +13,9 @@ Rules that keep this safe:
 - The helper makes system calls only (select, write, kill) and leaves with ``os._exit``: it never
   runs atexit handlers, flushes inherited buffers, or returns into the parent's code.
 - It closes every inherited descriptor but stderr and its pipe, so it holds no launcher pipe or
-  socket open, and the parent reaps it (`Watchdog.stop`).
-- ``sys.audit("distenv.watchdog", pid)`` precedes the fork, so an audit hook can tell this fork
-  from a subprocess.
+  socket open, and the parent reaps it (`KillAtDeadline.stop`).
+- ``sys.audit("distenv.kill_at_deadline", pid)`` precedes the fork, so an audit hook can tell this
+  fork from a subprocess.
 """
 
 from __future__ import annotations
@@ -29,23 +29,9 @@ import time
 import warnings
 from types import TracebackType
 
-__all__ = ["Watchdog"]
+from distenv.processes import parent_death_signal
 
-# prctl(2): PR_SET_PDEATHSIG = 1 (linux/prctl.h).
-_PR_SET_PDEATHSIG = 1
-
-
-def _die_with(parent: int) -> None:
-    """Ask the kernel to SIGKILL this (helper) process when its parent dies (Linux only)."""
-    try:
-        import ctypes
-
-        libc = ctypes.CDLL(None, use_errno=True)
-        libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
-    except (OSError, AttributeError):  # not Linux: the pipe's EOF still ends the helper
-        pass
-    if os.getppid() != parent:  # the parent died before prctl took effect
-        os._exit(0)
+__all__ = ["KillAtDeadline"]
 
 
 def _helper(read_fd: int, parent: int, deadline: float, message: bytes) -> None:
@@ -53,7 +39,9 @@ def _helper(read_fd: int, parent: int, deadline: float, message: bytes) -> None:
     import select
 
     try:
-        _die_with(parent)
+        # Without prctl (not Linux) the pipe's EOF still ends the helper when the parent dies.
+        if not parent_death_signal(parent):  # the parent died before prctl took effect
+            os._exit(0)
         os.closerange(3, read_fd)
         os.closerange(read_fd + 1, 1 << 16)
         left = deadline - time.monotonic()
@@ -74,12 +62,12 @@ def _reap(pid: int) -> None:
         os.waitpid(pid, 0)
 
 
-class Watchdog:
+class KillAtDeadline:
     """Kill this process with a message unless `stop` is called before `deadline`.
 
     Use it as a context manager around a blocking native call that holds the GIL::
 
-        with Watchdog(deadline, "mpi: rank 1 of 4: ... Hint: ..."):
+        with KillAtDeadline(deadline, "mpi: rank 1 of 4: ... Hint: ..."):
             from mpi4py import MPI  # MPI_Init
 
     Args:
@@ -98,7 +86,7 @@ class Watchdog:
         """Fork the helper. Call it before MPI is initialised, never after."""
         read_fd, write_fd = os.pipe()
         parent = os.getpid()
-        sys.audit("distenv.watchdog", parent)
+        sys.audit("distenv.kill_at_deadline", parent)
         with warnings.catch_warnings():
             # Python >= 3.12 warns about any fork of a threaded process; the helper makes system
             # calls only, so it cannot deadlock on a lock another thread held at the fork.
@@ -113,8 +101,8 @@ class Watchdog:
     def stop(self) -> None:
         """Tell the helper we are done; reap it without waiting for it to leave.
 
-        The helper's exit costs as much as the parent's address space (12 ms after ``import
-        torch``, measured), so a thread of its own reaps it.
+        The helper's exit costs as much as tearing down the parent's address space (large after
+        ``import torch``), so a thread of its own reaps it.
         """
         pid, write_fd = self.pid, self._write_fd
         if pid is None or write_fd is None:
@@ -123,10 +111,10 @@ class Watchdog:
         with contextlib.suppress(OSError):  # the helper is gone already
             os.write(write_fd, b"done")
         os.close(write_fd)
-        # _thread: threading.Thread.start waits until the thread runs (1.8 ms here, 0.1 ms not).
+        # _thread: threading.Thread.start would wait until the thread runs; nothing here needs to.
         _thread.start_new_thread(_reap, (pid,))
 
-    def __enter__(self) -> Watchdog:
+    def __enter__(self) -> KillAtDeadline:
         self.start()
         return self
 

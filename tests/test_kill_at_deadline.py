@@ -1,4 +1,6 @@
-"""The GIL-free watchdog: it kills a stuck process with a message, and leaves no trace otherwise."""
+"""`KillAtDeadline`, the GIL-free deadline helper: it kills a stuck process with a message, and
+leaves no trace otherwise.
+"""
 
 from __future__ import annotations
 
@@ -9,7 +11,7 @@ import sys
 import textwrap
 import time
 
-from distenv.watchdog import Watchdog
+from distenv.kill_at_deadline import KillAtDeadline
 from tests.conftest import scrubbed_environ
 
 
@@ -40,16 +42,16 @@ def gone(pid: int, within: float) -> bool:
 
 def test_stopped_in_time_the_helper_leaves_and_is_reaped() -> None:
     """Stopped before its deadline, the helper exits and is reaped; this process lives on."""
-    dog = Watchdog(time.monotonic() + 30, "never printed")
-    dog.start()
-    pid = dog.pid
+    helper = KillAtDeadline(time.monotonic() + 30, "never printed")
+    helper.start()
+    pid = helper.pid
     assert pid is not None
-    dog.stop()
+    helper.stop()
     until = time.monotonic() + 5
     while os.path.exists(f"/proc/{pid}") and time.monotonic() < until:
         time.sleep(0.01)
     assert not os.path.exists(f"/proc/{pid}"), "helper not reaped"
-    dog.stop()  # idempotent
+    helper.stop()  # idempotent
 
 
 def test_at_the_deadline_it_prints_the_message_and_kills_the_process() -> None:
@@ -58,8 +60,8 @@ def test_at_the_deadline_it_prints_the_message_and_kills_the_process() -> None:
     result = run_python(
         """
         import time
-        from distenv.watchdog import Watchdog
-        Watchdog(time.monotonic() + 0.5, "mpi: rank 1 of 4: stuck. Hint: look").start()
+        from distenv.kill_at_deadline import KillAtDeadline
+        KillAtDeadline(time.monotonic() + 0.5, "mpi: rank 1 of 4: stuck. Hint: look").start()
         time.sleep(20)
         """
     )
@@ -74,10 +76,10 @@ def test_the_helper_never_runs_the_parents_exit_code() -> None:
     result = run_python(
         """
         import atexit, sys, time
-        from distenv.watchdog import Watchdog
+        from distenv.kill_at_deadline import KillAtDeadline
         atexit.register(lambda: print("atexit ran"))
         sys.stdout.write("buffered ")
-        with Watchdog(time.monotonic() + 30, "never printed"):
+        with KillAtDeadline(time.monotonic() + 30, "never printed"):
             time.sleep(0.2)
         """
     )
@@ -93,8 +95,8 @@ def test_the_helper_dies_with_its_parent() -> None:
             sys.executable,
             "-c",
             "import sys, time\n"
-            "from distenv.watchdog import Watchdog\n"
-            "dog = Watchdog(time.monotonic() + 60, 'never printed')\n"
+            "from distenv.kill_at_deadline import KillAtDeadline\n"
+            "dog = KillAtDeadline(time.monotonic() + 60, 'never printed')\n"
             "dog.start()\n"
             "print(dog.pid, flush=True)\n"
             "time.sleep(60)\n",

@@ -1,0 +1,69 @@
+"""A rank's output copied to the launcher's, line by line, each line prefixed with its rank.
+
+Used by ``distenv run --prefix-output``. Each line is written with one write, so that the lines of
+ranks writing at once never interleave mid-line.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import threading
+import time
+from collections.abc import Sequence
+from typing import IO
+
+__all__ = ["DRAIN_WAIT", "LINE_LIMIT", "copy_lines", "drain", "prefix_output"]
+
+#: How long output threads may keep draining pipes after the ranks are gone.
+DRAIN_WAIT = 2.0
+#: The longest line read at once; a longer one is copied in pieces, the prefix on the first.
+LINE_LIMIT = 1 << 16
+
+
+def copy_lines(stream: IO[bytes], fd: int, prefix: bytes) -> None:
+    """Copy `stream` to `fd` line by line, each line prefixed and written in one write."""
+    at_line_start = True
+    broken = False
+    with stream:
+        for chunk in iter(lambda: stream.readline(LINE_LIMIT), b""):
+            if broken:  # keep reading so the rank never blocks on a full pipe
+                continue
+            data = (prefix if at_line_start else b"") + chunk
+            at_line_start = chunk.endswith(b"\n")
+            try:
+                while data:
+                    data = data[os.write(fd, data) :]
+            except OSError:
+                broken = True
+    if not at_line_start and not broken:
+        with contextlib.suppress(OSError):
+            os.write(fd, b"\n")
+
+
+def prefix_output(
+    rank: int, stdout: IO[bytes] | None, stderr: IO[bytes] | None
+) -> list[threading.Thread]:
+    """Start copying a rank's piped stdout and stderr to ours, prefixed ``[rank N] ``.
+
+    Returns:
+        The two copying threads (daemons: a stuck pipe never keeps the launcher alive).
+    """
+    prefix = f"[rank {rank}] ".encode()
+    threads = []
+    for stream, fd in ((stdout, 1), (stderr, 2)):
+        assert stream is not None
+        thread = threading.Thread(
+            target=copy_lines, args=(stream, fd, prefix), name=f"rank{rank}-fd{fd}"
+        )
+        thread.daemon = True
+        thread.start()
+        threads.append(thread)
+    return threads
+
+
+def drain(threads: Sequence[threading.Thread]) -> None:
+    """Let the copying `threads` finish what the ranks wrote, for DRAIN_WAIT seconds at most."""
+    deadline = time.monotonic() + DRAIN_WAIT
+    for thread in threads:
+        thread.join(timeout=max(0.0, deadline - time.monotonic()))

@@ -1,0 +1,219 @@
+"""Linux process plumbing: parent-death signal, child subreaper, the process table.
+
+The one owner of the prctl(2) calls and the /proc reading that the local launchers and the forked
+MPI deadline helper need. Everything fails soft where Linux is missing: without prctl nothing is
+asked of the kernel, without /proc the table is None and nothing is adopted.
+
+Importable before MPI is initialised and in a freshly forked helper: standard library only, and
+ctypes imported by the calls that need it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import sys
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+__all__ = [
+    "PDEATH_WRAPPER",
+    "PR_GET_CHILD_SUBREAPER",
+    "PR_SET_CHILD_SUBREAPER",
+    "PR_SET_PDEATHSIG",
+    "Adopter",
+    "ProcessEntry",
+    "live_groups",
+    "parent_death_signal",
+    "prctl",
+    "processes",
+    "with_parent_death",
+]
+
+# prctl(2) options (linux/prctl.h). PR_SET_PDEATHSIG survives execve(2); the subreaper pair needs
+# Linux 3.4.
+PR_SET_PDEATHSIG = 1
+PR_SET_CHILD_SUBREAPER = 36
+PR_GET_CHILD_SUBREAPER = 37
+
+# Executed by `python -I -S -c` before a rank's real command, so it cannot import distenv: the
+# prctl number is put in from PR_SET_PDEATHSIG above. argv is [who, parent pid, command...]. The
+# parent may have died before prctl took effect; then our parent pid is no longer the launcher's
+# and nobody would ever signal us.
+PDEATH_WRAPPER = f"""
+import ctypes, os, signal, sys
+try:
+    ctypes.CDLL(None, use_errno=True).prctl({PR_SET_PDEATHSIG}, signal.SIGKILL, 0, 0, 0)
+except (OSError, AttributeError):
+    pass
+if os.getppid() != int(sys.argv[2]):
+    os.kill(os.getpid(), signal.SIGKILL)
+try:
+    os.execvp(sys.argv[3], sys.argv[3:])
+except OSError as exc:
+    sys.stderr.write("%s: cannot execute %r: %s\\n" % (sys.argv[1], sys.argv[3], exc.strerror))
+    sys.exit(127)
+"""
+
+
+def prctl(option: int, argument: object) -> int | None:
+    """Call prctl(2) with one argument; return its result, or None where there is no prctl."""
+    import ctypes
+
+    try:
+        result: int = ctypes.CDLL(None, use_errno=True).prctl(option, argument, 0, 0, 0)
+    except (OSError, AttributeError):  # not Linux, or no C library to ask
+        return None
+    return result
+
+
+def parent_death_signal(parent: int) -> bool:
+    """Ask the kernel to SIGKILL this process when its parent dies (Linux only).
+
+    Args:
+        parent: The pid the caller's parent had when it started this process.
+
+    Returns:
+        Whether `parent` is still this process's parent. False means it died before the request
+        took effect, so no signal will ever come: the caller must end itself.
+    """
+    prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
+    return os.getppid() == parent
+
+
+def with_parent_death(command: Sequence[str], parent: int, who: str) -> list[str]:
+    """Return the argv that runs `command` so that it gets SIGKILL when `parent` dies.
+
+    The wrapper asks for the parent-death signal, then execs `command`; this holds even when the
+    parent is SIGKILLed and runs no more code. If `command` cannot be executed, the wrapper says
+    so on stderr as `who` and exits with status 127, as a shell does.
+    """
+    return [sys.executable, "-I", "-S", "-c", PDEATH_WRAPPER, who, str(parent), *command]
+
+
+@dataclass(frozen=True)
+class ProcessEntry:
+    """One process as /proc/PID/stat shows it (proc(5))."""
+
+    pid: int
+    state: str
+    ppid: int
+    pgrp: int
+
+    @property
+    def dead(self) -> bool:
+        """Whether it has exited (a zombie waiting for its parent, or on its way out)."""
+        return self.state in ("Z", "X")
+
+
+def processes() -> list[ProcessEntry] | None:
+    """Return every process on this machine, or None where /proc cannot be read (not Linux)."""
+    try:
+        entries = os.listdir("/proc")
+    except OSError:
+        return None
+    found = []
+    for entry in entries:
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat", "rb") as file:
+                stat = file.read()
+        except OSError:
+            continue
+        # proc(5): "pid (comm) state ppid pgrp ..."; comm may hold spaces and parentheses.
+        fields = stat[stat.rfind(b")") + 2 :].split()
+        if len(fields) > 2:
+            state, ppid, pgrp = fields[0].decode(), int(fields[1]), int(fields[2])
+            found.append(ProcessEntry(int(entry), state, ppid, pgrp))
+    return found
+
+
+def live_groups(groups: set[int]) -> set[int]:
+    """Return the process groups in `groups` that hold a process that is not a zombie.
+
+    ``killpg(group, 0)`` alone also counts zombies, which never go away under an init that does not
+    reap (as in some containers), so /proc is read instead where it exists.
+    """
+    table = processes()
+    if table is None:
+        found = set()
+        for group in groups:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(group, 0)
+                found.add(group)
+        return found
+    return {p.pgrp for p in table if not p.dead and p.pgrp in groups}
+
+
+class Adopter:
+    """Make this process the child subreaper of what it starts; find, end and reap the orphans.
+
+    A process whose parent dies is re-parented to its nearest living ancestor that is a child
+    subreaper, else to init (prctl(2), PR_SET_CHILD_SUBREAPER). As one, a launcher inherits what
+    its ranks daemonized (fork, setsid, fork): processes in neither a rank's group nor its session,
+    which killpg never reaches. Such orphans are found in /proc as children this process did not
+    start, and each is reaped by its own pid; ``waitpid(-1)`` would also take a rank's exit status
+    before its `subprocess.Popen` saw it (poll() then says 0). A child that is never reaped keeps
+    its pid, so signalling an orphan by pid cannot hit a stranger.
+
+    Where there is no prctl or no /proc (not Linux), it adopts nothing and finds nothing.
+    """
+
+    def __init__(self) -> None:
+        self.adopting = False
+        self._previous = 0
+        self._theirs: set[int] = set()  # children this process had before: not ours to end
+        self._sent: dict[int, int] = {}  # orphan pid -> last signal sent
+
+    def start(self) -> None:
+        """Become a child subreaper (if /proc lets orphans be found), remembering the old setting."""
+        table = processes()
+        if table is None:
+            return
+        import ctypes
+
+        previous = ctypes.c_int(0)
+        if prctl(PR_GET_CHILD_SUBREAPER, ctypes.byref(previous)) == 0:
+            self._previous = previous.value
+        me = os.getpid()
+        self._theirs = {p.pid for p in table if p.ppid == me}
+        self.adopting = prctl(PR_SET_CHILD_SUBREAPER, 1) == 0
+
+    def stop(self) -> None:
+        """Restore the subreaper setting this process had before `start`."""
+        if self.adopting:
+            prctl(PR_SET_CHILD_SUBREAPER, self._previous)
+            self.adopting = False
+
+    def orphans(self, own: set[int]) -> tuple[list[int], bool]:
+        """Reap the adopted orphans that have exited and return the live ones.
+
+        Args:
+            own: The pids of the children this process started (never touched here).
+
+        Returns:
+            The live orphans' pids, and whether any orphan (live or reaped) was found: a reaped
+            one's own children may have been re-parented here after /proc was read.
+        """
+        table = processes() if self.adopting else None
+        if table is None:
+            return [], False
+        me = os.getpid()
+        adopted = [p for p in table if p.ppid == me and p.pid not in own | self._theirs]
+        for entry in adopted:
+            if entry.dead:
+                with contextlib.suppress(ChildProcessError):
+                    os.waitpid(entry.pid, os.WNOHANG)
+                self._sent.pop(entry.pid, None)
+        return [p.pid for p in adopted if not p.dead], bool(adopted)
+
+    def send(self, pids: Sequence[int], signum: int) -> None:
+        """Send `signum` to each of `pids` (orphans found by `orphans`) that has not had it yet."""
+        for pid in pids:
+            if self._sent.get(pid) == signum:
+                continue
+            self._sent[pid] = signum
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.kill(pid, signum)
