@@ -204,7 +204,8 @@ class MasterQuery(NamedTuple):
     Attributes:
         source: Who asks (a launcher's name, ``run``, ``launch``); errors start with it.
         env: The environment of rules 2, 4 and 5 (``MASTER_*``, ``DISTENV_SCOPE``, the format).
-        scope: This job step's `scope_tag`: exported ``MASTER_*`` of any other scope are stale.
+        job_tag: This job step's export tag (`scope_tag`): ``MASTER_*`` exported with any other
+            tag are stale.
         explicit: Whether ``MASTER_ADDR``/``MASTER_PORT`` of `env` count (the launcher declares
             them; `none` and most plug-ins do not).
         stated: What the launcher's own contract states, ``(addr, port)``.
@@ -217,7 +218,7 @@ class MasterQuery(NamedTuple):
 
     source: str
     env: Mapping[str, str]
-    scope: str = ""
+    job_tag: str = ""
     explicit: bool = False
     stated: tuple[str | None, int | None] = (None, None)
     flags: tuple[str | None, int | None] = (None, None)
@@ -259,14 +260,14 @@ def _explicit(query: MasterQuery) -> tuple[str | None, int | None]:
     reader = Reader(query.source, query.env, MASTER_VARS)
     addr, port_text = reader.get("MASTER_ADDR"), reader.get("MASTER_PORT")
     tag = reader.get(SCOPE_VAR)
-    if tag is not None and tag != query.scope and (addr is not None or port_text is not None):
+    if tag is not None and tag != query.job_tag and (addr is not None or port_text is not None):
         warn(
             "%s: ignoring MASTER_ADDR=%s MASTER_PORT=%s: distenv exported them for %s, this is %s",
             query.source,
             addr,
             port_text,
             tag,
-            query.scope,
+            query.job_tag,
         )
         return None, None
     return explicit_master(reader)

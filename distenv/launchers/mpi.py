@@ -6,7 +6,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 from distenv.errors import MissingVariableError
-from distenv.launchers.base import Launcher, Nodes, World
+from distenv.launchers.base import AllocationLauncher, Nodes, World
 from distenv.master import MASTER_VARS, scope_tag
 from distenv.rankinfo import RankInfo
 from distenv.variables import Reader, Var
@@ -82,7 +82,7 @@ def _declare() -> tuple[Var, ...]:
     return tuple(seen.values())
 
 
-class MpiLauncher(Launcher):
+class MpiLauncher(AllocationLauncher):
     """Ranks started by an MPI launcher: Open MPI, MPICH / Intel MPI (Hydra), MVAPICH2, Cray PALS.
 
     | library | rank | world_size | local_rank | local_world_size |
@@ -120,7 +120,6 @@ class MpiLauncher(Launcher):
         Var("PALS_APID", "(scope)", "no", "Cray PALS: this launch's application id"),
         *MASTER_VARS,
     )
-    tasks_of_scheduler = True
 
     def _flavor(self, reader: Reader) -> Flavor | None:
         for flavor in FLAVORS:
@@ -138,9 +137,6 @@ class MpiLauncher(Launcher):
             return None
         size = reader.optional_int(*flavor.size, minimum=1) if flavor.size else None
         return reader.integer(flavor.rank), size
-
-    def rank_info(self, env: Mapping[str, str]) -> RankInfo:
-        return self.placed_rank_info(env, None)
 
     def placed_rank_info(self, env: Mapping[str, str], nodes: Nodes | None) -> RankInfo:
         reader = self.reader(env)
@@ -203,7 +199,10 @@ class MpiLauncher(Launcher):
     def scope(self, env: Mapping[str, str]) -> str:
         # PMIx launchers and Cray PALS name the launch; Hydra names nothing every rank shares but
         # the size.
-        world = self.world(env)
-        size = None if world is None or world[1] is None else str(world[1])
         reader = self.reader(env)
+        flavor = self._flavor(reader)
+        size = None
+        if flavor is not None and flavor.size:
+            number = reader.optional_int(*flavor.size, minimum=1)
+            size = None if number is None else str(number)
         return scope_tag(self.name, reader.get("PMIX_NAMESPACE") or reader.get("PALS_APID"), size)
