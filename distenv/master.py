@@ -95,14 +95,15 @@ MASTER_VARS = (
 # kernel never hands our port to some outgoing connection first.
 PORT_LOW = 10_000
 PORT_HIGH = 32_768
-# The largest prime below PORT_HIGH - PORT_LOW: job ids a multiple of the span apart (22768 under
-# 0.1.0) no longer land on the same port.
+# The largest prime below PORT_HIGH - PORT_LOW: the stride is invertible modulo a prime, so two job
+# ids share a step's port only when a multiple of PORT_SPAN apart, which no round distance
+# (22768 = PORT_HIGH - PORT_LOW) is.
 PORT_SPAN = 22_751
 # Job ids step PORT_STRIDE apart modulo the span, step ids 1 apart. The stride was searched for the
 # patterns that share nodes (tests/test_master.py checks each figure): two jobs whose ids
 # differ by at most 708 never collide while their steps differ by at most 31; by at most 2133 with
-# steps 0-7; by at most 3 with steps up to 255 (0.1.0's job N step 97 and job N+1 step 0 collided);
-# two steps of one job never do; job ids 22768 apart never do for steps up to 63.
+# steps 0-7; by at most 3 with steps up to 255; two steps of one job never do; job ids 22768 apart
+# never do for steps up to 63.
 PORT_STRIDE = 9_755
 
 

@@ -1,8 +1,8 @@
 """One detection asks each launcher each question at most once (`distenv.layer`).
 
-Detection used to ask the same launcher again from every place that needed its answer: for
-Hydra inside salloc, `mpi`'s ``world`` five times and Slurm's three. These tests count every
-hook of every built-in launcher over every captured environment, auto and by name.
+Agreement, the choice and the master query all need the same answers (for Hydra inside salloc,
+`mpi`'s ``world`` in five places, Slurm's in three); a `Layer` hands each on. These tests count
+every hook of every built-in launcher over every captured environment, auto and by name.
 """
 
 from __future__ import annotations

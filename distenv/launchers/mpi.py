@@ -103,10 +103,11 @@ class MpiLauncher(AllocationLauncher):
     comes from MASTER_ADDR / MASTER_PORT, else an enclosing scheduler's allocation, else
     `distenv.resolve` finds it over MPI (mpi4py).
 
-    The job's identity (its rendezvous scope) is ``PMIX_NAMESPACE`` where the launcher is PMIx
-    based (Open MPI 4/5, ``srun --mpi=pmix``, jsrun), ``PALS_APID`` under Cray PALS; Hydra
-    exports none, so its scope is only
-    the world size unless rank 0's master is exchanged over MPI (docs/security.md).
+    The job's identity (its export tag, from which the rendezvous scope is made) is
+    ``PMIX_NAMESPACE`` where the launcher is PMIx based (Open MPI 4/5, ``srun --mpi=pmix``,
+    jsrun), ``PALS_APID`` under Cray PALS; Hydra exports none, so its tag holds only the world
+    size, and its rendezvous scope only that unless rank 0's master is exchanged over MPI
+    (docs/security.md).
     """
 
     name = "mpi"
@@ -116,8 +117,10 @@ class MpiLauncher(AllocationLauncher):
     )
     variables = (
         *_declare(),
-        Var("PMIX_NAMESPACE", "(scope)", "no", "PMIx: this launch's namespace (Open MPI, srun)"),
-        Var("PALS_APID", "(scope)", "no", "Cray PALS: this launch's application id"),
+        Var(
+            "PMIX_NAMESPACE", "(export tag)", "no", "PMIx: this launch's namespace (Open MPI, srun)"
+        ),
+        Var("PALS_APID", "(export tag)", "no", "Cray PALS: this launch's application id"),
         *MASTER_VARS,
     )
 
