@@ -32,7 +32,7 @@ from distenv.layer import Layer, Layers
 from distenv.master import RUN_ID_VAR, SCOPE_VAR
 from distenv.variables import Reader, Var
 
-__all__ = ["LAUNCH_MARKS", "MARK_VARS", "agrees", "refuse_leftovers"]
+__all__ = ["LAUNCH_MARKS", "MARK_VARS", "agrees", "describe", "refuse_leftovers"]
 
 # The launchers that set torchrun's contract inside a scheduler step on purpose, and the variables
 # (all of them) by which their ranks are known.
@@ -89,7 +89,10 @@ def _named(layer: Layer, world: World) -> str:
     return " ".join(parts)
 
 
-def _describe(world: World) -> str:
+def describe(world: World | None) -> str:
+    """Return how a layer numbers this process, for reasons and errors (``rank 3 of 8``)."""
+    if world is None:
+        return "no rank"
     return f"rank {world[0]} of {world[1] if world[1] is not None else '?'}"
 
 
@@ -134,7 +137,7 @@ def _contract_leftover(
     notes.append(
         (
             TORCHRUN.name,
-            f"refused: {_describe(contract)} vs {layer.name}'s {_describe(world)} and no "
+            f"refused: {describe(contract)} vs {layer.name}'s {describe(world)} and no "
             "launcher's mark: left over from another job",
         )
     )
@@ -177,7 +180,7 @@ def _mpi_leftover(detected: Sequence[Layer], notes: list[tuple[str, str]]) -> No
     notes.append(
         (
             inner.name,
-            f"refused: {_describe(inner_world)} vs {scheduler.name}'s {_describe(world)} with "
+            f"refused: {describe(inner_world)} vs {scheduler.name}'s {describe(world)} with "
             f"{local} tasks on this node: no MPI launcher's daemon step, left over",
         )
     )

@@ -16,7 +16,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import NamedTuple
 
-from distenv.agreement import agrees, refuse_leftovers
+from distenv.agreement import agrees, describe, refuse_leftovers
 from distenv.errors import DistEnvError, LauncherMismatchError, LauncherNotFoundError
 from distenv.launchers import (
     NONE,
@@ -24,7 +24,6 @@ from distenv.launchers import (
     Default,
     Launcher,
     Scheduler,
-    World,
     auto_candidates,
     canonical_name,
     get_launcher,
@@ -66,12 +65,6 @@ def _seen(launcher: Launcher, env: Mapping[str, str], limit: int = 6) -> str:
     return shown + (f", ... ({len(names) - limit} more)" if len(names) > limit else "")
 
 
-def _describe(world: World | None) -> str:
-    if world is None:
-        return "no rank"
-    return f"rank {world[0]} of {world[1] if world[1] is not None else '?'}"
-
-
 def _alone(layer: Layer, notes: list[tuple[str, str]]) -> Choice:
     """The answer of a layer whose own layout describes this process."""
     return Choice(layer, layer.rank_info(), layer, None, tuple(notes))
@@ -87,14 +80,14 @@ def _enclosed(inner: Layer, detected: Sequence[Layer], notes: list[tuple[str, st
             notes.append(
                 (
                     scheduler.name,
-                    f"agrees with {inner.name} ({_describe(world)}): its layout and hosts used",
+                    f"agrees with {inner.name} ({describe(world)}): its layout and hosts used",
                 )
             )
             return _alone(scheduler, notes)
         notes.append(
             (
                 scheduler.name,
-                f"outer layer: {_describe(world)} vs {inner.name}'s {_describe(inner_world)}",
+                f"outer layer: {describe(world)} vs {inner.name}'s {describe(inner_world)}",
             )
         )
     nodes = next((n for s in outer if (n := s.daemon_nodes()) is not None), None)
@@ -193,8 +186,8 @@ def _choose(
         return _alone(chosen, notes)
     raise LauncherMismatchError(
         chosen.name,
-        f"its variables ({_seen(chosen.launcher, env, 4)}: {_describe(outer_world)}) describe an "
+        f"its variables ({_seen(chosen.launcher, env, 4)}: {describe(outer_world)}) describe an "
         f"outer layer; this process was started by {innermost.name} "
-        f"({_seen(innermost.launcher, env, 4)}: {_describe(inner_world)})",
+        f"({_seen(innermost.launcher, env, 4)}: {describe(inner_world)})",
         hint=f"use --launcher {innermost.name} or --launcher auto",
     )
