@@ -3,13 +3,15 @@
 Two launcher layers agree when they number this process alike (`agrees`). Where an inner layer's
 variables disagree with the scheduler step or MPI launch around them, either a launcher inside the
 step started this process on purpose, or the variables are leftovers: exported by an earlier job or
-a shell profile, or inherited from an outer launcher. Detection (`distenv.detect`) asks
-`refuse_leftovers` before it chooses. The rules:
+a shell profile, or inherited from an outer launcher. Detection (`distenv.choice`) asks
+`refuse_leftovers` before it chooses, over the same `distenv.layer.Layers` it chooses from. The
+rules:
 
 1. **torchrun's contract.** ``RANK`` and ``WORLD_SIZE`` inside a step (an srun task, a jsrun rank,
    an MPI rank) that states another rank or world size are refused, unless the launcher that set
-   them marked them (`LAUNCH_MARKS`). ``DISTENV_SCOPE`` tags distenv's own export of another
-   launcher's answer: no launch, judged by the scope rules of `distenv.master` instead.
+   them marked them (`LAUNCH_MARKS`). ``DISTENV_SCOPE`` (the export tag) marks distenv's own
+   export of another launcher's answer: no launch, judged by the export rules of
+   `distenv.master` instead.
 2. **MPI inside a task step.** MPI ranks that disagree with the scheduler step around them are the
    ranks of an MPI launcher whose daemons are that step's tasks, one per node (measured: mpirun and
    Hydra inside salloc, tests/envs/mpi.py). A step that runs several tasks on this node is no such
@@ -21,15 +23,16 @@ meant: its rule is skipped. Reads the environment only: no torch, no mpi4py, no 
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 
 from distenv.errors import DistEnvError, InconsistentEnvironmentError
-from distenv.launchers import TORCHRUN, Launcher, Scheduler, World
+from distenv.launchers import TORCHRUN, AllocationLauncher, Scheduler, World
 from distenv.launchers.torchrun import TorchrunLauncher
+from distenv.layer import Layer, Layers
 from distenv.master import RUN_ID_VAR, SCOPE_VAR
 from distenv.variables import Reader, Var
 
-__all__ = ["LAUNCH_MARKS", "MARK_VARS", "agrees", "refuse_leftovers"]
+__all__ = ["LAUNCH_MARKS", "MARK_VARS", "agrees", "describe", "refuse_leftovers"]
 
 # The launchers that set torchrun's contract inside a scheduler step on purpose, and the variables
 # (all of them) by which their ranks are known.
@@ -60,15 +63,16 @@ def agrees(inner: World | None, outer: World | None) -> bool:
     return inner[1] is None or outer[1] is None or inner[1] == outer[1]
 
 
-def _world(launcher: Launcher, env: Mapping[str, str]) -> World | None:
+def _world(layer: Layer) -> World | None:
     try:
-        return launcher.world(env)
+        return layer.world()
     except DistEnvError:  # malformed: the chosen launcher's own reading reports it
         return None
 
 
-def _named(launcher: Launcher, env: Mapping[str, str], world: World) -> str:
+def _named(layer: Layer, world: World) -> str:
     """Return ``VAR=value`` for the declared variables that hold `world`'s rank and size."""
+    launcher, env = layer.launcher, layer.env
     parts = []
     for field, value in zip(("rank", "world_size"), world, strict=True):
         if value is None:
@@ -85,25 +89,27 @@ def _named(launcher: Launcher, env: Mapping[str, str], world: World) -> str:
     return " ".join(parts)
 
 
-def _describe(world: World) -> str:
+def describe(world: World | None) -> str:
+    """Return how a layer numbers this process, for reasons and errors (``rank 3 of 8``)."""
+    if world is None:
+        return "no rank"
     return f"rank {world[0]} of {world[1] if world[1] is not None else '?'}"
 
 
-def _present(launcher: Launcher, env: Mapping[str, str], fields: Sequence[str]) -> list[str]:
-    return [v.name for v in launcher.variables if v.field in fields and env.get(v.name)]
+def _present(layer: Layer, fields: Sequence[str]) -> list[str]:
+    return [v.name for v in layer.launcher.variables if v.field in fields and layer.env.get(v.name)]
 
 
-def _step(env: Mapping[str, str], detected: Sequence[Launcher]) -> tuple[Launcher, World] | None:
+def _step(detected: Sequence[Layer]) -> tuple[Layer, World] | None:
     """Return the innermost layer besides torchrun's contract that numbers this process.
 
     Where the next layer agrees with it (MPI ranks that are srun's or jsrun's tasks), that outer
     layer is the step: it states the size too, and detection uses its layout.
     """
     layers = [
-        (launcher, world)
-        for launcher in detected
-        if not isinstance(launcher, TorchrunLauncher)
-        and (world := _world(launcher, env)) is not None
+        (layer, world)
+        for layer in detected
+        if not isinstance(layer.launcher, TorchrunLauncher) and (world := _world(layer)) is not None
     ]
     if len(layers) > 1 and agrees(layers[0][1], layers[1][1]):
         return layers[1]
@@ -111,26 +117,27 @@ def _step(env: Mapping[str, str], detected: Sequence[Launcher]) -> tuple[Launche
 
 
 def _contract_leftover(
-    env: Mapping[str, str], detected: Sequence[Launcher], notes: list[tuple[str, str]]
+    layers: Layers, detected: Sequence[Layer], notes: list[tuple[str, str]]
 ) -> None:
     """Rule 1: torchrun's RANK/WORLD_SIZE, unmarked, contradicting the step around them."""
-    reader = Reader(TORCHRUN.name, env, MARK_VARS)
+    reader = Reader(TORCHRUN.name, layers.env, MARK_VARS)
     tag = reader.get(SCOPE_VAR)
     if tag is not None and not tag.startswith(f"{TORCHRUN.name}/"):
         return
     if any(all(reader.has(name) for name in names) for _, names in LAUNCH_MARKS):
         return
-    contract = _world(TORCHRUN, env)
-    step = _step(env, detected)
+    torchrun = layers[TORCHRUN]
+    contract = _world(torchrun)
+    step = _step(detected)
     if contract is None or contract[1] is None or step is None or agrees(contract, step[1]):
         return
     layer, world = step
-    names = _present(TORCHRUN, env, _CONTRACT)
+    names = _present(torchrun, _CONTRACT)
     marks = ", ".join(" ".join(vs) for _, vs in LAUNCH_MARKS)
     notes.append(
         (
             TORCHRUN.name,
-            f"refused: {_describe(contract)} vs {layer.name}'s {_describe(world)} and no "
+            f"refused: {describe(contract)} vs {layer.name}'s {describe(world)} and no "
             "launcher's mark: left over from another job",
         )
     )
@@ -138,27 +145,25 @@ def _contract_leftover(
     named = " (or pass --launcher pytorch if a launcher inside the step set them on purpose)"
     raise InconsistentEnvironmentError(
         TORCHRUN.name,
-        f"{_named(TORCHRUN, env, contract)} contradict {layer.name}, which started this process "
-        f"as {_named(layer, env, world)}, and no launcher inside the step marked them as its own "
+        f"{_named(torchrun, contract)} contradict {layer.name}, which started this process "
+        f"as {_named(layer, world)}, and no launcher inside the step marked them as its own "
         f"({marks}): they were likely exported by an earlier job or a shell profile",
         hint=f"unset {' '.join(names)} where they are exported (job script, ~/.bashrc)"
-        + (named if TORCHRUN.detect(env) else ""),
+        + (named if torchrun.detected() else ""),
         variable="RANK",
         value=str(contract[0]),
     )
 
 
-def _mpi_leftover(
-    env: Mapping[str, str], detected: Sequence[Launcher], notes: list[tuple[str, str]]
-) -> None:
+def _mpi_leftover(detected: Sequence[Layer], notes: list[tuple[str, str]]) -> None:
     """Rule 2: MPI ranks contradicting a scheduler step that runs several tasks on this node."""
     inner = detected[0]
-    inner_world = _world(inner, env)
+    inner_world = _world(inner)
     outer = next(
         (
             (s, w)
             for s in detected[1:]
-            if isinstance(s, Scheduler) and (w := _world(s, env)) is not None
+            if isinstance(s.launcher, Scheduler) and (w := _world(s)) is not None
         ),
         None,
     )
@@ -166,23 +171,23 @@ def _mpi_leftover(
         return
     scheduler, world = outer
     try:
-        local = scheduler.rank_info(env).local_world_size
+        local = scheduler.rank_info().local_world_size
     except DistEnvError:
         return
     if local is None or local < 2:  # one task per node (or unknown): maybe an MPI's daemons
         return
-    names = _present(inner, env, _LAYOUT)
+    names = _present(inner, _LAYOUT)
     notes.append(
         (
             inner.name,
-            f"refused: {_describe(inner_world)} vs {scheduler.name}'s {_describe(world)} with "
+            f"refused: {describe(inner_world)} vs {scheduler.name}'s {describe(world)} with "
             f"{local} tasks on this node: no MPI launcher's daemon step, left over",
         )
     )
     raise InconsistentEnvironmentError(
         inner.name,
-        f"{_named(inner, env, inner_world)} contradict {scheduler.name}, which started this "
-        f"process as {_named(scheduler, env, world)}, one of {local} tasks on this node; an MPI "
+        f"{_named(inner, inner_world)} contradict {scheduler.name}, which started this "
+        f"process as {_named(scheduler, world)}, one of {local} tasks on this node; an MPI "
         "launcher's daemons run one task per node, so no MPI launcher started it: these MPI "
         "variables were likely inherited from an outer mpirun or mpiexec, or exported by an "
         "earlier job or a shell profile",
@@ -195,24 +200,28 @@ def _mpi_leftover(
 
 
 def refuse_leftovers(
-    named: Launcher | None,
-    env: Mapping[str, str],
-    detected: Sequence[Launcher],
+    named: Layer | None,
+    layers: Layers,
+    detected: Sequence[Layer],
     notes: list[tuple[str, str]],
 ) -> None:
     """Raise if leftover launcher variables contradict the step that started this process.
 
     Args:
-        named: The launcher asked for by name; None for auto detection. Naming the inner
-            launcher whose variables are in question skips its rule.
-        env: The environment.
-        detected: The launchers detected, innermost first.
+        named: The layer of the launcher asked for by name; None for auto detection. Naming
+            the inner launcher whose variables are in question skips its rule.
+        layers: The environment's layers (torchrun's contract is read from them).
+        detected: The layers detected, innermost first.
         notes: Detection's reasons; the refusal adds its line.
 
     Raises:
         InconsistentEnvironmentError: Naming both sets of variables, the likely cause and the fix.
     """
-    if not isinstance(named, TorchrunLauncher):
-        _contract_leftover(env, detected, notes)
-    if detected and detected[0].tasks_of_scheduler and named is not detected[0]:
-        _mpi_leftover(env, detected, notes)
+    if named is None or not isinstance(named.launcher, TorchrunLauncher):
+        _contract_leftover(layers, detected, notes)
+    if (
+        detected
+        and isinstance(detected[0].launcher, AllocationLauncher)
+        and named is not detected[0]
+    ):
+        _mpi_leftover(detected, notes)

@@ -123,7 +123,7 @@ def _cmd_export(args: argparse.Namespace) -> int:
         )
     lines = [
         f"export {name}={shlex.quote(value)}\n"
-        for name, value in {**info.to_env(), SCOPE_VAR: detection.scope}.items()
+        for name, value in {**info.to_env(), SCOPE_VAR: detection.job_tag}.items()
     ]
     _write_whole("".join(lines))
     return 0

@@ -108,7 +108,7 @@ def doctor(
         out.write(f"verdict: FAIL: {exc}\n")
         return 1
 
-    scope = job_scope(detection.scope, info.world_size, detection.mpi_token)
+    scope = job_scope(detection.job_tag, info.world_size, detection.mpi_token)
     checkin, backend = _checkin(info, scope)
     if info.world_size == 1:
         verdict = Verdict(True, (), (checkin,), scope)

@@ -122,8 +122,8 @@ def _prepare(
     for name in ("GROUP_RANK", "GROUP_WORLD_SIZE", "LOCAL_WORLD_SIZE"):
         if name not in exported:  # the node layout is unknown until the roll call
             os.environ.pop(name, None)
-    os.environ[SCOPE_VAR] = detection.scope
-    state.remember(state.State(info, detection.scope, device, allow_gpu_sharing))
+    os.environ[SCOPE_VAR] = detection.job_tag
+    state.remember(state.State(info, detection.job_tag, device, allow_gpu_sharing))
     # Whoever creates the process group (init_dist, or the framework after setup), it ends
     # before the interpreter finalises (distenv.teardown).
     end_groups_at_exit()
@@ -190,7 +190,7 @@ def _init_process_group(
     detection: Detection,
 ) -> RankInfo:
     """Hold the roll call and create the group; return `info` with the roll call's node layout."""
-    scope = job_scope(detection.scope, info.world_size, detection.mpi_token)
+    scope = job_scope(detection.job_tag, info.world_size, detection.mpi_token)
     checkin = make_checkin(
         info, backend, device, allow_gpu_sharing=state.gpu_sharing_allowed(), scope=scope
     )

@@ -95,14 +95,15 @@ MASTER_VARS = (
 # kernel never hands our port to some outgoing connection first.
 PORT_LOW = 10_000
 PORT_HIGH = 32_768
-# The largest prime below PORT_HIGH - PORT_LOW: job ids a multiple of the span apart (22768 under
-# 0.1.0) no longer land on the same port.
+# The largest prime below PORT_HIGH - PORT_LOW: the stride is invertible modulo a prime, so two job
+# ids share a step's port only when a multiple of PORT_SPAN apart, which no round distance
+# (22768 = PORT_HIGH - PORT_LOW) is.
 PORT_SPAN = 22_751
 # Job ids step PORT_STRIDE apart modulo the span, step ids 1 apart. The stride was searched for the
 # patterns that share nodes (tests/test_master.py checks each figure): two jobs whose ids
 # differ by at most 708 never collide while their steps differ by at most 31; by at most 2133 with
-# steps 0-7; by at most 3 with steps up to 255 (0.1.0's job N step 97 and job N+1 step 0 collided);
-# two steps of one job never do; job ids 22768 apart never do for steps up to 63.
+# steps 0-7; by at most 3 with steps up to 255; two steps of one job never do; job ids 22768 apart
+# never do for steps up to 63.
 PORT_STRIDE = 9_755
 
 
@@ -204,7 +205,8 @@ class MasterQuery(NamedTuple):
     Attributes:
         source: Who asks (a launcher's name, ``run``, ``launch``); errors start with it.
         env: The environment of rules 2, 4 and 5 (``MASTER_*``, ``DISTENV_SCOPE``, the format).
-        scope: This job step's `scope_tag`: exported ``MASTER_*`` of any other scope are stale.
+        job_tag: This job step's export tag (`scope_tag`): ``MASTER_*`` exported with any other
+            tag are stale.
         explicit: Whether ``MASTER_ADDR``/``MASTER_PORT`` of `env` count (the launcher declares
             them; `none` and most plug-ins do not).
         stated: What the launcher's own contract states, ``(addr, port)``.
@@ -217,7 +219,7 @@ class MasterQuery(NamedTuple):
 
     source: str
     env: Mapping[str, str]
-    scope: str = ""
+    job_tag: str = ""
     explicit: bool = False
     stated: tuple[str | None, int | None] = (None, None)
     flags: tuple[str | None, int | None] = (None, None)
@@ -259,14 +261,14 @@ def _explicit(query: MasterQuery) -> tuple[str | None, int | None]:
     reader = Reader(query.source, query.env, MASTER_VARS)
     addr, port_text = reader.get("MASTER_ADDR"), reader.get("MASTER_PORT")
     tag = reader.get(SCOPE_VAR)
-    if tag is not None and tag != query.scope and (addr is not None or port_text is not None):
+    if tag is not None and tag != query.job_tag and (addr is not None or port_text is not None):
         warn(
             "%s: ignoring MASTER_ADDR=%s MASTER_PORT=%s: distenv exported them for %s, this is %s",
             query.source,
             addr,
             port_text,
             tag,
-            query.scope,
+            query.job_tag,
         )
         return None, None
     return explicit_master(reader)

@@ -1,6 +1,6 @@
 """From the environment to a resolved `RankInfo`: the one pipeline every entry point calls.
 
-    choose the launcher (distenv.detect) -> its layout -> the master (distenv.master) -> RankInfo
+    choose the launcher (distenv.choice) -> its layout -> the master (distenv.master) -> RankInfo
 
 `locate` is that pipeline; `init_dist`, `setup`, ``distenv info/export/doctor`` and
 ``distenv run`` all call it. `explain` and `detect` are its pure part (the environment only: no
@@ -15,7 +15,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from distenv.detect import Choice, choose
+from distenv.choice import Choice, choose
 from distenv.errors import DistEnvError
 from distenv.launchers import Launcher
 from distenv.master import FORMAT_VAR, MasterQuery, addr_origin, find_master
@@ -32,7 +32,8 @@ class Detection:
     Attributes:
         info: The answer.
         launcher: The backend whose answer it is (the explicit name, or what auto chose).
-        scope: The job/step identity distenv tags its exports with.
+        job_tag: The export tag: the job step distenv's exports name (``DISTENV_SCOPE``,
+            `distenv.master.scope_tag`), also the rendezvous scope's starting point.
         considered: One ``(launcher, verdict)`` line per backend looked at, innermost first.
         mpi_token: The job's 16 random bytes that rank 0 sent with its master over MPI (the
             same on every rank), when this rank took part in that exchange; else None.
@@ -42,22 +43,27 @@ class Detection:
 
     info: RankInfo
     launcher: Launcher
-    scope: str
+    job_tag: str
     considered: tuple[tuple[str, str], ...]
     mpi_token: bytes | None = None
     master_from: str = "MASTER_ADDR"
 
+    @property
+    def scope(self) -> str:
+        """`job_tag`, by the name callers of the public `Detection` read it under."""
+        return self.job_tag
 
-def master_query(choice: Choice, env: Mapping[str, str]) -> MasterQuery:
+
+def master_query(choice: Choice) -> MasterQuery:
     """Return what detection knows that bears on the master (`distenv.master.find_master`)."""
     owner, info = choice.owner, choice.info
     return MasterQuery(
         source=owner.name,
-        env=env,
-        scope=owner.scope(env),
-        explicit=owner.honours_master_vars,
+        env=owner.env,
+        job_tag=owner.job_tag(),
+        explicit=owner.launcher.honours_master_vars,
         stated=(info.master_addr, info.master_port),
-        default=owner.default_master(env),
+        default=owner.default_master(),
         allocation=choice.allocation,
         world_size=info.world_size,
     )
@@ -122,7 +128,7 @@ def locate(
         env = {**env, FORMAT_VAR: master_addr_format}
     choice = choose(launcher, env)
     try:
-        query = master_query(choice, env)
+        query = master_query(choice)
         exchange = _LazyMpi(choice.info, comm, deadline, env) if runtime and mpi else None
         master = find_master(query, runtime=runtime, exchange=exchange)
     except DistEnvError as exc:
@@ -135,7 +141,7 @@ def locate(
     info = choice.info.replace(master_addr=master.addr, master_port=master.port)
     token = None if exchange is None else exchange.token
     return Detection(
-        info, choice.launcher, choice.launcher.scope(env), notes, token, addr_origin(query, master)
+        info, choice.launcher, choice.layer.job_tag(), notes, token, addr_origin(query, master)
     )
 
 

@@ -217,7 +217,7 @@ def run_id(options: LaunchOptions, layout: Detection | None, nnodes: int) -> str
             )
         return options.run_id
     if layout is not None:
-        return layout.scope
+        return layout.job_tag
     if nnodes == 1:
         return secrets.token_hex(8)
     raise ConfigurationError(

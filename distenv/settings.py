@@ -81,7 +81,7 @@ SETTINGS = (
 
 def seconds(value: object, name: str) -> float:
     """Return `value` (seconds or a timedelta) as positive finite seconds, or raise naming it."""
-    # Imported here: detection imports this module, and never needs them (3 ms of start-up).
+    # Imported here: detection imports this module and never needs them.
     import datetime
     import math
 

@@ -16,6 +16,7 @@ from distenv import detect, explain
 from distenv.agreement import LAUNCH_MARKS, refuse_leftovers
 from distenv.errors import InconsistentEnvironmentError
 from distenv.launchers import auto_candidates
+from distenv.layer import Layers
 from distenv.master import RUN_ID_VAR, SCOPE_VAR
 from tests.conftest import scrubbed_environ
 from tests.envs import lsf, mpi, slurm, torchrun
@@ -109,7 +110,9 @@ def test_a_launchers_mark_makes_the_contract_a_launch(mark: dict[str, str]) -> N
     """torchrun, distenv run and DeepSpeed's launcher set RANK/... inside a step on purpose."""
     env = {**slurm.SRUN_1N_4T[1], **FULL_STALE, **mark}
     notes: list[tuple[str, str]] = []
-    refuse_leftovers(None, env, [c for c in auto_candidates(env) if c.detect(env)], notes)
+    layers = Layers(env)
+    detected = [layers[c] for c in auto_candidates(env) if c.detect(env)]
+    refuse_leftovers(None, layers, detected, notes)
     assert notes == []
 
 

@@ -8,7 +8,7 @@ from collections.abc import Iterator, Mapping
 import pytest
 
 from distenv import DistEnvError
-from distenv.launchers import BUILTIN, Launcher
+from distenv.launchers import BUILTIN, Launcher, Scheduler
 from tests.envs import (
     azureml,
     flux,
@@ -79,16 +79,17 @@ def test_backend_reads_only_declared_variables(launcher: Launcher) -> None:
     declared = {v.name for v in launcher.variables}
     for data in _all_envs():
         env = RecordingEnv(data)
-        for call in (
+        calls = [
             launcher.detect,
             launcher.rank_info,
             launcher.world,
             launcher.scope,
-            launcher.allocation_master,
             launcher.default_master,
-            launcher.daemon_nodes,
             launcher.node_agent,
-        ):
+        ]
+        if isinstance(launcher, Scheduler):
+            calls += [launcher.allocation_master, launcher.daemon_nodes]
+        for call in calls:
             with contextlib.suppress(DistEnvError):
                 call(env)
         assert env.read <= declared, sorted(env.read - declared)

@@ -44,9 +44,9 @@ def test_api_page_names_only_public_objects() -> None:
 
 
 def test_api_page_does_not_document_a_module_in_place_of_a_function() -> None:
-    """`::: distenv.detect` would render the module distenv/detect.py (its internals `Choice`,
-    `choose`), not the function `distenv.detect`: an entry naming a module must not also be a
-    package attribute that is something else."""
+    """`::: distenv.X` renders the module distenv/X.py where one exists, not a function
+    `distenv.X` of the same name (as the module detect.py once shadowed `distenv.detect`): an
+    entry naming a module must not also be a package attribute that is something else."""
     for path in _api_entries():
         parent_module = importlib.import_module(path.rpartition(".")[0])
         if not hasattr(parent_module, "__path__") or importlib.util.find_spec(path) is None:

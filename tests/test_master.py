@@ -13,7 +13,7 @@ from collections.abc import Callable, Mapping
 
 import pytest
 
-from distenv.detect import choose
+from distenv.choice import choose
 from distenv.errors import ConfigurationError, InvalidVariableError, MissingVariableError
 from distenv.master import (
     DEFAULT_PORT,
@@ -30,7 +30,7 @@ from tests.envs import lsf, mpi, slurm, torchrun
 
 
 def master(env: Mapping[str, str], launcher: str = "auto", **kwargs: object) -> Master:
-    return find_master(master_query(choose(launcher, env), env), **kwargs)  # type: ignore[arg-type]
+    return find_master(master_query(choose(launcher, env)), **kwargs)  # type: ignore[arg-type]
 
 
 def test_stated_torchrun_contract_is_used_as_given() -> None:

@@ -1,7 +1,8 @@
 """Launcher backends, the registry that finds them by name, and the public plug-in contract.
 
 A third-party backend imports only from here (plus `distenv.RankInfo` and `distenv.errors`):
-`Launcher` (or `Scheduler` for a launcher that owns an allocation), `Var` and `Reader` to declare
+`Launcher` (or `Scheduler` for a launcher that owns an allocation, `AllocationLauncher` for one
+whose ranks lean on an enclosing scheduler's allocation), `Var` and `Reader` to declare
 and read its variables, `MASTER_VARS` to honour the user's MASTER_ADDR/MASTER_PORT, `Default`,
 `scheduler_port` and `scope_tag` for its master and export tag, `Nodes` and `World`; and registers
 under the `PLUGIN_GROUP` entry-point group (docs/plugins.md).
@@ -13,7 +14,7 @@ from collections.abc import Mapping
 
 from distenv.errors import ConfigurationError, LauncherNotFoundError
 from distenv.launchers.azureml import AzuremlLauncher
-from distenv.launchers.base import Default, Launcher, Nodes, Scheduler, World
+from distenv.launchers.base import AllocationLauncher, Default, Launcher, Nodes, Scheduler, World
 from distenv.launchers.flux import FluxLauncher
 from distenv.launchers.indexed_job import IndexedJobLauncher
 from distenv.launchers.kubeflow import KubeflowLauncher
@@ -47,6 +48,7 @@ __all__ = [
     "SLURM",
     "TORCHRUN",
     "VOLCANO",
+    "AllocationLauncher",
     "Default",
     "Launcher",
     "Nodes",

@@ -1,11 +1,11 @@
-"""The public plug-in contract: `Launcher`, and `Scheduler` for launchers that own an allocation.
+"""The public plug-in contract: `Launcher`, and the types for launchers that need more of it.
 
 A launcher backend is a stateless object whose methods are pure functions of an environment
 mapping, read through `Launcher.reader` (which refuses undeclared variables). Detection asks the
-type, never the name: a `Scheduler` (Slurm, LSF, or a plug-in for PBS or Flux) is an outer layer
-that may enclose an MPI job, and a launcher with `Launcher.tasks_of_scheduler` (MPI) consults every
-enclosing scheduler. Where rank 0's store listens is decided by `distenv.master` from what the
-launcher states (`Launcher.rank_info`) and its `Launcher.default_master`.
+type, never the name: a `Scheduler` (Slurm, LSF, or a plug-in for PBS or Flux) owns an allocation
+and is an outer layer; an `AllocationLauncher` (MPI) starts ranks that may lean on the allocation
+of every scheduler enclosing them. Where rank 0's store listens is decided by `distenv.master`
+from what the launcher states (`Launcher.rank_info`) and its `Launcher.default_master`.
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ from distenv.master import Default
 from distenv.rankinfo import RankInfo
 from distenv.variables import Reader, Var
 
-__all__ = ["Default", "Launcher", "Nodes", "Scheduler", "World"]
+__all__ = ["AllocationLauncher", "Default", "Launcher", "Nodes", "Scheduler", "World"]
 
 # (rank, world size) as one launcher layer sees them; the size is None where the layer does not say.
 World = tuple[int, int | None]
@@ -54,11 +54,6 @@ class Launcher(abc.ABC):
     #: Every variable the backend reads; the docs render this table. Declaring ``MASTER_ADDR``
     #: and ``MASTER_PORT`` (`distenv.master.MASTER_VARS`) lets the user's values win.
     variables: ClassVar[tuple[Var, ...]]
-    #: Whether this launcher's ranks may be an enclosing scheduler's own tasks (``srun
-    #: --mpi=pmix``, ``jsrun``) or be started by daemons running as a scheduler step (mpirun
-    #: inside ``salloc``). MPI sets it: detection then takes the scheduler's layout when both
-    #: layers agree, else its daemon step's node numbering and its allocation's master.
-    tasks_of_scheduler: ClassVar[bool] = False
     #: How a user starts processes under this launcher: the hint when ``--launcher NAME`` finds
     #: none of its variables (typically a login node). A plug-in says how its jobs start.
     how_to_start: ClassVar[str] = ""
@@ -93,20 +88,6 @@ class Launcher(abc.ABC):
         """
         return 0
 
-    def requeue_command(self, env: Mapping[str, str]) -> list[str] | None:
-        """Return the argument list that puts this job back in the queue, or None if it can't.
-
-        Only a `Scheduler` answers (`distenv.requeue` runs it on one rank); others return None.
-        """
-        return None
-
-    def placed_rank_info(self, env: Mapping[str, str], nodes: Nodes | None) -> RankInfo:
-        """Return the `RankInfo` when an enclosing scheduler's daemon step numbers the nodes.
-
-        Only launchers with `tasks_of_scheduler` are asked; by default `nodes` changes nothing.
-        """
-        return self.rank_info(env)
-
     def default_master(self, env: Mapping[str, str]) -> Default | None:
         """Return where this launcher puts rank 0's store when nobody says, or None if it can't."""
         return None
@@ -135,30 +116,51 @@ class Launcher(abc.ABC):
         return None
 
     def scope(self, env: Mapping[str, str]) -> str:
-        """Return the job/step identity that tags distenv's exports (`distenv.master.scope_tag`)."""
+        """Return the export tag: the job step whose answer distenv's exports carry.
+
+        ``launcher/job/step`` (`distenv.master.scope_tag`), exported as ``DISTENV_SCOPE`` beside
+        ``MASTER_*`` so that another step finding them knows they are not its own.
+        """
         return f"{self.name}/-/-"
 
-    def daemon_nodes(self, env: Mapping[str, str]) -> Nodes | None:
-        """Return this node's numbering when an MPI launcher's daemons run as this layer's tasks.
 
-        Only a `Scheduler` answers; others return None.
+class AllocationLauncher(Launcher):
+    """A launcher whose ranks may lean on the allocation of an enclosing `Scheduler` (MPI).
+
+    Its ranks may be the scheduler's own tasks (``srun --mpi=pmix``, ``jsrun``): detection then
+    takes the scheduler's layout when both layers number this process alike (`Launcher.world`).
+    Or daemons running as one scheduler step across the allocation started them (mpirun or
+    Hydra inside ``salloc``): that step numbers the nodes (`Scheduler.daemon_nodes`, handed to
+    `placed_rank_info`) and the allocation gives the master (`Scheduler.allocation_master`).
+    """
+
+    def rank_info(self, env: Mapping[str, str]) -> RankInfo:
+        """Return this process's `RankInfo` outside any daemon step (`placed_rank_info`)."""
+        return self.placed_rank_info(env, None)
+
+    @abc.abstractmethod
+    def placed_rank_info(self, env: Mapping[str, str], nodes: Nodes | None) -> RankInfo:
+        """Return the `RankInfo`, numbering the nodes by `nodes` where a daemon step gives it.
+
+        `nodes` is None outside a scheduler's daemon step (the launcher numbers its nodes
+        itself, or leaves them to the roll call).
         """
-        return None
-
-    def allocation_master(self, env: Mapping[str, str]) -> Default | None:
-        """Return the master for a launcher started *inside* this layer's allocation.
-
-        Only a `Scheduler` answers; others return None.
-        """
-        return None
 
 
 class Scheduler(Launcher):
     """A launcher that owns an allocation of nodes (Slurm, LSF; PBS or Flux as plug-ins).
 
-    Besides its own tasks' `RankInfo`, a scheduler tells an MPI job started inside its allocation
-    how the nodes are numbered and where the master is.
+    Besides its own tasks' `RankInfo`, a scheduler tells an `AllocationLauncher` (MPI) started
+    inside its allocation how the nodes are numbered and where the master is, and may say how to
+    put its job back in the queue.
     """
+
+    def requeue_command(self, env: Mapping[str, str]) -> list[str] | None:
+        """Return the argument list that puts this job back in the queue, or None if it can't.
+
+        `distenv.requeue` runs it on one rank.
+        """
+        return None
 
     @abc.abstractmethod
     def daemon_nodes(self, env: Mapping[str, str]) -> Nodes | None:

@@ -75,7 +75,7 @@ class LsfLauncher(Scheduler):
         Var("LSB_JOBID", "job_id", "yes", "the LSF job id; its presence means an LSF job"),
         Var("LSB_JOBINDEX", "master_port", "no", "array element index (0 outside arrays)"),
         Var("LSB_RESTART", "restart_count", "no", "'Y' in a restarted (requeued) job: 1"),
-        Var("PMIX_NAMESPACE", "(scope)", "no", "jsrun's PMIx namespace: one jsrun step"),
+        Var("PMIX_NAMESPACE", "(export tag)", "no", "jsrun's PMIx namespace: one jsrun step"),
         Var("JSM_NAMESPACE_RANK", "rank", "under jsrun", "global rank"),
         Var("JSM_NAMESPACE_SIZE", "world_size", "under jsrun", "number of ranks"),
         Var("JSM_NAMESPACE_LOCAL_RANK", "local_rank", "under jsrun", "rank on this node"),

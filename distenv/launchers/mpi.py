@@ -6,7 +6,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 from distenv.errors import MissingVariableError
-from distenv.launchers.base import Launcher, Nodes, World
+from distenv.launchers.base import AllocationLauncher, Nodes, World
 from distenv.master import MASTER_VARS, scope_tag
 from distenv.rankinfo import RankInfo
 from distenv.variables import Reader, Var
@@ -82,7 +82,7 @@ def _declare() -> tuple[Var, ...]:
     return tuple(seen.values())
 
 
-class MpiLauncher(Launcher):
+class MpiLauncher(AllocationLauncher):
     """Ranks started by an MPI launcher: Open MPI, MPICH / Intel MPI (Hydra), MVAPICH2, Cray PALS.
 
     | library | rank | world_size | local_rank | local_world_size |
@@ -103,10 +103,11 @@ class MpiLauncher(Launcher):
     comes from MASTER_ADDR / MASTER_PORT, else an enclosing scheduler's allocation, else
     `distenv.resolve` finds it over MPI (mpi4py).
 
-    The job's identity (its rendezvous scope) is ``PMIX_NAMESPACE`` where the launcher is PMIx
-    based (Open MPI 4/5, ``srun --mpi=pmix``, jsrun), ``PALS_APID`` under Cray PALS; Hydra
-    exports none, so its scope is only
-    the world size unless rank 0's master is exchanged over MPI (docs/security.md).
+    The job's identity (its export tag, from which the rendezvous scope is made) is
+    ``PMIX_NAMESPACE`` where the launcher is PMIx based (Open MPI 4/5, ``srun --mpi=pmix``,
+    jsrun), ``PALS_APID`` under Cray PALS; Hydra exports none, so its tag holds only the world
+    size, and its rendezvous scope only that unless rank 0's master is exchanged over MPI
+    (docs/security.md).
     """
 
     name = "mpi"
@@ -116,11 +117,12 @@ class MpiLauncher(Launcher):
     )
     variables = (
         *_declare(),
-        Var("PMIX_NAMESPACE", "(scope)", "no", "PMIx: this launch's namespace (Open MPI, srun)"),
-        Var("PALS_APID", "(scope)", "no", "Cray PALS: this launch's application id"),
+        Var(
+            "PMIX_NAMESPACE", "(export tag)", "no", "PMIx: this launch's namespace (Open MPI, srun)"
+        ),
+        Var("PALS_APID", "(export tag)", "no", "Cray PALS: this launch's application id"),
         *MASTER_VARS,
     )
-    tasks_of_scheduler = True
 
     def _flavor(self, reader: Reader) -> Flavor | None:
         for flavor in FLAVORS:
@@ -138,9 +140,6 @@ class MpiLauncher(Launcher):
             return None
         size = reader.optional_int(*flavor.size, minimum=1) if flavor.size else None
         return reader.integer(flavor.rank), size
-
-    def rank_info(self, env: Mapping[str, str]) -> RankInfo:
-        return self.placed_rank_info(env, None)
 
     def placed_rank_info(self, env: Mapping[str, str], nodes: Nodes | None) -> RankInfo:
         reader = self.reader(env)
@@ -203,7 +202,10 @@ class MpiLauncher(Launcher):
     def scope(self, env: Mapping[str, str]) -> str:
         # PMIx launchers and Cray PALS name the launch; Hydra names nothing every rank shares but
         # the size.
-        world = self.world(env)
-        size = None if world is None or world[1] is None else str(world[1])
         reader = self.reader(env)
+        flavor = self._flavor(reader)
+        size = None
+        if flavor is not None and flavor.size:
+            number = reader.optional_int(*flavor.size, minimum=1)
+            size = None if number is None else str(number)
         return scope_tag(self.name, reader.get("PMIX_NAMESPACE") or reader.get("PALS_APID"), size)

@@ -1,10 +1,11 @@
 """Compare what two versions of distenv detect, case by case: a refactoring's safety net.
 
-Runs `distenv.explain` under every launcher name on every captured environment (tests/envs),
-each also perturbed (MASTER_* given, a stale DISTENV_SCOPE, an address format, an arbitrary
-distribution, malformed values), once with the working tree and once with a git revision
-(materialised with `git archive`, never checked out), and prints every case whose answer differs:
-the RankInfo, the scope, the reasons, or the error's type, message and reasons.
+Runs `distenv.explain` under every launcher name on every captured rank (every module of
+tests/envs), each also perturbed (MASTER_* given, a stale DISTENV_SCOPE, an address format, an
+arbitrary distribution, malformed values), once with the working tree and once with a git
+revision (materialised with `git archive`, never checked out), and prints every case whose answer
+differs: the RankInfo, the export tag (DISTENV_SCOPE), the reasons, or the error's type, message
+and reasons.
 
     .venv/bin/python tests/harness/compare_detection.py --baseline a124b84
 """
@@ -24,25 +25,35 @@ REPO = Path(__file__).resolve().parents[2]
 DUMP = r"""
 import json, logging, sys
 sys.path.append(sys.argv[1])  # tests.envs, after PYTHONPATH's distenv
+import importlib, pkgutil
 import distenv
-from tests.envs import lsf, mpi, slurm, torchrun
+import tests.envs
 
 logging.disable(logging.CRITICAL)
-envs = [(f"{n}[{i}]", e) for m in (slurm, mpi, torchrun) for n in sorted(dir(m)) if n.isupper()
-        for i, e in enumerate(getattr(m, n))]
-envs += [(n, getattr(lsf, n)) for n in sorted(dir(lsf)) if n.isupper()]
+envs = []
+for module in sorted(m.name for m in pkgutil.iter_modules(tests.envs.__path__)):
+    m = importlib.import_module(f"tests.envs.{module}")
+    for n in sorted(dir(m)):
+        value = getattr(m, n)
+        if not n.isupper():
+            continue
+        ranks = list(value) if isinstance(value, (tuple, list)) else [value]
+        envs += [(f"{module}.{n}[{i}]", e) for i, e in enumerate(ranks) if isinstance(e, dict)]
 extra = [{}, {"MASTER_ADDR": "h9"}, {"MASTER_PORT": "4444"},
          {"MASTER_ADDR": "h9", "MASTER_PORT": "4444", "DISTENV_SCOPE": "slurm/3/0"},
          {"DISTENV_MASTER_ADDR_FORMAT": "{host}-ib"}, {"SLURM_DISTRIBUTION": "arbitrary"},
          {"MASTER_PORT": "99999"}, {"DISTENV_MASTER_ADDR_FORMAT": "bad"},
-         {"RANK": "3", "WORLD_SIZE": "4", "MASTER_ADDR": "x", "MASTER_PORT": "5"}]
+         {"RANK": "3", "WORLD_SIZE": "4", "MASTER_ADDR": "x", "MASTER_PORT": "5"},
+         {"PMI_SIZE": "x", "OMPI_COMM_WORLD_SIZE": "0", "SLURM_NTASKS": "x"},
+         {"PMI_RANK": "x", "OMPI_COMM_WORLD_RANK": "x", "SLURM_PROCID": "x", "RANK": "x"}]
 out = {"__file__": distenv.__file__}
 for name, env in envs:
     for k, add in enumerate(extra):
-        for launcher in ("auto", "pytorch", "mpi", "slurm", "lsf", "none"):
+        for launcher in ("auto", *distenv.launchers.BUILTIN):
             try:
                 d = distenv.explain(launcher, {**env, **add})
-                r = {"info": d.info.to_dict(), "scope": d.scope, "launcher": d.launcher.name,
+                tag = getattr(d, "job_tag", None) or d.scope
+                r = {"info": d.info.to_dict(), "scope": tag, "launcher": d.launcher.name,
                      "considered": [list(c) for c in d.considered]}
             except distenv.DistEnvError as exc:
                 r = {"error": type(exc).__name__, "message": str(exc),

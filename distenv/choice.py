@@ -2,10 +2,11 @@
 
 `choose` answers which launcher's layout describes this process, and what encloses it; where the
 master is, is `distenv.master`'s question (`distenv.pipeline` asks both). Detection asks the
-launchers' types, never their names: a `Scheduler` is an outer layer, and a launcher with
-`Launcher.tasks_of_scheduler` (MPI) consults every scheduler that encloses it. Before it chooses,
+launchers' types, never their names: a `Scheduler` is an outer layer, and an
+`AllocationLauncher` (MPI) consults every scheduler that encloses it. Before it chooses,
 `distenv.agreement` refuses launcher variables left over from another job that contradict the
-step this process belongs to.
+step this process belongs to. Every launcher is asked through its `distenv.layer.Layer`, so each
+answer is computed once and handed on in the `Choice`.
 
 Reads the environment only: no torch, no mpi4py, no subprocess.
 """
@@ -15,18 +16,19 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import NamedTuple
 
-from distenv.agreement import agrees, refuse_leftovers
+from distenv.agreement import agrees, describe, refuse_leftovers
 from distenv.errors import DistEnvError, LauncherMismatchError, LauncherNotFoundError
 from distenv.launchers import (
     NONE,
+    AllocationLauncher,
     Default,
     Launcher,
     Scheduler,
-    World,
     auto_candidates,
     canonical_name,
     get_launcher,
 )
+from distenv.layer import Layer, Layers
 from distenv.rankinfo import RankInfo
 
 __all__ = ["Choice", "choose"]
@@ -36,20 +38,25 @@ class Choice(NamedTuple):
     """Which launcher describes this process, and what it found.
 
     Attributes:
-        launcher: The backend chosen (the explicit name, or what auto chose).
+        layer: The backend chosen (the explicit name, or what auto chose), with its answers.
         info: The `RankInfo` of the layout used; its master fields hold only what the layout's
             owner states.
-        owner: The backend whose layout `info` is: `launcher`, or the scheduler whose tasks the
-            MPI ranks are (``srun --mpi=pmix`` with ``--launcher mpi``). Its master rules apply.
+        owner: The layer whose layout `info` is: `layer`, or the scheduler whose tasks the MPI
+            ranks are (``srun --mpi=pmix`` with ``--launcher mpi``). Its master rules apply.
         allocation: The enclosing scheduler's master, for a launcher started inside it (MPI).
         considered: One ``(launcher, verdict)`` line per backend looked at, innermost first.
     """
 
-    launcher: Launcher
+    layer: Layer
     info: RankInfo
-    owner: Launcher
+    owner: Layer
     allocation: Default | None
     considered: tuple[tuple[str, str], ...]
+
+    @property
+    def launcher(self) -> Launcher:
+        """The backend chosen."""
+        return self.layer.launcher
 
 
 def _seen(launcher: Launcher, env: Mapping[str, str], limit: int = 6) -> str:
@@ -58,40 +65,34 @@ def _seen(launcher: Launcher, env: Mapping[str, str], limit: int = 6) -> str:
     return shown + (f", ... ({len(names) - limit} more)" if len(names) > limit else "")
 
 
-def _describe(world: World | None) -> str:
-    if world is None:
-        return "no rank"
-    return f"rank {world[0]} of {world[1] if world[1] is not None else '?'}"
+def _alone(layer: Layer, notes: list[tuple[str, str]]) -> Choice:
+    """The answer of a layer whose own layout describes this process."""
+    return Choice(layer, layer.rank_info(), layer, None, tuple(notes))
 
 
-def _enclosed(
-    inner: Launcher,
-    env: Mapping[str, str],
-    detected: Sequence[Launcher],
-    notes: list[tuple[str, str]],
-) -> Choice:
+def _enclosed(inner: Layer, detected: Sequence[Layer], notes: list[tuple[str, str]]) -> Choice:
     """Answer for ranks of `inner` (MPI): a scheduler's layout when it agrees, else its own."""
-    inner_world = inner.world(env)
-    outer = [s for s in detected if isinstance(s, Scheduler)]
+    inner_world = inner.world()
+    outer = [s for s in detected if isinstance(s.launcher, Scheduler)]
     for scheduler in outer:
-        world = scheduler.world(env)
+        world = scheduler.world()
         if agrees(inner_world, world):
             notes.append(
                 (
                     scheduler.name,
-                    f"agrees with {inner.name} ({_describe(world)}): its layout and hosts used",
+                    f"agrees with {inner.name} ({describe(world)}): its layout and hosts used",
                 )
             )
-            return Choice(scheduler, scheduler.rank_info(env), scheduler, None, tuple(notes))
+            return _alone(scheduler, notes)
         notes.append(
             (
                 scheduler.name,
-                f"outer layer: {_describe(world)} vs {inner.name}'s {_describe(inner_world)}",
+                f"outer layer: {describe(world)} vs {inner.name}'s {describe(inner_world)}",
             )
         )
-    nodes = next((n for s in outer if (n := s.daemon_nodes(env)) is not None), None)
-    info = inner.placed_rank_info(env, nodes)
-    allocation = next((a for s in outer if (a := s.allocation_master(env)) is not None), None)
+    nodes = next((n for s in outer if (n := s.daemon_nodes()) is not None), None)
+    info = inner.placed_rank_info(nodes)
+    allocation = next((a for s in outer if (a := s.allocation_master()) is not None), None)
     return Choice(inner, info, inner, allocation, tuple(notes))
 
 
@@ -103,21 +104,27 @@ def choose(launcher: str, env: Mapping[str, str]) -> Choice:
             its ``considered`` lists what detection looked at.
     """
     name = canonical_name(launcher)
-    candidates = auto_candidates(env)
-    detected = [c for c in candidates if c.detect(env)]
+    layers = Layers(env)
+    candidates = [layers[c] for c in auto_candidates(env)]
+    detected = [c for c in candidates if c.detected()]
     notes: list[tuple[str, str]] = [
-        (c.name, f"detected ({_seen(c, env)})" if c in detected else "not detected: no variables")
+        (
+            c.name,
+            f"detected ({_seen(c.launcher, env)})"
+            if c in detected
+            else "not detected: no variables",
+        )
         for c in candidates
     ]
     try:
-        choice = _choose(name, env, detected, notes)
+        choice = _choose(name, layers, detected, notes)
     except DistEnvError as exc:
         exc.considered = tuple(notes)
         raise
     # A restart at any layer counts: a requeued sbatch job restarts the torchrun, mpirun or
     # `distenv run` inside it, whose own count starts again at 0.
-    layers = {id(c): c for c in (*detected, choice.launcher, choice.owner)}
-    restarts = sum(layer.restart_count(env) for layer in layers.values())
+    counted = {id(c): c for c in (*detected, choice.layer, choice.owner)}
+    restarts = sum(layer.restart_count() for layer in counted.values())
     if restarts != choice.info.restart_count:
         choice = choice._replace(info=choice.info.replace(restart_count=restarts))
     return choice
@@ -125,61 +132,62 @@ def choose(launcher: str, env: Mapping[str, str]) -> Choice:
 
 def _choose(
     name: str,
-    env: Mapping[str, str],
-    detected: list[Launcher],
+    layers: Layers,
+    detected: list[Layer],
     notes: list[tuple[str, str]],
 ) -> Choice:
     """Pick the launcher named (or auto's choice) among those `detected`, innermost first."""
+    env = layers.env
     if name == "auto":
         if not detected:
             notes.append(("none", "chosen: no launcher detected, running as a single process"))
-            return Choice(NONE, NONE.rank_info(env), NONE, None, tuple(notes))
-        refuse_leftovers(None, env, detected, notes)
+            return _alone(layers[NONE], notes)
+        refuse_leftovers(None, layers, detected, notes)
         chosen = detected[0]
         notes.append((chosen.name, "chosen: innermost launcher detected"))
-        if chosen.tasks_of_scheduler:
-            return _enclosed(chosen, env, detected[1:], notes)
-        return Choice(chosen, chosen.rank_info(env), chosen, None, tuple(notes))
+        if isinstance(chosen.launcher, AllocationLauncher):
+            return _enclosed(chosen, detected[1:], notes)
+        return _alone(chosen, notes)
 
-    chosen = get_launcher(name)
-    if chosen is NONE:
-        return Choice(NONE, NONE.rank_info(env), NONE, None, tuple(notes))
-    if not chosen.detect(env):
+    chosen = layers[get_launcher(name)]
+    if chosen.launcher is NONE:
+        return _alone(chosen, notes)
+    if not chosen.detected():
         found = detected[0].name if detected else "none"
-        start = chosen.how_to_start or f"start the job with {chosen.name}'s launcher"
+        start = chosen.launcher.how_to_start or f"start the job with {chosen.name}'s launcher"
         raise LauncherNotFoundError(
             chosen.name,
-            f"none of its variables are set ({', '.join(v.name for v in chosen.variables[:3])}"
+            f"none of its variables are set ({', '.join(v.name for v in chosen.launcher.variables[:3])}"
             f", ...); auto-detection finds {found!r}",
             # Nothing detected (a login node): starting the job is the fix, not --launcher none.
             hint=f"{start}; or use --launcher {found} (or auto) to run here as a single process"
             if found == "none"
             else f"use --launcher {found} (or auto), or {start}",
         )
-    refuse_leftovers(chosen, env, detected, notes)
+    refuse_leftovers(chosen, layers, detected, notes)
     if chosen not in detected or detected[0] is chosen:  # a plug-in not opted in, or innermost
-        if chosen.tasks_of_scheduler:
+        if isinstance(chosen.launcher, AllocationLauncher):
             # The name asked for wins over an agreeing scheduler's: its layout, labelled as asked.
             outer = [d for d in detected if d is not chosen]
-            answer = _enclosed(chosen, env, outer, notes)
+            answer = _enclosed(chosen, outer, notes)
             info = answer.info.replace(launcher=chosen.name)
             return Choice(chosen, info, answer.owner, answer.allocation, answer.considered)
-        return Choice(chosen, chosen.rank_info(env), chosen, None, tuple(notes))
+        return _alone(chosen, notes)
 
     # The named launcher is an outer layer: acceptable only where the inner launcher's ranks are
     # the scheduler's own tasks (srun --mpi=pmix / pmi2, jsrun), which is when both layers agree.
     innermost = detected[0]
-    inner_world, outer_world = innermost.world(env), chosen.world(env)
+    inner_world, outer_world = innermost.world(), chosen.world()
     if (
-        innermost.tasks_of_scheduler
-        and isinstance(chosen, Scheduler)
+        isinstance(innermost.launcher, AllocationLauncher)
+        and isinstance(chosen.launcher, Scheduler)
         and agrees(inner_world, outer_world)
     ):
-        return Choice(chosen, chosen.rank_info(env), chosen, None, tuple(notes))
+        return _alone(chosen, notes)
     raise LauncherMismatchError(
         chosen.name,
-        f"its variables ({_seen(chosen, env, 4)}: {_describe(outer_world)}) describe an outer "
-        f"layer; this process was started by {innermost.name} ({_seen(innermost, env, 4)}: "
-        f"{_describe(inner_world)})",
+        f"its variables ({_seen(chosen.launcher, env, 4)}: {describe(outer_world)}) describe an "
+        f"outer layer; this process was started by {innermost.name} "
+        f"({_seen(innermost.launcher, env, 4)}: {describe(inner_world)})",
         hint=f"use --launcher {innermost.name} or --launcher auto",
     )
