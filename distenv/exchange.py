@@ -50,7 +50,6 @@ from types import FrameType
 from typing import Any, NoReturn
 
 from distenv._hosts import check_hostname
-from distenv.timing import GRACE_S, WATCHDOG_S
 from distenv.errors import (
     DistEnvError,
     InvalidVariableError,
@@ -60,6 +59,7 @@ from distenv.errors import (
 )
 from distenv.rankinfo import RankInfo
 from distenv.settings import Settings
+from distenv.timing import GRACE_S, WATCHDOG_S
 from distenv.watchdog import Watchdog
 
 __all__ = [
