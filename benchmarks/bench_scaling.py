@@ -4,7 +4,7 @@ Part A starts ``distenv run -n N`` (N = 2, 4, ... 32 local ranks: oversubscribed
 of _bootstrap_worker.py, for distenv's ``init_dist`` and for a bare ``init_process_group`` under
 the same contract, interleaved; it stops after the first size whose launch took more than 60 s.
 
-Part B times `distenv.rendezvous.roll_call` on rank 0 of N simulated ranks (64 .. 4096) over one
+Part B times `distenv.rollcall.roll_call` on rank 0 of N simulated ranks (64 .. 4096) over one
 real TCPStore on loopback: ranks 1..N-1 check in first (a loop making the same three store calls
 a rank makes), then rank 0's whole roll call is timed (its check-in, the gather of N records,
 `validate`, publishing the verdict). Also timed: `validate` alone, one ``multi_get`` of all N
@@ -108,8 +108,10 @@ def _checkin(rank: int, world: int, *, known: bool = True) -> Any:
 
 def _one_roll_call(store: Any, info: Any, checkins: list[Any]) -> tuple[dict[str, float], int]:
     """Time one roll call of `checkins` on `store` (all of part B's steps); return the verdict's size."""
-    from distenv.records import parse_verdict, validate
-    from distenv.rendezvous import check_in, fill_layout, roll_call
+    from distenv.deadline import Deadline
+    from distenv.rollcall import check_in, fill_layout, roll_call
+    from distenv.session import Bootstrap, Session
+    from distenv.verdict import parse_verdict, validate
 
     n = len(checkins)
     times: dict[str, float] = {}
@@ -122,7 +124,8 @@ def _one_roll_call(store: Any, info: Any, checkins: list[Any]) -> tuple[dict[str
     store.add("read", n - 1)
 
     start, cpu = time.perf_counter(), time.process_time()
-    verdict = roll_call(store, info, checkins[0], timeout=60.0, until=time.monotonic() + 70.0)
+    boot = Bootstrap(Session(info, checkins[0].scope), 60.0, Deadline.after(70.0))
+    verdict = roll_call(store, boot, checkins[0])
     times["rank0_roll_call"] = time.perf_counter() - start
     # CPU time of this process meanwhile (rank 0 and its store's threads): less at the mercy of
     # other work on a shared machine than the wall time.
@@ -166,7 +169,8 @@ def rollcall(sizes: list[int], repeats: int) -> dict[str, Any]:
     import torch
     from torch.distributed import PrefixStore, TCPStore
 
-    from distenv import rendezvous as rollcall_module
+    from distenv import store as store_module
+    from distenv import timing
     from distenv.rankinfo import RankInfo
 
     rng = random.Random(SEED)
@@ -178,8 +182,8 @@ def rollcall(sizes: list[int], repeats: int) -> dict[str, Any]:
     client = TCPStore("127.0.0.1", port, 1, is_master=False, timeout=timeout)
     out: dict[str, Any] = {"store": "TCPStore (libuv)" if master.libuvBackend else "TCPStore"}
     out["torch"] = torch.__version__
-    out["poll_s"] = getattr(rollcall_module, "POLL_S", None)
-    out["chunk"] = getattr(rollcall_module, "CHUNK", None)
+    out["poll_s"] = timing.POLL_S
+    out["chunk"] = store_module.CHUNK
     out["ranks_per_host"] = RANKS_PER_NODE
     for n in sizes:
         infos = {

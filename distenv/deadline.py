@@ -29,10 +29,9 @@ from types import FrameType
 from typing import NamedTuple, TypeVar
 
 from distenv.errors import RendezvousError
+from distenv.timing import SLICE_S, STOP_S
 
 __all__ = [
-    "GRACE_S",
-    "SIGNAL_MARK_S",
     "Deadline",
     "StopSignalError",
     "Watch",
@@ -42,23 +41,6 @@ __all__ = [
 ]
 
 T = TypeVar("T")
-
-#: Seconds the bootstrap may take beyond the rendezvous timeout: rank 0 publishes its verdict only
-#: after its own wait, and the process group connects after that.
-GRACE_S = 10.0
-# How long the main thread sleeps between looks at a bounded call: a signal is handled within it.
-SLICE_S = 0.05
-# How long an abandoned call may take to notice that it is cancelled (`pause` notices at once).
-# A signal's path waits this twice (the abandoned call, then the attempt to tell the others) plus
-# `SIGNAL_MARK_S`: together well inside the 2 s a signal may take to end a rank.
-STOP_S = 0.2
-#: How long a rank stopped by a signal tries to record that in the store for the others. During
-#: init_process_group that write queues behind gloo's own wait on the same connection and
-#: usually fails; the others then name the rank without saying how it left.
-SIGNAL_MARK_S = 0.5
-# Waits that name their own cause end this much before the deadline, so that their message, not
-# the deadline's generic one, is what the user reads.
-MARGIN_S = 0.5
 
 _current = threading.local()
 
@@ -77,29 +59,31 @@ def pause(seconds: float) -> None:
 
 
 class Deadline(NamedTuple):
-    """When the bootstrap must be over, and the rendezvous timeout it was derived from."""
+    """The instant a wait must end by, and the length it was set for (what its message states)."""
 
     at: float  # time.monotonic()
-    timeout: float
+    seconds: float
 
     @classmethod
-    def start(cls, timeout: float) -> Deadline:
-        """Return the deadline of a bootstrap starting now with this rendezvous timeout."""
-        return cls(time.monotonic() + timeout + GRACE_S, timeout)
+    def after(cls, seconds: float) -> Deadline:
+        """Return the deadline `seconds` from now."""
+        return cls(time.monotonic() + seconds, seconds)
 
-    @property
-    def bound(self) -> float:
-        """Seconds from the start to the deadline."""
-        return self.timeout + GRACE_S
-
-    def remaining(self) -> float:
-        """Seconds left (negative once passed)."""
+    def left(self) -> float:
+        """Return the seconds left (negative once passed)."""
         return self.at - time.monotonic()
 
-    @property
-    def waits_end(self) -> float:
-        """When a wait that reports its own cause must give up: just before the deadline."""
-        return self.at - MARGIN_S
+    def passed(self) -> bool:
+        """Return whether the deadline has passed."""
+        return time.monotonic() >= self.at
+
+    def within(self, seconds: float) -> Deadline:
+        """Return a wait of `seconds` from now that ends by this deadline all the same."""
+        return Deadline(min(time.monotonic() + seconds, self.at), seconds)
+
+    def sooner(self, seconds: float) -> Deadline:
+        """Return this deadline moved `seconds` earlier."""
+        return Deadline(self.at - seconds, self.seconds - seconds)
 
 
 class StopSignalError(Exception):
@@ -112,21 +96,21 @@ class Watch:
     The call updates it as it goes (`enter`); the main thread, waiting, reads it every slice.
     """
 
-    def __init__(self, what: str, until: float, expired: Callable[[], BaseException]) -> None:
-        self.what, self.until, self.expired = what, until, expired
+    def __init__(self, what: str, deadline: Deadline, expired: Callable[[], BaseException]) -> None:
+        self.what, self.deadline, self.expired = what, deadline, expired
+        self.end = deadline  # the whole watched call's: no phase may outlast it
 
-    def enter(self, what: str, until: float, expired: Callable[[], BaseException]) -> None:
-        """Start a phase: `what` it is, `until` when (monotonic), `expired()` the error after."""
-        self.what, self.until, self.expired = what, until, expired
+    def enter(self, what: str, deadline: Deadline, expired: Callable[[], BaseException]) -> None:
+        """Start a phase: `what` it is, its `deadline`, `expired()` the error after it."""
+        self.what, self.deadline, self.expired = what, deadline, expired
 
 
 def watched(call: Callable[[Watch], T], watch: Watch) -> T:
-    """Return ``call(watch)``, run in a daemon thread, or raise ``watch.expired()`` at its `until`.
+    """Return ``call(watch)``, run in a daemon thread, or raise ``watch.expired()`` at its deadline.
 
     The call's own exception is re-raised here. The main thread waits in `SLICE_S` slices, so a
     signal handler (`interruptible`) runs promptly even while the call is blocked in C++. One
-    thread serves a whole sequence of phases: starting a thread costs ~0.3 ms here, and the
-    bootstrap's steps are each a few round trips.
+    thread serves a whole sequence of phases, each of which names itself with ``watch.enter``.
     """
     outcome: list[T] = []
     failure: list[BaseException] = []
@@ -145,7 +129,7 @@ def watched(call: Callable[[Watch], T], watch: Watch) -> T:
     worker.start()
     try:
         while worker.is_alive():
-            remaining = watch.until - time.monotonic()
+            remaining = watch.deadline.left()
             if remaining <= 0:
                 raise watch.expired()
             worker.join(min(remaining, SLICE_S))
@@ -158,9 +142,9 @@ def watched(call: Callable[[Watch], T], watch: Watch) -> T:
     return outcome[0]
 
 
-def bounded(call: Callable[[], T], until: float, expired: Callable[[], BaseException]) -> T:
-    """Return ``call()``, run in a daemon thread, or raise ``expired()`` at `until` (monotonic)."""
-    return watched(lambda _: call(), Watch("", until, expired))
+def bounded(call: Callable[[], T], deadline: Deadline, expired: Callable[[], BaseException]) -> T:
+    """Return ``call()``, run in a daemon thread, or raise ``expired()`` at `deadline`."""
+    return watched(lambda _: call(), Watch("", deadline, expired))
 
 
 @contextmanager

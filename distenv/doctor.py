@@ -16,14 +16,15 @@ from typing import TextIO
 
 from distenv import state
 from distenv.args import add_launcher_option
-from distenv.deadline import Deadline
 from distenv.device import rank_backend, rank_device, rank_device_reason
 from distenv.errors import DistEnvError
 from distenv.pipeline import locate
 from distenv.rankinfo import RankInfo
-from distenv.records import CheckIn, Verdict
-from distenv.rendezvous import fill_layout, job_scope, make_checkin, meet
+from distenv.records import CheckIn
+from distenv.rollcall import fill_layout, make_checkin, meet
+from distenv.session import Bootstrap, Session
 from distenv.settings import Settings
+from distenv.verdict import Verdict
 
 __all__ = ["add_doctor_parser", "doctor", "write_considered"]
 
@@ -75,12 +76,12 @@ def _table(info: RankInfo, verdict: Verdict, out: TextIO) -> None:
         out.write("\n")
 
 
-def _checkin(info: RankInfo, scope: str) -> tuple[CheckIn, str]:
+def _checkin(session: Session) -> tuple[CheckIn, str]:
     # The same device and backend rule as init_dist's, never a copy of it.
-    device = rank_device(info)
+    device = rank_device(session.info)
     backend = rank_backend(device)
     return make_checkin(
-        info, backend, device, allow_gpu_sharing=state.gpu_sharing_allowed(), scope=scope
+        session, backend, device, allow_gpu_sharing=state.gpu_sharing_allowed()
     ), backend
 
 
@@ -100,7 +101,7 @@ def doctor(
     try:
         settings = Settings.read(os.environ)
         seconds = settings.rendezvous_seconds(timeout, DEFAULT_TIMEOUT)
-        deadline = Deadline.start(seconds)
+        deadline = Bootstrap.deadline_for(seconds)
         detection = locate(launcher, deadline=deadline.at)
         info = detection.info
     except DistEnvError as exc:
@@ -108,21 +109,14 @@ def doctor(
         out.write(f"verdict: FAIL: {exc}\n")
         return 1
 
-    scope = job_scope(detection.job_tag, info.world_size, detection.mpi_token)
-    checkin, backend = _checkin(info, scope)
+    session = Session.of(detection, info, settings)
+    checkin, backend = _checkin(session)
     if info.world_size == 1:
-        verdict = Verdict(True, (), (checkin,), scope)
+        verdict = Verdict(True, (), (checkin,), session.scope)
     else:
         try:
-            _, verdict = meet(
-                info,
-                checkin,
-                deadline=deadline,
-                settings=settings,
-                phase="doctor",
-                check=False,
-                master_from=detection.master_from,
-            )
+            boot = Bootstrap(session, seconds, deadline)
+            verdict = boot.run(lambda boot: meet(boot, checkin, "doctor", check=False))
         except DistEnvError as exc:
             if info.rank == 0:
                 out.write(f"verdict: FAIL: {exc}\n")

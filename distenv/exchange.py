@@ -19,7 +19,7 @@ broadcasts, with a failure status, so its peers fail at once instead of waiting.
 
 **The deadline.** Every MPI call here ends by `deadline` (`time.monotonic`): by default the
 rendezvous timeout (``DISTENV_TIMEOUT``, `distenv.settings.Settings.rendezvous_seconds`) plus
-`distenv.deadline.GRACE_S` (the bootstrap's one grace), counted from the start of the exchange;
+`distenv.timing.GRACE_S` (the bootstrap's one grace), counted from the start of the exchange;
 `init_dist` may pass its own deadline instead. At the deadline a rank prints distenv's message
 naming rank 0 and calls ``MPI_Abort``: a collective left pending would hang ``MPI_Finalize`` at
 exit, and the job cannot go on without that rank anyway. SIGINT or SIGTERM during the wait prints
@@ -50,7 +50,6 @@ from types import FrameType
 from typing import Any, NoReturn
 
 from distenv._hosts import check_hostname
-from distenv.deadline import GRACE_S
 from distenv.errors import (
     DistEnvError,
     InvalidVariableError,
@@ -61,6 +60,7 @@ from distenv.errors import (
 from distenv.kill_at_deadline import KillAtDeadline
 from distenv.rankinfo import RankInfo
 from distenv.settings import Settings
+from distenv.timing import GRACE_S, KILL_DELAY_S
 
 __all__ = [
     "ABI_HINT",
@@ -95,8 +95,6 @@ LATE_HINT = (
     "(did it reach init_dist, or stall or crash before it?)"
 )
 
-#: Seconds after the deadline at which the forked helper kills a rank the Python loop could not end.
-KILL_DELAY_S = 1.0
 TOKEN_BYTES = 16
 HOST_BYTES = 255
 #: status, host length, host (UTF-8, zero-padded), port, token: network byte order, 275 bytes.

@@ -2,67 +2,43 @@
 
 After the roll call, `join_group` calls ``torch.distributed.init_process_group`` with the time left
 before the bootstrap's deadline as its timeout (gloo's connect phase honours it), in a thread the
-main thread can abandon (`distenv.deadline.bounded`), then restores the user's collective timeout.
-A returned init proves nothing about the peers (a stopped peer still lets rank 0's init return), so
-every rank then meets the others once more over the store (`group_up`). When a rank does not come
-up, the others name it, with its host and how it left when it said so (`distenv.rendezvous.mark`):
-a rank that died after checking in is named at the deadline, not waited for.
+main thread can abandon (`distenv.session.Bootstrap.run`), then restores the user's collective
+timeout. A returned init proves nothing about the peers (a stopped peer still lets rank 0's init
+return), so every rank then meets the others once more over the store (`group_up`). When a rank
+does not come up, the others name it, with its host and the state it recorded
+(`distenv.session.Session.mark`): a rank that died after checking in is named at the deadline, not
+waited for.
 """
 
 from __future__ import annotations
 
 import datetime
-import time
 from collections.abc import Mapping
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-from distenv.deadline import Deadline, Watch, bounded
+from distenv.deadline import Deadline, bounded
 from distenv.errors import DistEnvError, InitError, RendezvousTimeoutError
-from distenv.rankinfo import RankInfo
 from distenv.records import MAX_SHOWN
-from distenv.rendezvous import (
-    first_line,
-    lost_store,
-    mark,
-    master_address,
-    poll_cap,
-    prefix,
-    read_states,
-    wait_key,
-)
-from distenv.settings import Settings
+from distenv.session import Bootstrap, Session
+from distenv.store import first_line, poll_cap, wait_key
+from distenv.timing import FAILED_MARK_S, LOOKUP_S, MIN_CONNECT_S
 
-if TYPE_CHECKING:
-    from torch._C._distributed_c10d import Store
-
-__all__ = ["group_up", "join_group"]
+__all__ = ["group_up", "join_group", "torch_timeout"]
 
 # Ranks whose state the others read when the group does not come up: a failure-only cost, bounded.
 MAX_LOOKED_UP = 4096
-LOOKUP_S = 5.0
 
 
-def _absent(
-    store: Any,
-    info: RankInfo,
-    scope: str,
-    settings: Settings,
-    wanted: str,
-    hosts: Mapping[int, str],
-) -> str:
+def _absent(session: Session, wanted: str, hosts: Mapping[int, str]) -> str:
     """Name the ranks that did not reach `wanted`, with their host and state, for a message.
 
     `hosts` are the hosts the roll call's check-ins named (rank 0 has them all): a rank that died
     without a word is named with its host from there.
     """
-    ranks = range(min(info.world_size, MAX_LOOKED_UP))
+    ranks = range(min(session.info.world_size, MAX_LOOKED_UP))
     try:
         # Bounded: rank 0's store itself may be what stopped answering.
-        states = bounded(
-            lambda: read_states(store, scope, settings, ranks),
-            time.monotonic() + LOOKUP_S,
-            TimeoutError,
-        )
+        states = bounded(lambda: session.read_states(ranks), Deadline.after(LOOKUP_S), TimeoutError)
     except RuntimeError:
         return "rank 0's store is gone too (rank 0 died?)"
     except TimeoutError:
@@ -91,22 +67,18 @@ def _absent(
 
 
 def join_group(
-    watch: Watch,
-    store: Store,
-    info: RankInfo,
+    boot: Bootstrap,
     *,
     backend: str,
     device: int | None,
     timeout: float | None,
-    deadline: Deadline,
-    settings: Settings,
-    scope: str,
     hosts: Mapping[int, str],
 ) -> None:
-    """Create the default process group over `store` by the deadline, then check it is up.
+    """Create the default process group over the session's store by the deadline; check it is up.
 
-    Runs inside the bootstrap's `watched` call, after the roll call. `hosts` maps ranks to the
-    hosts their check-ins named, for messages (rank 0 knows them).
+    Runs inside `Bootstrap.run`, after the roll call. `timeout` is the group's collective timeout
+    (torch's default if None); `hosts` maps ranks to the hosts their check-ins named, for
+    messages (rank 0 knows them).
 
     Raises:
         RendezvousTimeoutError: A rank did not join or come up by the deadline (named).
@@ -115,9 +87,10 @@ def join_group(
     """
     import torch
     import torch.distributed as dist
-    from torch._C._distributed_c10d import PrefixStore
 
-    where = f"rank {info.rank} of {info.world_size} (store {master_address(info)})"
+    session, deadline = boot.session, boot.deadline
+    info, store = session.info, session.store
+    where = f"rank {info.rank} of {info.world_size} (store {session.master})"
     options: dict[str, Any] = {}
     if device is not None and "nccl" in backend.lower():
         # Binds the communicator to this device and lets NCCL connect eagerly (torch >= 2.3).
@@ -133,12 +106,12 @@ def join_group(
             torch.cuda.set_device(device)  # the current device is per thread
         # gloo's connect phase honours the timeout: give it the time left, when torch lets us
         # give collectives the user's afterwards.
-        connect = datetime.timedelta(seconds=max(deadline.waits_end - time.monotonic(), 1.0))
+        connect = datetime.timedelta(seconds=max(boot.waits.left(), MIN_CONNECT_S))
         try:
-            mark(store, info, scope, settings, "joining")
+            session.mark("joining")
             dist.init_process_group(
                 backend=backend,
-                store=PrefixStore(prefix(scope, "pg", settings), store),
+                store=session.scoped("pg"),
                 rank=info.rank,
                 world_size=info.world_size,
                 timeout=connect if restore is not None else collective,
@@ -147,15 +120,15 @@ def join_group(
         except dist.DistStoreError:
             raise RendezvousTimeoutError(
                 info.launcher,
-                f"{where}: not every rank joined the process group within {deadline.bound:g} "
-                f"s: {_absent(store, info, scope, settings, 'joining', hosts)}",
+                f"{where}: not every rank joined the process group within {deadline.seconds:g} "
+                f"s: {_absent(session, 'joining', hosts)}",
                 hint="a rank died or was stopped after checking in; its log (or the launcher's "
                 "exit codes) says why",
             ) from None
         except dist.DistNetworkError as exc:
-            raise lost_store(info, "during init_process_group", exc) from None
+            raise session.lost("during init_process_group", exc) from None
         except (RuntimeError, ValueError) as exc:  # DistError is a RuntimeError
-            mark(store, info, scope, settings, "failed", wait=1.0)
+            session.mark("failed", wait=FAILED_MARK_S)
             raise InitError(
                 info.launcher,
                 f"{where}: init_process_group(backend={backend!r}) failed: {first_line(exc)}",
@@ -165,17 +138,17 @@ def join_group(
     def not_joined() -> DistEnvError:
         return RendezvousTimeoutError(
             info.launcher,
-            f"{where}: init_process_group did not return within {deadline.bound:g} s: "
-            f"{_absent(store, info, scope, settings, 'joining', hosts)}",
+            f"{where}: init_process_group did not return within {deadline.seconds:g} s: "
+            f"{_absent(session, 'joining', hosts)}",
             hint="a rank died or was stopped after checking in; its log (or the launcher's exit "
             "codes) says why",
         )
 
-    watch.enter("init_process_group", deadline.at, not_joined)
+    boot.enter("init_process_group", deadline, not_joined)
     init()
     if restore is not None:
         restore(collective, None)
-    group_up(watch, store, info, scope=scope, settings=settings, deadline=deadline, hosts=hosts)
+    group_up(boot, hosts)
     # From here on the store serves new_group and barriers: give it the group's patience, not the
     # check-in limit.
     store.set_timeout(collective)
@@ -188,38 +161,31 @@ def torch_timeout(timeout: float | None) -> datetime.timedelta:
     return dist.default_pg_timeout if timeout is None else datetime.timedelta(seconds=timeout)
 
 
-def group_up(
-    watch: Watch,
-    store: Store,
-    info: RankInfo,
-    *,
-    scope: str,
-    settings: Settings,
-    deadline: Deadline,
-    hosts: Mapping[int, str],
-) -> None:
+def group_up(boot: Bootstrap, hosts: Mapping[int, str]) -> None:
     """Return once every rank has marked itself up; name the ranks that did not by the deadline.
 
     Raises:
         RendezvousTimeoutError: Naming the ranks that never came up, their hosts and states.
     """
-    keys = prefix(scope, "up", settings)
+    session, deadline = boot.session, boot.deadline
+    info, store = session.info, session.store
+    keys = session.keys("up")
 
     def missing() -> DistEnvError:
         return RendezvousTimeoutError(
             info.launcher,
             f"rank {info.rank} of {info.world_size}: the process group did not come up on "
-            f"every rank within {deadline.bound:g} s: {_absent(store, info, scope, settings, 'up', hosts)}",
+            f"every rank within {deadline.seconds:g} s: {_absent(session, 'up', hosts)}",
             hint="a rank died or was stopped (SIGSTOP, a debugger, an overloaded node) after "
             "joining; its log (or the launcher's exit codes) says why",
         )
 
-    watch.enter("the check that the group is up", deadline.at, missing)
+    boot.enter("the check that the group is up", deadline, missing)
     try:
-        mark(store, info, scope, settings, "up")
+        session.mark("up")
         if int(store.add(f"{keys}/count", 1)) == info.world_size:
             store.set(f"{keys}/all", "1")  # the last one up tells everybody, and need not look
-        elif not wait_key(store, f"{keys}/all", deadline.waits_end, poll_cap(info.world_size)):
+        elif not wait_key(store, f"{keys}/all", boot.waits, poll_cap(info.world_size)):
             raise missing()
     except RuntimeError as exc:  # torch's DistError: the store went away
-        raise lost_store(info, "after joining the group", exc) from None
+        raise session.lost("after joining the group", exc) from None

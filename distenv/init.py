@@ -14,11 +14,12 @@ same steps, in this order, and are the only functions of distenv that change the
 
 and `init_dist` goes on to
 
-5. under one deadline (the rendezvous timeout + 10 s, `distenv.deadline`): reach rank 0's store,
-   prove it is this job's and hold the roll call over it (`distenv.rendezvous`: every rank checks
-   in, rank 0 validates and names missing ranks, and numbers the nodes where the launcher named
-   none), then create the process group with the same store and check that every rank came up
-   (`distenv.group`); a node layout the roll call filled is exported and remembered;
+5. under one deadline (the rendezvous timeout + `distenv.timing.GRACE_S`), run by one
+   `distenv.session.Bootstrap`: reach rank 0's store, prove it is this job's and hold the roll
+   call over it (`distenv.rollcall`: every rank checks in, rank 0 validates and names missing
+   ranks, and numbers the nodes where the launcher named none), then create the process group
+   with the same store and check that every rank came up (`distenv.group`); a node layout the
+   roll call filled is exported and remembered;
 6. log one summary line on rank 0 (logger ``distenv``, INFO);
 7. seed every generator, if asked (`distenv.seeding`).
 
@@ -32,24 +33,18 @@ import os
 from typing import TYPE_CHECKING
 
 from distenv import state
-from distenv.deadline import Deadline, Watch, interruptible, watched
+from distenv.deadline import Deadline
 from distenv.device import choose_backend, rank_backend, rank_device
 from distenv.errors import ConfigurationError, InitError
 from distenv.group import join_group
 from distenv.master import SCOPE_VAR
 from distenv.pipeline import Detection, locate
 from distenv.rankinfo import RankInfo
-from distenv.rendezvous import (
-    Presence,
-    fill_layout,
-    job_scope,
-    make_checkin,
-    master_address,
-    meet_in,
-    too_late,
-)
+from distenv.rollcall import fill_layout, make_checkin, meet
 from distenv.seeding import check_seed, seed_everything
+from distenv.session import Bootstrap, Session
 from distenv.settings import Settings, seconds
+from distenv.store import master_address
 from distenv.teardown import register as end_groups_at_exit
 
 if TYPE_CHECKING:
@@ -94,8 +89,8 @@ def _locate(
     launcher: str, master_addr_format: str | None, deadline: Deadline | None = None
 ) -> tuple[Detection, RankInfo]:
     # An MPI job with no master asks rank 0 over MPI: within the bootstrap's deadline.
-    until = None if deadline is None else deadline.at
-    detection = locate(launcher, master_addr_format=master_addr_format, deadline=until)
+    at = None if deadline is None else deadline.at
+    detection = locate(launcher, master_addr_format=master_addr_format, deadline=at)
     return detection, state.kept(detection.info)
 
 
@@ -181,52 +176,24 @@ def setup(
 
 
 def _init_process_group(
-    info: RankInfo,
-    backend: str,
-    device: int | None,
-    timeout: float | None,
-    deadline: Deadline,
-    settings: Settings,
-    detection: Detection,
+    boot: Bootstrap, backend: str, device: int | None, timeout: float | None
 ) -> RankInfo:
-    """Hold the roll call and create the group; return `info` with the roll call's node layout."""
-    scope = job_scope(detection.job_tag, info.world_size, detection.mpi_token)
+    """Hold the roll call and create the group; return the RankInfo with the roll call's layout."""
+    info = boot.session.info
     checkin = make_checkin(
-        info, backend, device, allow_gpu_sharing=state.gpu_sharing_allowed(), scope=scope
+        boot.session, backend, device, allow_gpu_sharing=state.gpu_sharing_allowed()
     )
-    presence = Presence(info, scope, settings)
-    placed = [info]
 
-    def bootstrap(watch: Watch) -> None:
+    def phases(boot: Bootstrap) -> RankInfo:
         # Everybody checks in before torch is asked to wait: a missing rank is named, not waited
-        # for. One thread for every step, each of which tells `watch` its phase and limit.
-        store, verdict = meet_in(
-            watch,
-            presence,
-            checkin,
-            deadline=deadline,
-            settings=settings,
-            phase="rollcall",
-            master_from=detection.master_from,
-        )
-        placed[0] = fill_layout(info, verdict, checkin)
-        join_group(
-            watch,
-            store,
-            info,
-            backend=backend,
-            device=device,
-            timeout=timeout,
-            deadline=deadline,
-            settings=settings,
-            scope=scope,
-            hosts={c.rank: c.hostname for c in verdict.checkins},
-        )
+        # for.
+        verdict = meet(boot, checkin, "rollcall")
+        placed = fill_layout(info, verdict, checkin)
+        hosts = {c.rank: c.hostname for c in verdict.checkins}
+        join_group(boot, backend=backend, device=device, timeout=timeout, hosts=hosts)
+        return placed
 
-    watch = Watch("the connection to rank 0's store", deadline.at, too_late(info, deadline))
-    with interruptible(watch, info.launcher, presence.left):
-        watched(bootstrap, watch)
-    return placed[0]
+    return boot.run(phases)
 
 
 def _placed(info: RankInfo, known: RankInfo) -> RankInfo:
@@ -313,7 +280,8 @@ def init_dist(
     """
     settings = Settings.read(os.environ)
     pg_seconds = None if timeout is None else seconds(timeout, "timeout")
-    deadline = Deadline.start(settings.rendezvous_seconds(rendezvous_timeout))
+    rendezvous_seconds = settings.rendezvous_seconds(rendezvous_timeout)
+    deadline = Bootstrap.deadline_for(rendezvous_seconds)
     _check_start_method(start_method)
     if backend is not None:
         choose_backend(cuda_available=False, has_device=False, explicit=backend)
@@ -340,15 +308,8 @@ def init_dist(
         allow_gpu_sharing=allow_gpu_sharing,
     )
     chosen = rank_backend(device, backend)
-    known = _init_process_group(
-        info,
-        chosen,
-        device if set_device else None,
-        pg_seconds,
-        deadline,
-        settings,
-        detection,
-    )
+    boot = Bootstrap(Session.of(detection, info, settings), rendezvous_seconds, deadline)
+    known = _init_process_group(boot, chosen, device if set_device else None, pg_seconds)
     info = _placed(info, known)
     if info.rank == 0:
         logger.info(

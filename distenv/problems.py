@@ -1,7 +1,7 @@
 """The roll call's problems: structured, validated when read, rendered by each rank's own templates.
 
-Imported only when there is a problem to build, publish or read: a healthy roll call never loads
-it (its classes cost about a millisecond to create, inside every rank's bootstrap). Pure, like
+Imported only when there is a problem to build, publish or read (`distenv.verdict`): a healthy roll
+call never pays for creating its classes inside every rank's bootstrap. Pure, like
 `distenv.records`: no torch, no store, no process state.
 """
 
@@ -17,8 +17,8 @@ from distenv.records import (
     MAX_SHOWN,
     MIXED_FIELDS,
     CheckIn,
+    Fields,
     ForeignRecordError,
-    _Fields,
     matches,
 )
 
@@ -58,14 +58,14 @@ def _ranks_text(shown: Sequence[int], total: int) -> str:
     return text + (f", ... ({total} in all)" if total > 8 else "")
 
 
-def _rank_list(fields: _Fields, name: str, world: int) -> tuple[int, ...]:
+def _rank_list(fields: Fields, name: str, world: int) -> tuple[int, ...]:
     ranks = fields.items(name)
     if not all(type(r) is int and 0 <= r < world for r in ranks):
         raise ForeignRecordError(fields.key, f"field {name!r} is not a list of ranks")
     return tuple(ranks)
 
 
-def _host_list(fields: _Fields, name: str) -> tuple[str, ...]:
+def _host_list(fields: Fields, name: str) -> tuple[str, ...]:
     hosts = fields.items(name)
     if not all(matches("hostname", h) for h in hosts):
         raise ForeignRecordError(fields.key, f"field {name!r} is not a list of host names")
@@ -94,7 +94,7 @@ class Missing(NamedTuple):
         )
 
     @classmethod
-    def parse(cls, fields: "_Fields", world: int) -> "Missing":
+    def parse(cls, fields: "Fields", world: int) -> "Missing":
         ranks = _rank_list(fields, "ranks", world)
         hosts_raw = fields.items("hosts")
         nodes_raw = fields.items("nodes")
@@ -135,7 +135,7 @@ class Disagreement(NamedTuple):
         return f"ranks disagree on {self.field}: {parts}"
 
     @classmethod
-    def parse(cls, fields: "_Fields", world: int) -> "Disagreement":
+    def parse(cls, fields: "Fields", world: int) -> "Disagreement":
         field = fields.data["field"]
         if field not in AGREED:
             raise ForeignRecordError(fields.key, "field 'field' names no agreed field")
@@ -173,7 +173,7 @@ class ClaimedTwice(NamedTuple):
         return f"rank {self.rank} was claimed by {len(self.pids)} processes ({who})"
 
     @classmethod
-    def parse(cls, fields: "_Fields", world: int) -> "ClaimedTwice":
+    def parse(cls, fields: "Fields", world: int) -> "ClaimedTwice":
         pids = fields.items("pids")
         if not all(type(p) is int and 0 < p <= MAX_PID for p in pids):
             raise ForeignRecordError(fields.key, "pids are not process ids")
@@ -196,7 +196,7 @@ class SharedLocalRank(NamedTuple):
         return f"{self.sharing} ranks on {self.host}{node} share local rank {self.local_rank}"
 
     @classmethod
-    def parse(cls, fields: "_Fields", world: int) -> "SharedLocalRank":
+    def parse(cls, fields: "Fields", world: int) -> "SharedLocalRank":
         return cls(
             fields.text("host", "hostname"),
             fields.optional_integer("node", 0, world),
@@ -220,7 +220,7 @@ class Placement(NamedTuple):
         )
 
     @classmethod
-    def parse(cls, fields: "_Fields", world: int) -> "Placement":
+    def parse(cls, fields: "Fields", world: int) -> "Placement":
         return cls(fields.integer("node", 0, world), _host_list(fields, "hosts"))
 
 
@@ -247,7 +247,7 @@ class MixedLayout(NamedTuple):
         )
 
     @classmethod
-    def parse(cls, fields: "_Fields", world: int) -> "MixedLayout":
+    def parse(cls, fields: "Fields", world: int) -> "MixedLayout":
         if fields.data["field"] not in MIXED_FIELDS:
             raise ForeignRecordError(fields.key, "field 'field' names no layout field")
         known, unknown = _rank_list(fields, "known", world), _rank_list(fields, "unknown", world)
@@ -288,7 +288,7 @@ class LocalLayout(NamedTuple):
         )
 
     @classmethod
-    def parse(cls, fields: "_Fields", world: int) -> "LocalLayout":
+    def parse(cls, fields: "Fields", world: int) -> "LocalLayout":
         ranks = _rank_list(fields, "ranks", world)
         local_ranks = _rank_list(fields, "local_ranks", world)
         if len(local_ranks) != len(ranks):
@@ -321,7 +321,7 @@ class SharedGpu(NamedTuple):
         )
 
     @classmethod
-    def parse(cls, fields: "_Fields", world: int) -> "SharedGpu":
+    def parse(cls, fields: "Fields", world: int) -> "SharedGpu":
         ranks = _rank_list(fields, "ranks", world)
         return cls(
             fields.text("host", "hostname"),
@@ -344,7 +344,7 @@ class ForeignCheckIn(NamedTuple):
         )
 
     @classmethod
-    def parse(cls, fields: "_Fields", world: int) -> "ForeignCheckIn":
+    def parse(cls, fields: "Fields", world: int) -> "ForeignCheckIn":
         return cls(fields.text("key", "record_key"))
 
 
@@ -383,11 +383,11 @@ def parse_problem(key: str, data: object, world: int) -> Problem:
         raise ForeignRecordError(key, "a problem with an unknown code")
     kind = _PROBLEMS[data["code"]]
     body = {k: v for k, v in data.items() if k != "code"}
-    problem: Problem = kind.parse(_Fields(key, body, frozenset(kind._fields)), world)
+    problem: Problem = kind.parse(Fields(key, body, frozenset(kind._fields)), world)
     return problem
 
 
-# ---- the slow paths of `distenv.records.validate`: called once a fast check has found a problem --
+# ---- the slow paths of `distenv.verdict.validate`: called once a fast check has found a problem --
 
 
 def disagreement(checkins: Sequence[CheckIn], field: str) -> Disagreement:

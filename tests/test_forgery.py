@@ -14,11 +14,11 @@ from typing import Any
 
 import pytest
 
-from distenv.deadline import GRACE_S
 from distenv.pipeline import explain
 from distenv.records import CheckIn
-from distenv.rendezvous import job_scope, prefix
+from distenv.scope import job_scope, prefix
 from distenv.settings import Settings
+from distenv.timing import GRACE_S
 from tests._spawn import contract_env, free_port
 from tests.test_rollcall_processes import _wait_listening, finish, ready, start
 
@@ -42,7 +42,7 @@ def _outsider(port: int, scope: str) -> Any:
 
     _wait_listening(port, 60)
     client = TCPStore("127.0.0.1", port, 3, False, timeout=datetime.timedelta(seconds=30))
-    return PrefixStore(prefix(scope, "rollcall", Settings()), client)
+    return PrefixStore(prefix(scope, "rollcall", Settings().restart), client)
 
 
 def _checked_in(store: Any, count: int) -> None:

@@ -254,7 +254,7 @@ def test_unresolvable_node_name_names_the_node_list_not_master_addr() -> None:
     """A master host from $SLURM_STEP_NODELIST that does not resolve: the error names that
     variable, says MASTER_ADDR is not set, and gives both fixes."""
     from distenv.errors import MasterResolutionError
-    from distenv.rendezvous import _resolve
+    from distenv.store import _resolve
 
     info = detect_info(slurm.SRUN_2N_4T[2])
     with pytest.raises(MasterResolutionError) as caught:
@@ -288,11 +288,11 @@ def test_an_ascii_master_name_resolves_without_loading_the_idna_codec() -> None:
     import sys
 
     from distenv.errors import MasterResolutionError
-    from distenv.rendezvous import _resolve
+    from distenv.store import _resolve
 
     probe = (
         "import socket, sys\n"
-        "from distenv.rendezvous import _resolve\n"
+        "from distenv.store import _resolve\n"
         "from tests.envs import slurm\n"
         "from tests.test_master import detect_info\n"
         "found = _resolve(detect_info(slurm.SRUN_2N_4T[2]), 'localhost', 29500)\n"

@@ -16,7 +16,7 @@ from distenv import detect, explain
 from distenv.launchers import BUILTIN
 from distenv.master import scheduler_port
 from distenv.records import matches
-from distenv.rendezvous import job_scope
+from distenv.scope import job_scope
 from tests.envs import mpi
 
 CAPTURES = Path(__file__).parent / "envs" / "captures"

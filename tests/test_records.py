@@ -29,13 +29,11 @@ from distenv.records import (
     MAX_CHECKIN_BYTES,
     CheckIn,
     ForeignRecordError,
-    Verdict,
     parse_checkin,
     parse_scope,
-    parse_verdict,
-    validate,
 )
-from distenv.rendezvous import job_scope
+from distenv.scope import job_scope
+from distenv.verdict import Verdict, parse_verdict, validate
 
 SCOPE = "slurm/4242/0/n4"
 
@@ -342,7 +340,7 @@ def test_forged_node_counts_are_refused(nodes: list[str], sizes: list[object], w
 
 def test_sizes_are_published_only_where_a_local_size_is_unknown() -> None:
     """Ranks that all know their local size get no counts (the verdict stays as it was)."""
-    from distenv.records import host_sizes, node_hosts
+    from distenv.verdict import host_sizes, node_hosts
 
     known = [checkin(r, node_rank=None) for r in range(4)]
     nodes = node_hosts(known)

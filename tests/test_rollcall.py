@@ -8,10 +8,14 @@ import time
 import pytest
 
 from distenv import RankInfo, detect
+from distenv.deadline import Deadline
 from distenv.errors import RendezvousError, RendezvousTimeoutError
 from distenv.master import free_port
-from distenv.records import CheckIn, Verdict, validate
-from distenv.rendezvous import roll_call
+from distenv.records import CheckIn
+from distenv.rollcall import roll_call
+from distenv.session import Bootstrap, Session
+from distenv.timing import MARGIN_S
+from distenv.verdict import Verdict, validate
 from tests.envs import Layout, flux, layout
 
 
@@ -31,6 +35,12 @@ def checkin(rank: int, world: int = 4, per_node: int = 2, **change: object) -> C
         scope="slurm/7/0",
     )
     return base._replace(**change)  # type: ignore[arg-type]
+
+
+def boot(info: RankInfo, timeout: float, within: float, scope: str = "slurm/7/0") -> Bootstrap:
+    """Return the bootstrap of `info`'s rank: rendezvous timeout `timeout`, every wait over within
+    `within` seconds from now."""
+    return Bootstrap(Session(info, scope), timeout, Deadline.after(within + MARGIN_S))
 
 
 def test_validate_accepts_a_healthy_job() -> None:
@@ -172,10 +182,8 @@ def _run_ranks(
         try:
             results[rank] = roll_call(
                 PrefixStore("distenv/test", store),
-                info,
+                boot(info, timeout, timeout + 10),
                 checkin(rank, world, **change),
-                timeout=timeout,
-                until=time.monotonic() + timeout + 10,
             )
         except RendezvousError as exc:
             results[rank] = exc
@@ -215,7 +223,7 @@ def _filled(
     return each rank's filled RankInfo, or the error it raised."""
     from torch.distributed import PrefixStore, TCPStore
 
-    from distenv.rendezvous import fill_layout
+    from distenv.rollcall import fill_layout
 
     world, port = len(hosts), free_port("127.0.0.1")
     sizes = local_size if local_size is not None else [hosts.count(h) for h in hosts]
@@ -234,13 +242,7 @@ def _filled(
             local_rank=local_rank[rank], local_world_size=sizes[rank], node_rank=node_rank[rank]
         )
         try:
-            verdict = roll_call(
-                PrefixStore("distenv/test", store),
-                info,
-                mine,
-                timeout=10,
-                until=time.monotonic() + 20,
-            )
+            verdict = roll_call(PrefixStore("distenv/test", store), boot(info, 10, 20), mine)
             filled[rank] = fill_layout(info, verdict, mine)
         except RendezvousError as exc:
             filled[rank] = exc
@@ -305,7 +307,7 @@ def test_roll_call_fills_flux_node_and_local_size(
 
 def test_a_verdict_that_does_not_count_this_hosts_ranks_is_refused() -> None:
     """A rank with no local size, given a verdict that names its host without counting: refused."""
-    from distenv.rendezvous import fill_layout
+    from distenv.rollcall import fill_layout
 
     info = RankInfo(
         launcher="flux", rank=1, world_size=2, local_rank=0, local_world_size=None,
@@ -320,7 +322,7 @@ def test_a_verdict_that_does_not_count_this_hosts_ranks_is_refused() -> None:
 
 def test_a_verdict_that_does_not_name_this_host_is_refused() -> None:
     """A verdict numbering other hosts (forged, or a host renamed mid-start): a clear error."""
-    from distenv.rendezvous import fill_layout
+    from distenv.rollcall import fill_layout
 
     info = RankInfo(
         launcher="mpi", rank=1, world_size=2, local_rank=0, local_world_size=1,
@@ -368,10 +370,7 @@ def test_store_round_trips_per_rank() -> None:
     import torch.distributed as dist
     from torch.distributed import PrefixStore, TCPStore
 
-    from distenv.deadline import Deadline, Watch
     from distenv.group import group_up
-    from distenv.rendezvous import ScopeCheck, claim_scope, mark, prefix
-    from distenv.settings import Settings
 
     class Counting(dist.Store):  # type: ignore[misc]
         def __init__(self, inner: dist.Store) -> None:
@@ -409,7 +408,7 @@ def test_store_round_trips_per_rank() -> None:
         r: Counting(server if r == 0 else TCPStore("127.0.0.1", port, world, False))
         for r in range(world)
     }
-    settings, scope = Settings(), "slurm/7/0/n4"
+    scope = "slurm/7/0/n4"
     verdicts: dict[int, object] = {}
     rollcall_ops: dict[int, Counter[str]] = {}
 
@@ -419,26 +418,24 @@ def test_store_round_trips_per_rank() -> None:
             local_world_size=2, node_rank=rank // 2, num_nodes=2,
             master_addr="127.0.0.1", master_port=port,
         )  # fmt: skip
-        store, scope_check = stores[rank], None
+        rank_boot = boot(info, 30, 40, scope)
+        session = rank_boot.session
+        session.store, scope_check = stores[rank], None
         if rank == 0:
-            claim_scope(store, info, scope, settings)
+            session.claim()
         else:
-            scope_check = ScopeCheck(store, info, scope, settings, time.monotonic() + 30)
+            scope_check = session.check(Deadline.after(30))
             scope_check.poll()
         verdicts[rank] = roll_call(
-            PrefixStore(prefix(scope, "rollcall", settings), store),
-            info,
+            PrefixStore(session.keys("rollcall"), session.store),
+            rank_boot,
             checkin(rank, world),
-            timeout=30,
-            until=time.monotonic() + 40,
             scope_check=scope_check,
         )
-        rollcall_ops[rank] = Counter(store.ops)
-        # #13's liveness check after init_process_group (the "joining" mark comes before it).
-        mark(store, info, scope, settings, "joining")
-        deadline = Deadline.start(30)
-        watch = Watch("the check that the group is up", deadline.at, lambda: TimeoutError())
-        group_up(watch, store, info, scope=scope, settings=settings, deadline=deadline, hosts={})
+        rollcall_ops[rank] = Counter(stores[rank].ops)
+        # The liveness check after init_process_group (the "joining" mark comes before it).
+        session.mark("joining")
+        group_up(Bootstrap(session, 30, Bootstrap.deadline_for(30)), hosts={})
 
     threads = [threading.Thread(target=rank_main, args=(r,)) for r in range(world)]
     for t in threads:
@@ -494,24 +491,21 @@ def test_ranks_check_in_before_a_late_rank_0_claims_the_scope() -> None:
     confirm the scope once it is there, and pass; rank 0 finds the count complete at once."""
     from torch.distributed import PrefixStore
 
-    from distenv.rendezvous import ScopeCheck, claim_scope, prefix
-    from distenv.settings import Settings
-
-    world, settings, scope = 4, Settings(), "slurm/8/0/n4"
+    world, scope = 4, "slurm/8/0/n4"
     server, clients, port = _scoped_stores(world)
-    rollcall = prefix(scope, "rollcall", settings)
+    sessions = {r: Session(_info(r, world, port), scope) for r in range(world)}
+    rollcall = sessions[0].keys("rollcall")
     verdicts: dict[int, object] = {}
 
     def rank_main(rank: int) -> None:
-        store = clients[rank]
-        scope_check = ScopeCheck(
-            store, _info(rank, world, port), scope, settings, time.monotonic() + 30
-        )
+        session = sessions[rank]
+        session.store = clients[rank]
+        scope_check = session.check(Deadline.after(30))
         assert not scope_check.poll()  # rank 0 has not claimed yet
         try:
             verdicts[rank] = roll_call(
-                PrefixStore(rollcall, store), _info(rank, world, port), checkin(rank, world),
-                timeout=30, until=time.monotonic() + 40, scope_check=scope_check,
+                PrefixStore(rollcall, session.store), boot(session.info, 30, 40, scope),
+                checkin(rank, world), scope_check=scope_check,
             )  # fmt: skip
         except Exception as exc:
             verdicts[rank] = exc
@@ -524,10 +518,9 @@ def test_ranks_check_in_before_a_late_rank_0_claims_the_scope() -> None:
     while int(written.add("written", 0)) < world - 1:
         assert time.monotonic() < deadline, "ranks 1-3 waited for rank 0 before checking in"
         time.sleep(0.01)
-    claim_scope(server, _info(0, world, port), scope, settings)
-    verdicts[0] = roll_call(
-        written, _info(0, world, port), checkin(0, world), timeout=30, until=time.monotonic() + 40
-    )
+    sessions[0].store = server
+    sessions[0].claim()
+    verdicts[0] = roll_call(written, boot(_info(0, world, port), 30, 40, scope), checkin(0, world))
     for t in threads:
         t.join(60)
     assert all(isinstance(v, Verdict) and v.ok for v in verdicts.values()), verdicts
@@ -536,26 +529,24 @@ def test_ranks_check_in_before_a_late_rank_0_claims_the_scope() -> None:
 def test_a_scope_claimed_by_another_job_after_check_in_is_refused() -> None:
     """The key was absent when rank 1 looked, then another job's rank 0 claimed it: rank 1 stops
     with StoreTakenError, saying it wrote only its check-in under its own job's keys."""
-    from torch.distributed import PrefixStore
 
     from distenv.errors import StoreTakenError
-    from distenv.rendezvous import ScopeCheck, claim_scope, prefix
-    from distenv.settings import Settings
 
-    world, settings, scope = 2, Settings(), "slurm/9/0/n2"
+    world, scope = 2, "slurm/9/0/n2"
     server, clients, port = _scoped_stores(world)
-    store = clients[1]
-    scope_check = ScopeCheck(store, _info(1, world, port), scope, settings, time.monotonic() + 30)
+    session = Session(_info(1, world, port), scope)
+    session.store = clients[1]
+    scope_check = session.check(Deadline.after(30))
     assert not scope_check.poll()
-    other = threading.Timer(
-        0.3, lambda: claim_scope(server, _info(0, world, port), "slurm/10/0/n2", settings)
-    )
+    other_job = Session(_info(0, world, port), "slurm/10/0/n2")
+    other_job.store = server
+    other = threading.Timer(0.3, other_job.claim)
     other.start()
     start = time.monotonic()
     with pytest.raises(StoreTakenError) as refused:
         roll_call(
-            PrefixStore(prefix(scope, "rollcall", settings), store), _info(1, world, port),
-            checkin(1, world), timeout=30, until=time.monotonic() + 40, scope_check=scope_check,
+            session.scoped("rollcall"), boot(session.info, 30, 40, scope), checkin(1, world),
+            scope_check=scope_check,
         )  # fmt: skip
     other.join()
     assert time.monotonic() - start < 5

@@ -12,8 +12,9 @@ import time
 import pytest
 
 from distenv.pipeline import explain
-from distenv.rendezvous import job_scope, listen_address, prefix
+from distenv.scope import job_scope, prefix
 from distenv.settings import Settings
+from distenv.store import listen_address
 from tests._spawn import REPO, contract_env, free_port
 from tests.conftest import scrubbed_environ
 from tests.envs import flux
@@ -237,7 +238,9 @@ def test_a_store_not_started_by_distenv_is_named() -> None:
     # What the rank wrote lies under its own job's prefix, which no other job reads: its check-in
     # and its count (the store's own count key besides).
     ours = prefix(
-        job_scope(explain("pytorch", contract_env(1, 2, port)).scope, 2), "rollcall", Settings()
+        job_scope(explain("pytorch", contract_env(1, 2, port)).scope, 2),
+        "rollcall",
+        Settings().restart,
     )
     assert other.check([f"{ours}/checkin/1", f"{ours}/written"])
     assert other.num_keys() <= 3

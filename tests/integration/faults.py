@@ -29,8 +29,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from distenv.deadline import GRACE_S
 from distenv.master import free_port
+from distenv.timing import GRACE_S
 from tests.integration.helpers import JOB_NAME, OMPI, PYTHON, REPO, TORCHRUN, Harness, Result
 
 FAULTY = str(REPO / "tests" / "scripts" / "faulty_rank.py")

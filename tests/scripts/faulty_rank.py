@@ -81,7 +81,6 @@ def inject(what: str, events: Events) -> None:
     import torch.distributed as dist
 
     import distenv.group
-    import distenv.rendezvous
 
     def before(module: Any, name: str, action: Callable[[], None]) -> None:
         original = getattr(module, name)
@@ -150,9 +149,10 @@ def trace_phases(events: Events) -> None:
     import torch.distributed as dist
 
     import distenv.group
-    import distenv.rendezvous
+    import distenv.rollcall
 
-    connect, roll_call = distenv.rendezvous.connect_store, distenv.rendezvous.roll_call
+    # Patched where `distenv.rollcall.meet` looks them up.
+    connect, roll_call = distenv.rollcall.connect_store, distenv.rollcall.roll_call
     init, group_up = dist.init_process_group, distenv.group.group_up
 
     def traced_connect(*args: Any, **kwargs: Any) -> Any:
@@ -171,8 +171,8 @@ def trace_phases(events: Events) -> None:
         events.write("phase", phase="groupup")
         return group_up(*args, **kwargs)
 
-    distenv.rendezvous.connect_store = traced_connect
-    distenv.rendezvous.roll_call = traced_roll_call
+    distenv.rollcall.connect_store = traced_connect
+    distenv.rollcall.roll_call = traced_roll_call
     dist.init_process_group = traced_init  # type: ignore[assignment]
     distenv.group.group_up = traced_group_up
 

@@ -1,0 +1,285 @@
+"""The roll call: every rank checks in over rank 0's store before the process group exists.
+
+Every rank claims its rank's key with its `CheckIn` (``compare_set``, so a second process claiming
+the same rank finds the key taken and files its record as an extra claim: both are seen); rank 0
+validates the records (`distenv.verdict`: nothing read from the store is trusted) and publishes a
+verdict of structured problems, which every rank renders from its own templates. Where a launcher
+named no node layout, the verdict numbers the nodes and counts their ranks (`fill_layout`).
+
+Rank 0 reads N records (in chunks) and every rank reads one verdict: O(N) store traffic, not
+O(N^2). A rank other than 0 makes four round trips when nobody is late: peek at the scope, claim
+its key, count itself written, peek at the verdict.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+from typing import Any
+
+from distenv.deadline import Deadline
+from distenv.device import device_identity
+from distenv.errors import DistEnvError, RendezvousError, RendezvousTimeoutError
+from distenv.rankinfo import RankInfo
+from distenv.records import CheckIn, ForeignRecordError, parse_checkin
+from distenv.scope import ScopeCheck
+from distenv.session import Bootstrap, Session
+from distenv.store import (
+    connect_store,
+    poll_cap,
+    read_many,
+    wait_count,
+    wait_value,
+)
+from distenv.timing import VERDICT_GRACE_S
+from distenv.verdict import Verdict, host_sizes, node_hosts, parse_verdict, refusal, validate
+
+__all__ = ["check_in", "fill_layout", "make_checkin", "meet", "roll_call"]
+
+# Extra claims rank 0 reads: beyond this many, the verdict already says enough.
+MAX_EXTRA = 64
+
+
+def meet(boot: Bootstrap, checkin: CheckIn, phase: str, *, check: bool = True) -> Verdict:
+    """Reach rank 0's store, prove it is this job's, and hold the roll call under `phase`.
+
+    Runs inside `Bootstrap.run`; leaves the store in ``boot.session.store``.
+
+    Raises:
+        StoreTakenError: The store belongs to another job (or to no distenv job).
+        RendezvousTimeoutError: The store was not reached, or ranks are missing.
+        RendezvousError: The verdict found problems (with `check`), or the store went away.
+        DistEnvError: Rank 0 cannot listen on the port, or the master does not resolve.
+    """
+    session = boot.session
+    info = session.info
+    session.store = connect_store(
+        info,
+        boot.watch,
+        boot.waits.within(boot.timeout),
+        agent_store=session.agent_store,
+        master_from=session.master_from,
+    )
+
+    def stalled() -> DistEnvError:
+        return RendezvousTimeoutError(
+            info.launcher,
+            f"rank {info.rank} of {info.world_size}: rank 0's store at {checkin.master} stopped "
+            f"answering during the roll call (no reply within {boot.deadline.seconds:g} s of the "
+            "start)",
+            hint="rank 0 may be stopped (SIGSTOP, a debugger) or its node overloaded; check its "
+            "log and state",
+        )
+
+    boot.enter("the roll call", boot.deadline, stalled)
+    try:
+        scope_check = None
+        if info.rank == 0:
+            session.claim()
+        else:
+            scope_check = session.check(boot.waits.within(boot.timeout))
+            scope_check.poll()  # another job's store: refused before writing anything
+        return roll_call(session.scoped(phase), boot, checkin, check=check, scope_check=scope_check)
+    except RuntimeError as exc:  # torch's DistError: the store went away
+        raise session.lost("during the roll call", exc) from None
+
+
+def roll_call(
+    store: Any,
+    boot: Bootstrap,
+    checkin: CheckIn,
+    *,
+    check: bool = True,
+    scope_check: ScopeCheck | None = None,
+) -> Verdict:
+    """Check in, and on rank 0 gather, validate and publish; return the verdict or raise it.
+
+    Rank 0 waits the rendezvous timeout (``boot.timeout``) for everybody, the others
+    `VERDICT_GRACE_S` longer for the verdict; every wait ends by ``boot.waits``.
+
+    Args:
+        store: The store of this job's roll call (``Session.scoped``).
+        boot: This rank's bootstrap (its session, timeout and deadline).
+        checkin: What this rank reports.
+        check: Raise when the verdict is negative (`distenv doctor` passes False to print it).
+        scope_check: A rank other than 0 whose scope is not confirmed yet: the wait for the
+            verdict confirms it first.
+
+    Raises:
+        StoreTakenError: The scope key names another job (`scope_check`).
+        RendezvousTimeoutError: Ranks missing (rank 0), or no verdict arrived (others).
+        RendezvousError: The verdict found problems, or was not written by this job's rank 0.
+    """
+    info, timeout = boot.session.info, boot.timeout
+    check_in(store, checkin)
+    if scope_check is not None:
+        scope_check.wrote = True
+    if info.rank == 0:
+        verdict = _gather(store, info, checkin.scope, boot.waits.within(timeout))
+        # The others need the outcome, not every record: a verdict carrying N check-ins, read by
+        # N - 1 ranks, would make rank 0's store serve O(N^2) bytes.
+        published = verdict.to_json()
+        if store.compare_set("verdict", "", published) != published.encode():
+            raise RendezvousError(
+                info.launcher,
+                f"rank 0: a process outside this job wrote this job's roll-call verdict in the "
+                f"store at {checkin.master} before rank 0 did",
+                hint="something else on the network writes to this job's port: give the job "
+                "another MASTER_PORT, and see docs/security.md",
+            )
+        if not verdict.ok or not check:
+            # Rank 0 may exit next (a negative verdict, `distenv doctor`), and its store with
+            # it: let the others read first.
+            arrived = len(verdict.checkins) - 1
+            wait_count(store, "read", arrived, boot.waits.within(VERDICT_GRACE_S))
+    else:
+        verdict = _await_verdict(store, boot, checkin, scope_check)
+        if not verdict.ok or not check:
+            store.add("read", 1)
+    if check and not verdict.ok:
+        error = RendezvousTimeoutError if verdict.missing else RendezvousError
+        raise error(
+            info.launcher,
+            "roll call failed: " + "; ".join(verdict.describe(timeout)),
+            hint="run `distenv doctor` under the same launcher for a per-rank table",
+        )
+    return verdict
+
+
+def fill_layout(info: RankInfo, verdict: Verdict, checkin: CheckIn) -> RankInfo:
+    """Return `info` with the node layout its launcher left unknown, from the roll call's verdict.
+
+    The verdict numbers the hosts in order of their lowest rank (`distenv.verdict.node_hosts`);
+    this rank's node is the position of the host name it checked in with, and its local world
+    size, where unknown, the verdict's count of ranks on that host (`distenv.verdict.host_sizes`).
+    A known layout is kept as the launcher stated it (the roll call checked it against the hosts).
+
+    Raises:
+        RendezvousError: The verdict does not name this rank's host, or does not count its ranks
+            (not this job's rank 0's).
+    """
+    if info.layout_known or not verdict.ok:
+        return info
+    node = verdict.node_of(checkin.hostname)
+    size = None if node is None else verdict.size_of(node)
+    if node is None or (info.local_world_size is None and size is None):
+        what = (
+            f"numbers {len(verdict.nodes)} node(s) but not this rank's host "
+            f"{checkin.hostname!r}, so its node is unknown"
+            if node is None
+            else f"does not count the ranks on this rank's host {checkin.hostname!r}, so its "
+            "local world size is unknown"
+        )
+        raise RendezvousError(
+            info.launcher,
+            f"rank {info.rank}: the roll call's verdict {what}",
+            hint="the verdict was not written by this job's rank 0, or a host's name changed "
+            "during the start-up: see docs/security.md, and give the job its own MASTER_PORT",
+        )
+    return info.replace(
+        node_rank=node if info.node_rank is None else info.node_rank,
+        num_nodes=len(verdict.nodes) if info.num_nodes is None else info.num_nodes,
+        local_world_size=size if info.local_world_size is None else info.local_world_size,
+    )
+
+
+def check_in(store: Any, checkin: CheckIn) -> None:
+    """Write this rank's record under its rank's key (or, if taken, as an extra claim); count it.
+
+    Two round trips: the claim (``compare_set``) and the count, made after the write so that rank 0
+    never reads a missing key. A process that finds its rank's key taken (a second claimer, or a
+    forger that came first) files its record under ``extra/<n>``, so rank 0 sees both claims.
+    """
+    record = checkin.to_json()
+    if bytes(store.compare_set(f"checkin/{checkin.rank}", "", record)) != record.encode():
+        store.set(f"extra/{int(store.add('extras', 1))}", record)
+    store.add("written", 1)
+
+
+def _await_verdict(
+    store: Any, boot: Bootstrap, checkin: CheckIn, scope_check: ScopeCheck | None
+) -> Verdict:
+    """Return rank 0's verdict, confirming the scope first where `scope_check` has not yet."""
+    info = boot.session.info
+    deadline = boot.waits.within(boot.timeout + VERDICT_GRACE_S)
+    ready = None if scope_check is None else scope_check.poll
+    raw = wait_value(store, "verdict", deadline, poll_cap(info.world_size), ready)
+    if raw is None:
+        if scope_check is not None and not scope_check.confirmed:
+            raise scope_check.absent()
+        raise RendezvousTimeoutError(
+            info.launcher,
+            f"rank {info.rank} checked in at {checkin.master} but rank 0 published no "
+            f"verdict within {deadline.seconds:.0f} s",
+            hint="rank 0 may have died or be stuck before init_dist; check its log",
+        )
+    try:
+        return parse_verdict("verdict", raw, scope=checkin.scope, world_size=info.world_size)
+    except ForeignRecordError as exc:
+        raise RendezvousError(
+            info.launcher,
+            f"rank {info.rank}: the roll-call verdict in the store at {checkin.master} was not "
+            f"written by this job's distenv ({exc.why})",
+            hint="something else on the network writes to this job's port: give the job "
+            "another MASTER_PORT, and see docs/security.md",
+        ) from None
+
+
+def _gather(store: Any, info: RankInfo, scope: str, deadline: Deadline) -> Verdict:
+    """Return rank 0's verdict on the check-ins written by `deadline` (naming missing ranks)."""
+    world = info.world_size
+    wait_count(store, "written", world, deadline)
+    complete = int(store.add("written", 0)) >= world
+    keys = [f"checkin/{rank}" for rank in range(world)]
+    extras = min(int(store.add("extras", 0)), MAX_EXTRA)
+    keys += [f"extra/{n}" for n in range(1, extras + 1)]
+    checkins: list[CheckIn] = []
+    foreign: list[str] = []
+    for rank, (key, raw) in enumerate(zip(keys, read_many(store, keys), strict=True)):
+        if raw is None:
+            continue
+        try:
+            record = parse_checkin(key, raw)
+        except ForeignRecordError:
+            foreign.append(key)
+            continue
+        if (
+            record.scope != scope
+            or record.world_size != world
+            or (rank < world and record.rank != rank)
+        ):
+            foreign.append(key)
+            continue
+        checkins.append(record)
+    found = tuple(checkins)
+    if complete and not foreign:
+        problems = validate(found, world)
+        nodes = () if problems else node_hosts(found, layout_known=info.layout_known)
+        sizes = host_sizes(found, nodes)
+        return Verdict(not problems, tuple(problems), found, scope, nodes, sizes)
+    return refusal(found, info, scope, foreign, complete=complete)
+
+
+def make_checkin(
+    session: Session, backend: str, device: int | None, *, allow_gpu_sharing: bool
+) -> CheckIn:
+    """Return what this rank reports in the roll call."""
+    import torch
+
+    info = session.info
+    return CheckIn(
+        rank=info.rank,
+        world_size=info.world_size,
+        local_rank=info.local_rank,
+        local_world_size=info.local_world_size,
+        node_rank=info.node_rank,
+        hostname=socket.gethostname(),
+        pid=os.getpid(),
+        launcher=info.launcher,
+        master=session.master,
+        backend=backend,
+        torch_version=str(torch.__version__),
+        device=None if device is None else device_identity(device),
+        allow_gpu_sharing=allow_gpu_sharing,
+        scope=session.scope,
+    )

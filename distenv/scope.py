@@ -1,0 +1,132 @@
+"""Job isolation: the rendezvous scope, its claim on rank 0's store, and every rank's check of it.
+
+The rendezvous scope names one job (`job_scope`): the launcher's job identity, the world's size and,
+where the master was exchanged over MPI, rank 0's random token. Rank 0 writes it under the scope
+key right after creating the store (`claim_scope`); every other rank reads it before writing
+anything and stops at once if it names another job (`StoreTakenError`, `ScopeCheck`). Every key a
+job writes lies under a prefix holding its scope (`prefix`), and every record carries it. The scope
+prevents accidents, not attacks (job ids are public): docs/security.md says what distenv does and
+does not protect against.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from typing import Any
+
+from distenv.deadline import Deadline
+from distenv.errors import RendezvousTimeoutError, StoreTakenError
+from distenv.rankinfo import RankInfo
+from distenv.records import ForeignRecordError, matches, parse_scope
+from distenv.store import master_address, peek
+
+__all__ = ["KEY_ROOT", "ScopeCheck", "claim_scope", "job_scope", "prefix", "scope_key"]
+
+KEY_ROOT = "distenv"
+
+
+def job_scope(job: str, world_size: int, token: bytes | None = None) -> str:
+    """Return the rendezvous scope: the launcher's job identity (`job`) and the world's size.
+
+    The size tells apart two jobs whose launchers export no identity (torchrun's default run id
+    ``none``, Hydra) unless they are also the same size; `token`, the random bytes rank 0 sent
+    with its master when the master was exchanged over MPI, tells apart any two such jobs. An
+    identity that does not fit the record schema's pattern (a run id with spaces, say) is replaced
+    by its digest.
+    """
+    text = f"{job}/n{world_size}" + ("" if token is None else f"/{token.hex()}")
+    if matches("scope", text):
+        return text
+    return "sha256-" + hashlib.sha256(text.encode("utf-8", "replace")).hexdigest()[:40]
+
+
+def scope_key(restart: str) -> str:
+    """Return the key naming the job that owns the store in torchrun attempt `restart`."""
+    # torchrun's agent store outlives a worker restart: each attempt claims its own key.
+    return f"{KEY_ROOT}/scope/{restart}"
+
+
+def prefix(scope: str, phase: str, restart: str) -> str:
+    """Return the prefix of one phase's keys (``rollcall``, ``pg``, ``up``, ``doctor``)."""
+    return f"{KEY_ROOT}/{scope}/{phase}/{restart}"
+
+
+def claim_scope(store: Any, info: RankInfo, scope: str, key: str) -> None:
+    """Write this job's scope under the scope `key` (rank 0), unless another job's is there.
+
+    Raises:
+        StoreTakenError: If the key holds another scope already.
+    """
+    found = store.compare_set(key, "", scope)
+    if found != scope.encode():
+        _taken(info, key, found, scope)
+
+
+class ScopeCheck:
+    """A rank's check that the store it reached is this job's (every rank but rank 0).
+
+    `poll` peeks at the scope key: True once it holds this job's scope, False while it is absent,
+    `StoreTakenError` at once if it names another job. A rank checks once before writing anything
+    (rank 0 has usually claimed the key by then), then checks in even if the key is still absent:
+    its record lies under this job's own prefix, which no other job reads, and the wait for the
+    verdict goes on polling the scope first. So a rank 0 that arrives last finds everybody checked
+    in, instead of everybody waiting for its claim before checking in.
+    """
+
+    def __init__(
+        self, store: Any, info: RankInfo, scope: str, key: str, deadline: Deadline
+    ) -> None:
+        self.store, self.info, self.scope, self.key = store, info, scope, key
+        self.deadline = deadline
+        self.confirmed = False
+        self.wrote = False  # whether this rank has checked in (said in the error)
+
+    def poll(self) -> bool:
+        """Return whether the scope is confirmed; raise if another's, or absent at the deadline."""
+        if self.confirmed:
+            return True
+        found = peek(self.store, self.key)
+        if found is None:
+            if self.deadline.passed():
+                raise self.absent()
+            return False
+        if found != self.scope.encode():
+            _taken(self.info, self.key, found, self.scope, wrote=self.wrote)
+        self.confirmed = True
+        return True
+
+    def absent(self) -> RendezvousTimeoutError:
+        """Return the error of a scope key still absent at the deadline."""
+        info = self.info
+        return RendezvousTimeoutError(
+            info.launcher,
+            f"rank {info.rank} of {info.world_size} reached {master_address(info)}, but it is "
+            "a store not started by distenv, or rank 0 stalled before claiming it (no scope "
+            f"written under {self.key!r})",
+            hint="check rank 0's log; if another program uses that port, give this job its own "
+            "MASTER_PORT",
+            variable="MASTER_PORT",
+            value=str(info.master_port),
+        )
+
+
+def _taken(info: RankInfo, key: str, found: bytes, scope: str, *, wrote: bool = False) -> None:
+    try:
+        other = f"another job's: {parse_scope(key, found)}"
+    except ForeignRecordError:
+        other = "not claimed by distenv"
+    written = (
+        "wrote only its check-in, under this job's own keys, which the other job never reads"
+        if wrote
+        else "wrote nothing there"
+    )
+    raise StoreTakenError(
+        info.launcher,
+        f"rank {info.rank} of {info.world_size}: the store at {master_address(info)} is "
+        f"{other}; this job is {scope}. It did not join, and {written}",
+        hint="two jobs derived or were given the same MASTER_PORT on that host: export another "
+        "MASTER_PORT for this job (or unset it where the launcher derives one), or start it "
+        "when the other has ended",
+        variable="MASTER_PORT",
+        value=str(info.master_port),
+    )

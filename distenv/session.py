@@ -1,0 +1,185 @@
+"""One rank's bootstrap: its place in the job's rendezvous (`Session`) and the runner (`Bootstrap`).
+
+A `Session` owns what every phase of the bootstrap shares: rank 0's store once reached, this rank's
+`RankInfo`, the rendezvous scope and the torchrun attempt, and the operations the phases need on
+them (each phase's keys, the scope's claim and check, this rank's state for the others, the error
+of a rank that lost the store). A `Bootstrap` owns the time: the rendezvous timeout, the deadline
+derived from it, the one watched thread every phase runs in, and SIGINT/SIGTERM, which end the
+bootstrap at once and are recorded for the others. `init_dist` and `distenv doctor` build both and
+run their phases (`distenv.rollcall.meet`, `distenv.group.join_group`) through `Bootstrap.run`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import socket
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, Any, TypeVar
+
+from distenv.deadline import Deadline, Watch, bounded, interruptible, watched
+from distenv.errors import DistEnvError, RendezvousError, RendezvousTimeoutError
+from distenv.rankinfo import RankInfo
+from distenv.records import matches
+from distenv.scope import ScopeCheck, claim_scope, job_scope, prefix, scope_key
+from distenv.settings import TIMEOUT_VAR, Settings
+from distenv.store import first_line, master_address, peek
+from distenv.timing import GRACE_S, MARGIN_S, SIGNAL_MARK_S
+
+if TYPE_CHECKING:
+    from distenv.pipeline import Detection
+
+__all__ = ["STATES", "Bootstrap", "Session"]
+
+T = TypeVar("T")
+
+#: A rank's states, in order; a signal's name replaces the state of a rank that was stopped.
+STATES = ("joining", "up", "SIGINT", "SIGTERM", "failed")
+
+
+class Session:
+    """This rank's place in its job's rendezvous: rank 0's store, who this rank is, and its keys.
+
+    Args:
+        info: This rank's RankInfo.
+        scope: The rendezvous scope (`distenv.scope.job_scope`).
+        restart: The torchrun attempt (``TORCHELASTIC_RESTART_COUNT``, as read): each has its own
+            keys.
+        agent_store: Whether torchrun's agent store serves the job (every rank is its client).
+        master_from: Where the master address came from, for the error when it does not resolve.
+    """
+
+    def __init__(
+        self,
+        info: RankInfo,
+        scope: str,
+        *,
+        restart: str = "0",
+        agent_store: bool = False,
+        master_from: str = "MASTER_ADDR",
+    ) -> None:
+        self.info, self.scope, self.restart = info, scope, restart
+        self.agent_store, self.master_from = agent_store, master_from
+        self.store: Any = None  # rank 0's store, once reached (`distenv.rollcall.meet`)
+
+    @classmethod
+    def of(cls, detection: Detection, info: RankInfo, settings: Settings) -> Session:
+        """Return the session of the job `detection` found, for this rank (`info`)."""
+        return cls(
+            info,
+            job_scope(detection.job_tag, info.world_size, detection.mpi_token),
+            restart=settings.restart,
+            agent_store=settings.agent_store,
+            master_from=detection.master_from,
+        )
+
+    @property
+    def master(self) -> str:
+        """Return ``host:port`` of rank 0's store."""
+        return master_address(self.info)
+
+    def keys(self, phase: str) -> str:
+        """Return the prefix of one phase's keys (``rollcall``, ``pg``, ``up``, ``doctor``)."""
+        return prefix(self.scope, phase, self.restart)
+
+    def scoped(self, phase: str) -> Any:
+        """Return the store as one phase sees it: under that phase's prefix."""
+        from torch._C._distributed_c10d import PrefixStore
+
+        return PrefixStore(self.keys(phase), self.store)
+
+    def claim(self) -> None:
+        """Claim the store for this job (rank 0); raise `StoreTakenError` if another's is there."""
+        claim_scope(self.store, self.info, self.scope, scope_key(self.restart))
+
+    def check(self, deadline: Deadline) -> ScopeCheck:
+        """Return the check that the store is this job's (every rank but 0), ending at `deadline`."""
+        return ScopeCheck(self.store, self.info, self.scope, scope_key(self.restart), deadline)
+
+    def _state_key(self, rank: int) -> str:
+        return f"{self.keys('up')}/state/{rank}"
+
+    def mark(self, state: str, *, wait: float = 0.0) -> None:
+        """Record this rank's state (`STATES`) with its host; with `wait`, best effort within it."""
+        value = f"{state}@{socket.gethostname()}"
+        key = self._state_key(self.info.rank)
+        if not wait:
+            self.store.set(key, value)
+            return
+        # Rank 0's store may be gone or stuck: the others' deadline names this rank anyway.
+        with contextlib.suppress(TimeoutError, RuntimeError):
+            bounded(lambda: self.store.set(key, value), Deadline.after(wait), TimeoutError)
+
+    def read_states(self, ranks: Sequence[int]) -> dict[int, tuple[str, str] | None]:
+        """Return each rank's recorded ``(state, host)``, None where it wrote none (or garbage)."""
+        states: dict[int, tuple[str, str] | None] = {}
+        for rank in ranks:
+            raw = peek(self.store, self._state_key(rank))
+            if raw is None:
+                states[rank] = None
+                continue
+            state, _, host = raw.decode("ascii", "replace").partition("@")
+            valid = state in STATES and matches("hostname", host)
+            states[rank] = (state, host) if valid else None
+        return states
+
+    def lost(self, during: str, exc: BaseException) -> RendezvousError:
+        """Return the error of a rank whose connection to rank 0's store broke `during` a phase."""
+        info = self.info
+        return RendezvousError(
+            info.launcher,
+            f"rank {info.rank} of {info.world_size} lost rank 0's store at {self.master} "
+            f"{during}: {first_line(exc)}",
+            hint="rank 0 ended: it died, or gave up at its own deadline (a rank that started "
+            "later waits longer); its log says why and names any missing rank",
+        )
+
+
+class Bootstrap:
+    """Runs one rank's bootstrap phases in one watched thread, by one deadline, signals handled.
+
+    Args:
+        session: This rank's session.
+        timeout: The rendezvous timeout: how long a rank may take to reach rank 0's store, and
+            how long rank 0 waits for every rank to check in.
+        deadline: When the whole bootstrap must be over (`deadline_for`), counted from the entry
+            to `init_dist` or `distenv doctor`.
+    """
+
+    def __init__(self, session: Session, timeout: float, deadline: Deadline) -> None:
+        self.session, self.timeout, self.deadline = session, timeout, deadline
+        #: When a wait that names its own cause gives up: just before the deadline, so that its
+        #: message, not the deadline's generic one, is what the user reads.
+        self.waits = deadline.sooner(MARGIN_S)
+        self.watch = Watch("the connection to rank 0's store", deadline, self._too_late)
+
+    @staticmethod
+    def deadline_for(timeout: float) -> Deadline:
+        """Return the deadline of a bootstrap starting now with this rendezvous timeout."""
+        return Deadline.after(timeout + GRACE_S)
+
+    def enter(self, what: str, deadline: Deadline, expired: Callable[[], BaseException]) -> None:
+        """Start a phase: `what` it is, its `deadline`, `expired()` the error after it."""
+        self.watch.enter(what, deadline, expired)
+
+    def run(self, phases: Callable[[Bootstrap], T]) -> T:
+        """Return ``phases(self)``, run in the watched thread; raise a phase's error at its deadline.
+
+        A SIGINT or SIGTERM ends the run at once with a `RendezvousError`, after recording the
+        signal as this rank's state for the others (best effort, `SIGNAL_MARK_S`).
+        """
+        with interruptible(self.watch, self.session.info.launcher, self._stopped):
+            return watched(lambda _: phases(self), self.watch)
+
+    def _stopped(self, signal_name: str) -> None:
+        if self.session.store is not None:
+            self.session.mark(signal_name, wait=SIGNAL_MARK_S)
+
+    def _too_late(self) -> DistEnvError:
+        info = self.session.info
+        return RendezvousTimeoutError(
+            info.launcher,
+            f"rank {info.rank} of {info.world_size}: the bootstrap did not end within "
+            f"{self.deadline.seconds:g} s",
+            hint=f"check every rank's log; raise the limit with rendezvous_timeout= or "
+            f"${TIMEOUT_VAR}",
+        )

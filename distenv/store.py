@@ -1,0 +1,364 @@
+"""Rank 0's store: creating or reaching it, and polling it.
+
+Rank 0 listens (on the MASTER_ADDR address where that is safe), the others connect within the
+rendezvous timeout; a listener that accepts connections but never answers as a store is named as
+such. The waits here poll: ``Store.wait`` would not, but a wait that times out leaves the client's
+connection out of step with the server. Every blocking call runs inside the bootstrap's watched
+thread (`distenv.deadline.watched`), so a phase's deadline ends it whatever it is blocked in.
+"""
+
+from __future__ import annotations
+
+import datetime
+import ipaddress
+import re
+import socket
+from collections.abc import Callable, Iterator, Sequence
+from typing import TYPE_CHECKING, Any
+
+from distenv.deadline import Deadline, Watch, pause
+from distenv.errors import (
+    DistEnvError,
+    InitError,
+    MasterResolutionError,
+    RendezvousTimeoutError,
+)
+from distenv.master import FORMAT_VAR, host_port
+from distenv.rankinfo import RankInfo
+from distenv.settings import TIMEOUT_VAR
+from distenv.timing import (
+    FIRST_POLL_S,
+    MIN_CONNECT_S,
+    MIN_POLL_S,
+    POLL_S,
+    POLLS_PER_S,
+    PROBE_FIRST_S,
+    PROBE_MAX_S,
+    PROBE_MIN_S,
+    PROBE_TIMEOUT_S,
+)
+
+if TYPE_CHECKING:
+    from torch._C._distributed_c10d import Store
+
+__all__ = [
+    "connect_store",
+    "first_line",
+    "listen_address",
+    "master_address",
+    "peek",
+    "poll_cap",
+    "read_many",
+    "wait_count",
+    "wait_key",
+    "wait_value",
+]
+
+# Keys per multi_get when rank 0 reads the check-ins: one huge request costs more than its chunks.
+CHUNK = 512
+# What `peek` compares with: never written by distenv (its values are JSON, scopes and states).
+_ABSENT = b"\x00distenv:absent"
+
+
+def master_address(info: RankInfo) -> str:
+    """Return ``host:port`` of rank 0's store."""
+    return host_port(str(info.master_addr), int(info.master_port or 0))
+
+
+def first_line(exc: BaseException) -> str:
+    """Return the first line of an exception's text (torch's carry C++ stack dumps after it)."""
+    text = str(exc).strip()
+    return text.splitlines()[0] if text else type(exc).__name__
+
+
+def _pauses(cap: float) -> Iterator[float]:
+    """Yield sleep lengths: `FIRST_POLL_S`, doubling up to `cap` (quick when peers are quick).
+
+    Ranks usually arrive close together: the first looks cost a few round trips, and a rank that
+    arrives sees the others notice within twice its lateness.
+    """
+    length = FIRST_POLL_S
+    while True:
+        yield length
+        length = min(length * 2, cap)
+
+
+def poll_cap(world_size: int) -> float:
+    """How long the N - 1 waiting ranks may sleep between polls of rank 0's store.
+
+    Short for small jobs (a wait backs off by doubling, so it notices an event up to one pause
+    late), longer for large ones so that the store is asked at most about `POLLS_PER_S` times a
+    second in all.
+    """
+    return min(max(world_size / POLLS_PER_S, MIN_POLL_S), POLL_S)
+
+
+def wait_key(store: Any, key: str, deadline: Deadline, cap: float) -> bool:
+    """Poll until `key` exists (True) or `deadline` passes (False)."""
+    pauses = _pauses(cap)
+    while True:
+        if store.check([key]):
+            return True
+        if deadline.passed():
+            return False
+        pause(next(pauses))
+
+
+def peek(store: Any, key: str) -> bytes | None:
+    """Return `key`'s value, or None if it does not exist: one round trip, never blocking.
+
+    ``compare_set`` with an expected value nobody writes returns the value a key holds, or, for a
+    missing key, the expected value itself without creating the key. (A key that holds exactly
+    that value reads as absent: what a forger gains is a wait, bounded by the deadline.)
+    """
+    value = bytes(store.compare_set(key, _ABSENT, _ABSENT))
+    return None if value == _ABSENT else value
+
+
+def wait_value(
+    store: Any, key: str, deadline: Deadline, cap: float, ready: Callable[[], bool] | None = None
+) -> bytes | None:
+    """Poll until `key` exists and return its value, or None once `deadline` passes.
+
+    With `ready`, each poll asks it first, and looks at `key` only once it has said True.
+    """
+    pauses = _pauses(cap)
+    while True:
+        value = peek(store, key) if ready is None or ready() else None
+        if value is not None:
+            return value
+        if deadline.passed():
+            return None
+        pause(next(pauses))
+
+
+def wait_count(store: Any, key: str, count: int, deadline: Deadline) -> None:
+    """Poll until the counter `key` reaches `count` or `deadline` passes (rank 0 only).
+
+    One poller, so it can afford to look often.
+    """
+    pauses = _pauses(MIN_POLL_S)
+    while int(store.add(key, 0)) < count and not deadline.passed():
+        pause(next(pauses))
+
+
+def read_many(store: Any, keys: list[str]) -> list[bytes | None]:
+    """Return the values of `keys` (None where absent): a multi_get per chunk when all are there."""
+    values: list[bytes | None] = []
+    for start in range(0, len(keys), CHUNK):
+        chunk = keys[start : start + CHUNK]
+        # multi_get waits for a missing key: ask first (one round trip per chunk).
+        if hasattr(store, "multi_get") and store.check(chunk):
+            values += [bytes(v) for v in store.multi_get(chunk)]
+        else:
+            values += [peek(store, key) for key in chunk]
+    return values
+
+
+# ---- reaching the store -------------------------------------------------------------------------
+
+
+def _resolve(info: RankInfo, host: str, port: int, origin: str = "MASTER_ADDR") -> list[Any]:
+    """Return the master's addresses, raising at once if it does not resolve.
+
+    The error names where the address came from (`origin`): the user's MASTER_ADDR, or a
+    scheduler's node list, whose node names need not be host names (Slurm's NodeName may differ
+    from NodeHostname).
+    """
+    # An ASCII name goes as bytes: a str makes CPython load the idna codec first, once per
+    # process, inside every rank's bootstrap.
+    name: str | bytes = host.encode("ascii") if host.isascii() else host
+    try:
+        return socket.getaddrinfo(name, port, type=socket.SOCK_STREAM)
+    except socket.gaierror as exc:
+        if origin not in ("", "MASTER_ADDR"):
+            where = f"${origin}" if re.fullmatch(r"[A-Z_][A-Z0-9_]*", origin) else origin
+            raise MasterResolutionError(
+                info.launcher,
+                f"rank {info.rank} cannot resolve the master address {host!r}, which distenv "
+                f"took from {where} (MASTER_ADDR is not set): {exc.strerror}",
+                hint="a node name need not be a host name; export MASTER_ADDR=<a name or IP "
+                "address of rank 0's node that every node resolves>, or map node names to host "
+                f"names with {FORMAT_VAR} (--master-addr-format, init_dist(master_addr_format=)),"
+                " e.g. '{host}-ib' or '{host}.cluster.example'",
+                variable=origin if where != origin else None,
+                value=host,
+            ) from None
+        raise MasterResolutionError(
+            info.launcher,
+            f"rank {info.rank} cannot resolve the master address {host!r} "
+            f"($MASTER_ADDR={host!r}): {exc.strerror}",
+            hint="use a name every node resolves (or its IP address); on clusters whose fast "
+            "network has other names, set DISTENV_MASTER_ADDR_FORMAT, e.g. '{host}-ib'",
+            variable="MASTER_ADDR",
+            value=host,
+        ) from None
+
+
+def listen_address(host: str, addresses: Sequence[Any]) -> tuple[int, str]:
+    """Return the address family and address rank 0's store listens on (``""``: every interface).
+
+    The MASTER_ADDR address when it is a routable one, or a loopback address given literally
+    (a one-node job: nobody else needs to reach it). A *name* that resolves to loopback stays on
+    every interface: Debian maps the host's own name to 127.0.1.1, while the other nodes reach it
+    by its real address.
+    """
+    family, _, _, _, sockaddr = addresses[0]
+    address = ipaddress.ip_address(str(sockaddr[0]).split("%")[0])
+    literal = host.strip("[]") == str(sockaddr[0])
+    if address.is_loopback and not literal:
+        return family, ""
+    if address.is_unspecified:
+        return family, ""
+    return family, str(sockaddr[0])
+
+
+def _listening_socket(info: RankInfo, host: str, port: int, addresses: Sequence[Any]) -> int:
+    """Return the fd of a socket listening for the store (`TCPStore(master_listen_fd=)`)."""
+    family, address = listen_address(host, addresses)
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            sock.bind((address, port))
+        except OSError as exc:
+            if address == "" or exc.errno == 98:  # EADDRINUSE
+                raise
+            # The name resolves to an address this host does not own (a NAT, an alias).
+            sock.close()
+            sock = socket.socket(family, socket.SOCK_STREAM)
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            sock.bind(("", port))
+        sock.listen(socket.SOMAXCONN)
+    except OSError as exc:
+        sock.close()
+        if exc.errno == 98:
+            raise DistEnvError(
+                info.launcher,
+                f"rank 0 cannot listen on port {port} ($MASTER_PORT={port!r}) for the "
+                "store: the port is already in use",
+                hint="another process on this node holds it; export MASTER_PORT=<another "
+                "port>, or unset it where the launcher derives one",
+                variable="MASTER_PORT",
+                value=str(port),
+            ) from None
+        raise InitError(
+            info.launcher,
+            f"rank 0 cannot listen on {host_port(host, port)} for the store: {exc.strerror}",
+            hint="check MASTER_ADDR names this host and MASTER_PORT is a usable port",
+        ) from None
+    # Detached: the store owns the descriptor now (closing ours could hang a client).
+    return sock.detach()
+
+
+def _connect_once(addresses: Sequence[Any], timeout: float) -> None:
+    """Open and close one TCP connection to the first of `addresses` that accepts one.
+
+    ``socket.create_connection`` without its second lookup: the addresses are `_resolve`'s.
+    """
+    failure: OSError = OSError("no address")
+    for family, kind, proto, _, sockaddr in addresses:
+        with socket.socket(family, kind, proto) as sock:
+            sock.settimeout(timeout)
+            try:
+                sock.connect(sockaddr)
+                return
+            except OSError as exc:
+                failure = exc
+    raise failure
+
+
+def _wait_reachable(info: RankInfo, addresses: Sequence[Any], deadline: Deadline) -> None:
+    """Return once the master (at `addresses`) accepts a TCP connection; raise at `deadline`.
+
+    Probing with a plain socket first keeps torch's C++ retry logs and stack dumps out of the
+    user's first message, and bounds the wait exactly.
+    """
+    host, port = str(info.master_addr), int(info.master_port or 0)
+    delay, last = PROBE_FIRST_S, ""
+    while True:
+        try:
+            _connect_once(addresses, max(min(deadline.left(), PROBE_TIMEOUT_S), PROBE_MIN_S))
+            return
+        except OSError as exc:
+            last = str(exc) or type(exc).__name__
+        remaining = deadline.left()
+        if remaining <= 0:
+            raise RendezvousTimeoutError(
+                info.launcher,
+                f"rank {info.rank} of {info.world_size} could not reach rank 0's store at "
+                f"{host_port(host, port)} within {deadline.seconds:g} s (last error: {last})",
+                hint="check that rank 0 is running and that MASTER_ADDR/MASTER_PORT name a host "
+                "and port this node can reach (a firewall, or DISTENV_MASTER_ADDR_FORMAT for the "
+                f"right interface); raise the limit with rendezvous_timeout= or ${TIMEOUT_VAR}",
+                variable="MASTER_ADDR",
+                value=host,
+            )
+        # Back off: rank 0 may still be importing torch.
+        pause(min(delay, remaining))
+        delay = min(delay * 2, PROBE_MAX_S)
+
+
+def connect_store(
+    info: RankInfo,
+    watch: Watch,
+    deadline: Deadline,
+    *,
+    agent_store: bool,
+    master_from: str = "MASTER_ADDR",
+) -> Store:
+    """Create (rank 0) or reach (others) the TCPStore at the master, by `deadline`.
+
+    Runs in a `watched` call: each step tells `watch` by when it must be over and what to say
+    otherwise, so a listener that accepts connections but never answers as a store is reported
+    at the rendezvous timeout, not waited for. Under torchrun's agent store (`agent_store`) every
+    rank, rank 0 included, is a client. `master_from` says where the master address came from
+    (`distenv.pipeline.Detection.master_from`), for the error when it does not resolve.
+    """
+    from torch._C._distributed_c10d import TCPStore
+
+    host, port = str(info.master_addr), int(info.master_port or 0)
+    where = host_port(host, port)
+    what = "the connection to rank 0's store"
+
+    def no_answer(problem: str) -> Callable[[], DistEnvError]:
+        return lambda: RendezvousTimeoutError(
+            info.launcher,
+            f"rank {info.rank} of {info.world_size}: {problem} within {deadline.seconds:g} s",
+            hint="check MASTER_ADDR and MASTER_PORT; with another service on that port, give "
+            "this job its own MASTER_PORT",
+            variable="MASTER_PORT",
+            value=str(port),
+        )
+
+    watch.enter(what, deadline, no_answer(f"the master address {host!r} did not resolve"))
+    addresses = _resolve(info, host, port, master_from)
+    timeout = datetime.timedelta(seconds=max(deadline.left(), MIN_CONNECT_S))
+    if info.rank == 0 and not agent_store:
+        fd = _listening_socket(info, host, port, addresses)
+        watch.enter(what, deadline, no_answer(f"rank 0's store on {where} did not start"))
+        return TCPStore(
+            host,
+            port,
+            info.world_size,
+            is_master=True,
+            timeout=timeout,
+            wait_for_workers=False,
+            master_listen_fd=fd,
+        )
+    # The probe names its own cause at `deadline`: only the whole call's deadline cuts it short.
+    watch.enter(what, watch.end, no_answer(f"{where} did not accept a connection"))
+    _wait_reachable(info, addresses, deadline)
+    watch.enter(
+        what,
+        deadline,
+        no_answer(
+            f"{where} accepts connections but is not answering as a torch store (another service?)"
+        ),
+    )
+    try:
+        return TCPStore(host, port, info.world_size, is_master=False, timeout=timeout)
+    except RuntimeError as exc:  # torch's DistError
+        raise no_answer(
+            f"{where} accepted a connection but refused the store: {first_line(exc)}"
+        )() from None

@@ -1,0 +1,79 @@
+"""The bootstrap's timing constants, in one table: every wait of `init_dist` and `distenv doctor`.
+
+Seconds unless the name says otherwise. The bootstrap's deadline is the rendezvous timeout
+(``DISTENV_TIMEOUT``, ``rendezvous_timeout=``) plus `GRACE_S`; everything else here either divides
+that time between the phases or bounds a step that must not eat into it. docs/faults.md explains
+how the deadline, the watched thread and the signal path fit together.
+"""
+
+__all__ = [
+    "FAILED_MARK_S",
+    "FIRST_POLL_S",
+    "GRACE_S",
+    "KILL_DELAY_S",
+    "LOOKUP_S",
+    "MARGIN_S",
+    "MIN_CONNECT_S",
+    "MIN_POLL_S",
+    "POLLS_PER_S",
+    "POLL_S",
+    "PROBE_FIRST_S",
+    "PROBE_MAX_S",
+    "PROBE_MIN_S",
+    "PROBE_TIMEOUT_S",
+    "SIGNAL_MARK_S",
+    "SLICE_S",
+    "STOP_S",
+    "VERDICT_GRACE_S",
+]
+
+# ---- the deadline and the watched thread (distenv.deadline) -------------------------------------
+#: Time the bootstrap may take beyond the rendezvous timeout: rank 0 publishes its verdict only
+#: after its own wait, and the process group connects after that.
+GRACE_S = 10.0
+#: Waits that name their own cause end this much before the deadline, so that their message, not
+#: the deadline's generic one, is what the user reads.
+MARGIN_S = 0.5
+#: How long the main thread sleeps between looks at a watched call: a signal is handled within it.
+SLICE_S = 0.05
+#: How long an abandoned call may take to notice that it is cancelled. A signal's path waits this
+#: twice (the abandoned call, then the attempt to tell the others) plus `SIGNAL_MARK_S`: together
+#: well inside the 2 s a signal may take to end a rank.
+STOP_S = 0.2
+
+# ---- rank states (distenv.session, distenv.group) -----------------------------------------------
+#: How long a rank stopped by a signal tries to record that in the store for the others.
+SIGNAL_MARK_S = 0.5
+#: How long a rank whose init_process_group failed tries to record that for the others.
+FAILED_MARK_S = 1.0
+#: How long the others may take to read the ranks' states for a message (rank 0's store may be
+#: what stopped answering).
+LOOKUP_S = 5.0
+
+# ---- reaching rank 0's store (distenv.store) ----------------------------------------------------
+#: The first pause between probes of rank 0's port, doubled after each refusal up to `PROBE_MAX_S`:
+#: rank 0 usually listens within milliseconds of the others' first probe.
+PROBE_FIRST_S = 0.001
+PROBE_MAX_S = 1.0
+#: The bounds of one probe's connect timeout (the time left, clamped to them).
+PROBE_MIN_S = 0.1
+PROBE_TIMEOUT_S = 5.0
+#: The shortest timeout a TCPStore or init_process_group is given, however little time is left.
+MIN_CONNECT_S = 1.0
+
+# ---- polling rank 0's store (distenv.store, distenv.rollcall) -----------------------------------
+#: A wait's first pause between polls; it doubles up to the wait's cap (`poll_cap`).
+FIRST_POLL_S = 0.0002
+#: The longest pause between one rank's polls, however large the job.
+POLL_S = 0.5
+#: The waiting ranks' polls of rank 0's store, all together, per second (a rate, not seconds).
+POLLS_PER_S = 8000
+#: The shortest cap on the pause between one rank's polls (and rank 0's own, on the counts).
+MIN_POLL_S = 0.0005
+#: Rank 0 publishes the verdict only after its own wait; the others allow it this much longer.
+VERDICT_GRACE_S = 10.0
+
+# ---- the MPI exchange of the master (distenv.exchange) ------------------------------------------
+#: Time after the exchange's deadline at which the forked helper (`KillAtDeadline`) kills a rank the
+#: Python loop could not end (blocked inside MPI_Init or a broadcast).
+KILL_DELAY_S = 1.0
