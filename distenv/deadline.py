@@ -6,16 +6,15 @@ and a Python signal handler cannot run while the main thread is inside them. So 
 in one daemon thread (`watched`) while the main thread waits in short slices. The thread tells a
 `Watch` which phase it is in, by when that phase must end and what to say if it does not; at that
 time the main thread gives up with the phase's message, and a SIGINT or SIGTERM is handled within
-the slice (`interruptible`), whatever the thread is blocked in. One thread serves every phase: a
-thread per call cost every rank milliseconds on a loaded 2-core node (`bounded` remains for the
-rare one-off call). An abandoned thread stays blocked until the
-process ends; the native calls release the GIL, so nothing else waits for it. A call that is only
+the slice (`interruptible`), whatever the thread is blocked in. One thread serves every phase
+(`bounded` remains for the rare one-off call). An abandoned thread stays blocked until the process
+ends; the native calls release the GIL, so nothing else waits for it. A call that is only
 waiting between store operations is told to stop instead (`pause` raises `Cancelled` in it), and
-is given `STOP_S` to do so, so that it is not left inside a native call while the interpreter
+is given `distenv.timing.STOP_S` to do so, so that it is not left inside a native call while the interpreter
 finalises. (The abort at exit after a finished training, ``terminate called without an active
 exception``, comes from gloo's worker threads, not from this one: `distenv.teardown`.)
 
-The deadline is the rendezvous timeout plus `GRACE_S`, from `init_dist`'s entry to its return.
+The deadline is the rendezvous timeout plus `distenv.timing.GRACE_S`, from `init_dist`'s entry to its return.
 """
 
 from __future__ import annotations

@@ -142,7 +142,7 @@ def setup(
     which Lightning, HF accelerate and DeepSpeed read. Call it before they start.
 
     Args:
-        launcher: ``auto`` or a launcher name (see `distenv.detect.explain`).
+        launcher: ``auto`` or a launcher name (see `distenv.pipeline.explain`).
         start_method: The multiprocessing start method to set when none is set yet (DataLoader
             workers use it); None leaves it alone.
         set_device: Whether to call ``torch.cuda.set_device`` with the selected device.
@@ -248,7 +248,7 @@ def init_dist(
     registered after this call.
 
     Args:
-        launcher: ``auto`` or a launcher name (see `distenv.detect.explain`).
+        launcher: ``auto`` or a launcher name (see `distenv.pipeline.explain`).
         backend: The process-group backend; by default ``nccl`` when CUDA is usable and this rank
             has a device, else ``gloo``. Any torch spelling wins as given
             (``"cpu:gloo,cuda:nccl"``, ``"mpi"``).

@@ -118,7 +118,7 @@ def scheduler_port(job_id: str, step: str = "0") -> int:
     Related jobs (consecutive ids, array elements, steps) avoid each other as the constants'
     comment says; unrelated jobs sharing a node collide like random ports: about
     ``N**2 / (2 * PORT_SPAN)`` for N concurrent jobs (0.2 % for 10). A collision is an error that
-    names the other job (`distenv.rendezvous`), never a silent join.
+    names the other job (`distenv.scope`), never a silent join.
     """
     return PORT_LOW + (_as_number(job_id) * PORT_STRIDE + _as_number(step)) % PORT_SPAN
 

@@ -117,7 +117,7 @@ def locate(
         comm: An mpi4py communicator to use instead of ``MPI.COMM_WORLD``.
         deadline: The `time.monotonic` instant the MPI exchange must end by; None: the
             rendezvous timeout (``DISTENV_TIMEOUT`` of `env`) plus
-            `distenv.deadline.GRACE_S`, from the start of the exchange.
+            `distenv.timing.GRACE_S`, from the start of the exchange.
 
     Raises:
         DistEnvError: If the environment is incomplete, malformed, or contradicts the name given,

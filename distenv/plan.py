@@ -96,7 +96,7 @@ class NodePlan:
         master_port: Rank 0's store port.
         source: Where the layout came from (``flags``, ``slurm``, ``lsf``, ``local``).
         run_id: The job identity handed to the ranks as ``DISTENV_RUN_ID``: their rendezvous
-            scope (`distenv.rendezvous`), so that no rank of another run joins this one's store.
+            scope (`distenv.scope`), so that no rank of another run joins this one's store.
     """
 
     nnodes: int
