@@ -4,7 +4,7 @@ Part A starts ``distenv run -n N`` (N = 2, 4, ... 32 local ranks: oversubscribed
 of _bootstrap_worker.py, for distenv's ``init_dist`` and for a bare ``init_process_group`` under
 the same contract, interleaved; it stops after the first size whose launch took more than 60 s.
 
-Part B times `distenv.rollcall.roll_call` on rank 0 of N simulated ranks (64 .. 4096) over one
+Part B times `distenv.bootstrap.rollcall.roll_call` on rank 0 of N simulated ranks (64 .. 4096) over one
 real TCPStore on loopback: ranks 1..N-1 check in first (a loop making the same three store calls
 a rank makes), then rank 0's whole roll call is timed (its check-in, the gather of N records,
 `validate`, publishing the verdict). Also timed: `validate` alone, one ``multi_get`` of all N
@@ -87,7 +87,7 @@ TIMED = (
 
 
 def _checkin(rank: int, world: int, *, known: bool = True) -> Any:
-    from distenv.records import CheckIn
+    from distenv.bootstrap.records import CheckIn
 
     return CheckIn(
         rank=rank,
@@ -108,10 +108,10 @@ def _checkin(rank: int, world: int, *, known: bool = True) -> Any:
 
 def _one_roll_call(store: Any, info: Any, checkins: list[Any]) -> tuple[dict[str, float], int]:
     """Time one roll call of `checkins` on `store` (all of part B's steps); return the verdict's size."""
+    from distenv.bootstrap.rollcall import check_in, fill_layout, roll_call
+    from distenv.bootstrap.session import Bootstrap, Session
+    from distenv.bootstrap.verdict import parse_verdict, validate
     from distenv.deadline import Deadline
-    from distenv.rollcall import check_in, fill_layout, roll_call
-    from distenv.session import Bootstrap, Session
-    from distenv.verdict import parse_verdict, validate
 
     n = len(checkins)
     times: dict[str, float] = {}
@@ -169,8 +169,8 @@ def rollcall(sizes: list[int], repeats: int) -> dict[str, Any]:
     import torch
     from torch.distributed import PrefixStore, TCPStore
 
-    from distenv import store as store_module
     from distenv import timing
+    from distenv.bootstrap import store as store_module
     from distenv.rankinfo import RankInfo
 
     rng = random.Random(SEED)

@@ -137,7 +137,9 @@ def rank_main() -> int:
     expect = Path(os.environ[EXPECT_VAR])
     import distenv
 
-    real = distenv.init_dist  # loads distenv.init; the worker does the same before its clock
+    real = (
+        distenv.init_dist
+    )  # loads distenv.bootstrap.init; the worker does the same before its clock
     print(f"bench_versions rank: distenv from {distenv.__file__}", file=sys.stderr, flush=True)
     bad = foreign_modules(expect)
     if bad:

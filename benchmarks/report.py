@@ -16,7 +16,7 @@ from typing import Any
 
 from _common import REPO
 
-from distenv.store import poll_cap
+from distenv.bootstrap.store import poll_cap
 from distenv.timing import POLL_S, POLLS_PER_S
 
 MIB = 1024 * 1024
@@ -586,8 +586,8 @@ torch on 2 cores.
 
 ### The roll call with many simulated ranks
 
-One real TCPStore (loopback) and rank 0's `distenv.rollcall.roll_call`; ranks 1..N-1 are simulated
-by a loop calling `distenv.rollcall.check_in`, the two store calls a rank makes to check in (the
+One real TCPStore (loopback) and rank 0's `distenv.bootstrap.rollcall.roll_call`; ranks 1..N-1 are simulated
+by a loop calling `distenv.bootstrap.rollcall.check_in`, the two store calls a rank makes to check in (the
 claim of its rank's key, then the count). Times are medians of {rc_repeats} repetitions (store:
 {store}). "multi_get" is one `store.multi_get` of all N records in a single request, for comparison
 with rank 0's chunks; "verdict B" is the size of the verdict every other rank reads.
@@ -600,7 +600,7 @@ with rank 0's chunks; "verdict B" is the size of the verdict every other rank re
 
 Where the launcher names no node index or node count (Open MPI 5 alone, Flux, Cray PALS), rank 0's
 verdict also lists the ranks' hosts in order of their lowest rank, and every rank takes its node
-from that list (`distenv.rollcall.fill_layout`). The same simulated roll call, {ranks_per_host}
+from that list (`distenv.bootstrap.rollcall.fill_layout`). The same simulated roll call, {ranks_per_host}
 ranks per host, runs each size twice per repetition in a shuffled order: once with every check-in
 naming its node ("known") and once with the layout left to the roll call. "rank 0 CPU" is the
 CPU time of rank 0's process (with its store's threads) during its roll call, steadier than the wall
@@ -610,7 +610,7 @@ verdict it read: `parse_verdict` against its schema and `fill_layout`.
 {layout_table}
 
 **At scale.** Rank 0 reads the N records in `multi_get` chunks of {chunk} keys (a `check` first, since
-`multi_get` waits for a missing key), parses each against its schema (`distenv.records`, with a cache
+`multi_get` waits for a missing key), parses each against its schema (`distenv.bootstrap.records`, with a cache
 of the strings each pattern has matched) and validates the world with set comparisons:
 {per_rank_us:.0f} µs per rank at {n_max} ranks, {rc_ms:.0f} ms in all (issue #12's target: at most
 400 ms at 16384 ranks). One `multi_get` of all {n_max} records in a single request took

@@ -11,12 +11,13 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+from distenv.detection.pipeline import Detection, detect, explain, resolve
 from distenv.errors import DistEnvError
-from distenv.pipeline import Detection, detect, explain, resolve
 from distenv.rankinfo import RankInfo
 
 if TYPE_CHECKING:
     from distenv.args import add_launcher_argument
+    from distenv.bootstrap.init import init_dist, setup
     from distenv.comm import (
         allreduce_grads,
         allreduce_params,
@@ -26,11 +27,10 @@ if TYPE_CHECKING:
         is_main_process,
         master_only,
     )
-    from distenv.init import init_dist, setup
+    from distenv.local.spawn import launch
     from distenv.log import get_logger
     from distenv.preempt import requeue, stop_requested, watch_preemption
     from distenv.seeding import seed_everything
-    from distenv.spawn import launch
 
 __version__ = "0.2.0.dev0"
 
@@ -65,7 +65,7 @@ def _load(name: str) -> Any:
 
         return args.add_launcher_argument
     if name in ("init_dist", "setup"):
-        from distenv import init
+        from distenv.bootstrap import init
 
         return getattr(init, name)
     if name == "get_logger":
@@ -81,7 +81,7 @@ def _load(name: str) -> Any:
 
         return getattr(preempt, name)
     if name == "launch":
-        from distenv import spawn
+        from distenv.local import spawn
 
         return spawn.launch
     from distenv import comm

@@ -12,7 +12,7 @@ ends; the native calls release the GIL, so nothing else waits for it. A call tha
 waiting between store operations is told to stop instead (`pause` raises `Cancelled` in it), and
 is given `distenv.timing.STOP_S` to do so, so that it is not left inside a native call while the interpreter
 finalises. (The abort at exit after a finished training, ``terminate called without an active
-exception``, comes from gloo's worker threads, not from this one: `distenv.teardown`.)
+exception``, comes from gloo's worker threads, not from this one: `distenv.bootstrap.teardown`.)
 
 The deadline is the rendezvous timeout plus `distenv.timing.GRACE_S`, from `init_dist`'s entry to its return.
 """

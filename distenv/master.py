@@ -23,7 +23,7 @@ stops there (it reads the environment only). `find_master` with ``runtime=True``
    port. A local launcher spanning several nodes needs the address given; its port is 29500.
 7. **exchange**: otherwise (an MPI job with no master): rank 0's host name, mapped, and a free port
    picked on rank 0, sent to every rank by the `Exchange` the caller passes (mpi4py's broadcast,
-   `distenv.exchange`).
+   `distenv.detection.exchange`).
 """
 
 from __future__ import annotations
@@ -118,7 +118,7 @@ def scheduler_port(job_id: str, step: str = "0") -> int:
     Related jobs (consecutive ids, array elements, steps) avoid each other as the constants'
     comment says; unrelated jobs sharing a node collide like random ports: about
     ``N**2 / (2 * PORT_SPAN)`` for N concurrent jobs (0.2 % for 10). A collision is an error that
-    names the other job (`distenv.scope`), never a silent join.
+    names the other job (`distenv.bootstrap.scope`), never a silent join.
     """
     return PORT_LOW + (_as_number(job_id) * PORT_STRIDE + _as_number(step)) % PORT_SPAN
 
@@ -252,7 +252,7 @@ class Master(NamedTuple):
 
 
 #: Sends rank 0's ``(host, port)`` to every rank: called on every rank with a function that only
-#: rank 0 calls; returns rank 0's answer (`distenv.exchange.mpi_exchange` builds one over MPI).
+#: rank 0 calls; returns rank 0's answer (`distenv.detection.exchange.mpi_exchange` builds one over MPI).
 Exchange = Callable[[Callable[[], tuple[str, int]]], tuple[str, int]]
 
 

@@ -27,7 +27,7 @@ JSON_FIELDS = (
 )
 #: The fields a launcher may leave unknown (None): its environment names no node layout (Open MPI
 #: 5 or Hydra alone, Flux's node index and tasks per node, PALS's node count). `init_dist`'s roll
-#: call fills them from the ranks' host names (`distenv.records.node_hosts`, `host_sizes`).
+#: call fills them from the ranks' host names (`distenv.bootstrap.records.node_hosts`, `host_sizes`).
 LAYOUT_FIELDS = ("node_rank", "num_nodes", "local_world_size")
 
 

@@ -41,7 +41,7 @@ SLICE_S = 0.05
 #: well inside the 2 s a signal may take to end a rank.
 STOP_S = 0.2
 
-# ---- rank states (distenv.session, distenv.group) -----------------------------------------------
+# ---- rank states (distenv.bootstrap.session, distenv.bootstrap.group) -----------------------------------------------
 #: How long a rank stopped by a signal tries to record that in the store for the others.
 SIGNAL_MARK_S = 0.5
 #: How long a rank whose init_process_group failed tries to record that for the others.
@@ -50,7 +50,7 @@ FAILED_MARK_S = 1.0
 #: what stopped answering).
 LOOKUP_S = 5.0
 
-# ---- reaching rank 0's store (distenv.store) ----------------------------------------------------
+# ---- reaching rank 0's store (distenv.bootstrap.store) ----------------------------------------------------
 #: The first pause between probes of rank 0's port, doubled after each refusal up to `PROBE_MAX_S`:
 #: rank 0 usually listens within milliseconds of the others' first probe.
 PROBE_FIRST_S = 0.001
@@ -61,7 +61,7 @@ PROBE_TIMEOUT_S = 5.0
 #: The shortest timeout a TCPStore or init_process_group is given, however little time is left.
 MIN_CONNECT_S = 1.0
 
-# ---- polling rank 0's store (distenv.store, distenv.rollcall) -----------------------------------
+# ---- polling rank 0's store (distenv.bootstrap.store, distenv.bootstrap.rollcall) -----------------------------------
 #: A wait's first pause between polls; it doubles up to the wait's cap (`poll_cap`).
 FIRST_POLL_S = 0.0002
 #: The longest pause between one rank's polls, however large the job.
@@ -73,7 +73,7 @@ MIN_POLL_S = 0.0005
 #: Rank 0 publishes the verdict only after its own wait; the others allow it this much longer.
 VERDICT_GRACE_S = 10.0
 
-# ---- the MPI exchange of the master (distenv.exchange) ------------------------------------------
+# ---- the MPI exchange of the master (distenv.detection.exchange) ------------------------------------------
 #: Time after the exchange's deadline at which the forked helper (`KillAtDeadline`) kills a rank the
 #: Python loop could not end (blocked inside MPI_Init or a broadcast).
 KILL_DELAY_S = 1.0

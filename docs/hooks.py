@@ -147,23 +147,36 @@ def render_detection_order() -> str:
 
 
 def render_layers() -> str:
-    """Return the layers of pyproject.toml's import-linter contract, each module with its summary."""
+    """Return the layers of pyproject.toml's import-linter contracts, each module with its summary.
+
+    The top contract's layers come first; a subpackage with a layers contract of its own (its
+    ``containers``) has its inner layers listed under it, numbered ``3.1``, ``3.2``, ...
+    """
     import ast
     import importlib.util
 
     import tomllib
 
     config = tomllib.loads((REPO / "pyproject.toml").read_text())
-    (contract,) = [c for c in config["tool"]["importlinter"]["contracts"] if c["type"] == "layers"]
+    contracts = [c for c in config["tool"]["importlinter"]["contracts"] if c["type"] == "layers"]
+    (top,) = [c for c in contracts if "containers" not in c]
+    inner = {c["containers"][0]: c["layers"] for c in contracts if "containers" in c}
+
+    def summary(name: str) -> str:
+        spec = importlib.util.find_spec(name)  # read, not imported: __main__ would run
+        origin = spec.origin if spec is not None else None
+        tree = ast.parse(Path(origin).read_text()) if origin else None
+        doc = (ast.get_docstring(tree) if tree else None) or ""
+        return doc.strip().splitlines()[0] if doc.strip() else ""
+
     rows = ["| layer (imports point down) | module | what it holds |", "|---|---|---|"]
-    for index, layer in enumerate(contract["layers"], start=1):
-        for name in re.split(r"\s*[|:]\s*", layer):
-            spec = importlib.util.find_spec(name)  # read, not imported: __main__ would run
-            origin = spec.origin if spec is not None else None
-            tree = ast.parse(Path(origin).read_text()) if origin else None
-            doc = (ast.get_docstring(tree) if tree else None) or ""
-            summary = doc.strip().splitlines()[0] if doc.strip() else ""
-            rows.append(f"| {index} | `{name}` | {_cell(summary)} |")
+    for index, layer in enumerate(top["layers"], start=1):
+        for name in re.split(r"\s*[|:]\s*", layer.split("#")[0].strip()):
+            rows.append(f"| {index} | `{name}` | {_cell(summary(name))} |")
+            for sub, sublayer in enumerate(inner.get(name, ()), start=1):
+                for module in re.split(r"\s*[|:]\s*", sublayer):
+                    full = f"{name}.{module}"
+                    rows.append(f"| {index}.{sub} | `{full}` | {_cell(summary(full))} |")
     return "\n".join(rows) + "\n"
 
 
@@ -195,7 +208,7 @@ def render_cli_help(name: str) -> str:
 
 def render_refused_flags() -> str:
     """Return the table of torchrun options ``distenv run`` refuses, with what to do instead."""
-    from distenv.run import REFUSED_FLAGS
+    from distenv.local.run import REFUSED_FLAGS
 
     rows = ["| torchrun option | instead |", "|---|---|"]
     for flag in REFUSED_FLAGS:
@@ -207,10 +220,10 @@ def render_refused_flags() -> str:
 def render_scripts(_: str = "") -> str:
     """Return the job templates shipped in the package: a table, then each file, folded.
 
-    Read through `distenv.templates`, the package data `distenv template` prints, so the page
+    Read through `distenv.cli.templates`, the package data `distenv template` prints, so the page
     shows exactly what pip users get.
     """
-    from distenv import templates
+    from distenv.cli import templates
 
     rows = ["| template | what it is for |", "|---|---|"]
     folded: list[str] = []

@@ -33,7 +33,7 @@ SCRUB_PREFIXES = (
     "VC_",  # Volcano
     "VK_",
 )
-# DeepSpeed's launcher marks its ranks with these (distenv.agreement.LAUNCH_MARKS).
+# DeepSpeed's launcher marks its ranks with these (distenv.detection.agreement.LAUNCH_MARKS).
 SCRUB_NAMES = (*ENV_CONTRACT, "CUDA_VISIBLE_DEVICES", "CROSS_RANK", "CROSS_SIZE", "LOCAL_SIZE")
 SCRUB_NAMES += ("JOB_COMPLETION_INDEX", "TRAINING_JOB_NAME", "AZUREML_RUN_ID")  # cloud launchers
 

@@ -13,10 +13,10 @@ import sys
 import pytest
 
 from distenv import detect, explain
-from distenv.agreement import LAUNCH_MARKS, refuse_leftovers
+from distenv.detection.agreement import LAUNCH_MARKS, refuse_leftovers
+from distenv.detection.layer import Layers
 from distenv.errors import InconsistentEnvironmentError
 from distenv.launchers import auto_candidates
-from distenv.layer import Layers
 from distenv.master import RUN_ID_VAR, SCOPE_VAR
 from tests.conftest import scrubbed_environ
 from tests.envs import lsf, mpi, slurm, torchrun

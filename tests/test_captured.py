@@ -9,11 +9,11 @@ from pathlib import Path
 import pytest
 
 from distenv import DistEnvError, detect
+from distenv.bootstrap.records import CheckIn
+from distenv.bootstrap.rollcall import fill_layout
+from distenv.bootstrap.verdict import Verdict, node_hosts, parse_verdict, validate
 from distenv.errors import LauncherMismatchError, LauncherNotFoundError, NotLaunchedError
 from distenv.master import scheduler_port
-from distenv.records import CheckIn
-from distenv.rollcall import fill_layout
-from distenv.verdict import Verdict, node_hosts, parse_verdict, validate
 from tests.envs import Layout, layout, mpi, slurm, torchrun
 
 CAPTURES = Path(__file__).parent / "envs" / "captures"

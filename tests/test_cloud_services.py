@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 
 from distenv import RankInfo
+from distenv.detection.pipeline import locate
 from distenv.errors import (
     DistEnvError,
     InconsistentEnvironmentError,
@@ -14,7 +15,6 @@ from distenv.errors import (
 )
 from distenv.launchers import AZUREML, SAGEMAKER
 from distenv.master import scheduler_port
-from distenv.pipeline import locate
 from tests.envs import layout
 from tests.envs.azureml import (
     AML_MPI_1X2_RANK1,

@@ -8,7 +8,7 @@ import importlib.util
 import re
 from pathlib import Path
 
-from distenv import templates
+from distenv.cli import templates
 from tests.test_docs import hooks
 
 REPO = Path(__file__).resolve().parent.parent

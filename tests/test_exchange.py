@@ -11,8 +11,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from distenv.errors import MasterResolutionError, RendezvousError, RendezvousTimeoutError
-from distenv.exchange import (
+from distenv.detection.exchange import (
     ABI_HINT,
     MPICH_RECIPE,
     PAYLOAD,
@@ -25,6 +24,7 @@ from distenv.exchange import (
     exchange_deadline,
     mpi_exchange,
 )
+from distenv.errors import MasterResolutionError, RendezvousError, RendezvousTimeoutError
 from distenv.rankinfo import RankInfo
 from distenv.settings import Settings
 
@@ -240,7 +240,9 @@ def test_default_deadline_is_the_rendezvous_timeout_plus_grace(
     settings = Settings.read({"DISTENV_TIMEOUT": "3"})
     assert exchange_deadline(settings, 100.0) == 113.0
     assert exchange_deadline(Settings(), 0.0) == 310.0
-    monkeypatch.setattr("distenv.exchange.GRACE_S", 0.5)  # the name exchange_deadline reads
+    monkeypatch.setattr(
+        "distenv.detection.exchange.GRACE_S", 0.5
+    )  # the name exchange_deadline reads
     exchange = mpi_exchange(
         rank(1), Comm(Wire(), 1), settings=Settings.read({"DISTENV_TIMEOUT": "0.2"})
     )
@@ -260,7 +262,7 @@ def test_a_signal_while_waiting_ends_the_rank_at_once(
     """
     before = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)}
     died: list[int] = []
-    monkeypatch.setattr("distenv.exchange._raise_signal", died.append)
+    monkeypatch.setattr("distenv.detection.exchange._raise_signal", died.append)
 
     def interrupt(request: Request) -> None:
         if request.tests == 3:

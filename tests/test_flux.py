@@ -14,8 +14,8 @@ from distenv.errors import (
 )
 from distenv.launchers import FLUX
 from distenv.launchers.flux import job_number
+from distenv.local.run import build_children
 from distenv.master import scheduler_port
-from distenv.run import build_children
 from tests.envs import flux, layout
 
 

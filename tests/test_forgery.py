@@ -14,9 +14,9 @@ from typing import Any
 
 import pytest
 
-from distenv.pipeline import explain
-from distenv.records import CheckIn
-from distenv.scope import job_scope, prefix
+from distenv.bootstrap.records import CheckIn
+from distenv.bootstrap.scope import job_scope, prefix
+from distenv.detection.pipeline import explain
 from distenv.settings import Settings
 from distenv.timing import GRACE_S
 from tests._spawn import contract_env, free_port

@@ -104,7 +104,7 @@ def test_nccl_group_keeps_device_and_users_timeout():
     NCCL communicator is bound to it, and collectives get timeout= after the bounded connect."""
     import datetime
 
-    from distenv.records import matches
+    from distenv.bootstrap.records import matches
 
     distenv.init_dist(timeout=321)
     assert torch.cuda.current_device() == 0

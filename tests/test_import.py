@@ -51,3 +51,76 @@ def test_detection_imports_nothing_heavy_and_starts_no_process() -> None:
     )
     report = json.loads(result.stdout)
     assert report == {"events": [], "modules": []}
+
+
+# The public names as they stood before distenv's modules moved into subpackages: any of them
+# that disappears, from `distenv` or from the plug-in contract, breaks somebody's script.
+PUBLIC = [
+    "Detection",
+    "DistEnvError",
+    "RankInfo",
+    "__version__",
+    "add_launcher_argument",
+    "allreduce_grads",
+    "allreduce_params",
+    "barrier",
+    "detect",
+    "explain",
+    "get_dist_info",
+    "get_local_group",
+    "get_logger",
+    "init_dist",
+    "is_main_process",
+    "launch",
+    "master_only",
+    "requeue",
+    "resolve",
+    "seed_everything",
+    "setup",
+    "stop_requested",
+    "watch_preemption",
+]
+PLUGIN_CONTRACT = [
+    "AZUREML",
+    "BUILTIN",
+    "DETECTION_ORDER",
+    "FLUX",
+    "INDEXED_JOB",
+    "KUBEFLOW",
+    "LSF",
+    "MASTER_VARS",
+    "MPI",
+    "NONE",
+    "PBS",
+    "PLUGINS_VAR",
+    "PLUGIN_GROUP",
+    "SAGEMAKER",
+    "SLURM",
+    "TORCHRUN",
+    "VOLCANO",
+    "Default",
+    "Launcher",
+    "Nodes",
+    "Reader",
+    "Scheduler",
+    "Var",
+    "World",
+    "auto_candidates",
+    "canonical_name",
+    "checked_name",
+    "get_launcher",
+    "scheduler_port",
+    "scope_tag",
+]
+
+
+def test_every_public_name_imports() -> None:
+    """Each name of `distenv.__all__` and `distenv.launchers.__all__` resolves, the old ones too."""
+    import distenv
+    import distenv.launchers
+
+    assert set(PUBLIC) <= set(distenv.__all__)
+    assert set(PLUGIN_CONTRACT) <= set(distenv.launchers.__all__)
+    for module in (distenv, distenv.launchers):
+        for name in module.__all__:
+            assert getattr(module, name) is not None, (module.__name__, name)

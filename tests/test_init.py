@@ -340,14 +340,14 @@ def test_collectives_get_the_users_timeout_after_the_bounded_connect(timeout):
     """init_process_group connects with the bootstrap's time left, then gets timeout= back.
 
     torch's private _set_pg_timeout (since 2.1) restores it; if a torch lacks it, the group keeps
-    the user's timeout from the start (distenv.group). Either way collectives wait `timeout`.
+    the user's timeout from the start (distenv.bootstrap.group). Either way collectives wait `timeout`.
     """
     import datetime
 
     import torch
     import torch.distributed as dist
 
-    from distenv.group import torch_timeout
+    from distenv.bootstrap.group import torch_timeout
 
     assert hasattr(dist.distributed_c10d, "_set_pg_timeout"), "torch dropped _set_pg_timeout"
     distenv.init_dist("none", timeout=timeout, rendezvous_timeout=7)

@@ -11,7 +11,7 @@ import sys
 import textwrap
 import time
 
-from distenv.kill_at_deadline import KillAtDeadline
+from distenv.detection.kill_at_deadline import KillAtDeadline
 from tests.conftest import scrubbed_environ
 
 
@@ -60,7 +60,7 @@ def test_at_the_deadline_it_prints_the_message_and_kills_the_process() -> None:
     result = run_python(
         """
         import time
-        from distenv.kill_at_deadline import KillAtDeadline
+        from distenv.detection.kill_at_deadline import KillAtDeadline
         KillAtDeadline(time.monotonic() + 0.5, "mpi: rank 1 of 4: stuck. Hint: look").start()
         time.sleep(20)
         """
@@ -76,7 +76,7 @@ def test_the_helper_never_runs_the_parents_exit_code() -> None:
     result = run_python(
         """
         import atexit, sys, time
-        from distenv.kill_at_deadline import KillAtDeadline
+        from distenv.detection.kill_at_deadline import KillAtDeadline
         atexit.register(lambda: print("atexit ran"))
         sys.stdout.write("buffered ")
         with KillAtDeadline(time.monotonic() + 30, "never printed"):
@@ -95,7 +95,7 @@ def test_the_helper_dies_with_its_parent() -> None:
             sys.executable,
             "-c",
             "import sys, time\n"
-            "from distenv.kill_at_deadline import KillAtDeadline\n"
+            "from distenv.detection.kill_at_deadline import KillAtDeadline\n"
             "dog = KillAtDeadline(time.monotonic() + 60, 'never printed')\n"
             "dog.start()\n"
             "print(dog.pid, flush=True)\n"

@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 
 from distenv import RankInfo
+from distenv.detection.pipeline import locate
 from distenv.errors import (
     DistEnvError,
     InconsistentEnvironmentError,
@@ -13,8 +14,7 @@ from distenv.errors import (
     NotLaunchedError,
 )
 from distenv.launchers import KUBEFLOW
-from distenv.pipeline import locate
-from distenv.plan import scheduler_layout
+from distenv.local.plan import scheduler_layout
 from tests.envs.kubeflow import (
     POD_V1_2X1_WORKER0,
     POD_V1_2X2_MASTER,
@@ -210,7 +210,7 @@ def test_distenv_run_with_another_nproc_than_the_job_is_refused(
     """`distenv run -n N` in a pod whose job states another nprocPerNode: refused with the fix."""
     from distenv.cli import build_parser
     from distenv.errors import ConfigurationError
-    from distenv.run import build_children
+    from distenv.local.run import build_children
 
     args = build_parser().parse_args(["run", "-n", nproc, "train.py"])
     with pytest.raises(ConfigurationError) as caught:
@@ -234,7 +234,7 @@ def test_distenv_run_with_the_jobs_nproc_starts_its_ranks(
 ) -> None:
     """The job's own count (or a non-numeric nprocPerNode) starts the node's ranks."""
     from distenv.cli import build_parser
-    from distenv.run import build_children
+    from distenv.local.run import build_children
 
     args = build_parser().parse_args(["run", "-n", nproc, "train.py"])
     assert [child.rank for child in build_children(args, env)] == ranks

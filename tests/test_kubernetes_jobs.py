@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
+from distenv.detection.pipeline import locate
 from distenv.errors import MissingVariableError, NotLaunchedError
-from distenv.pipeline import locate
 from tests.envs.indexed_job import INDEXED_BARE_POD1, JOBSET_EXAMPLE_POD2, JOBSET_WORLD_POD2
 from tests.envs.kubeflow import TRAINJOB_2X1_NODE1
 from tests.envs.volcano import VOLCANO_SINGLE, VOLCANO_WORKER0_PYTORCH, VOLCANO_WORKER0_SVC

@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from distenv.errors import ConfigurationError, DistEnvError, WorkerFailedError
-from distenv.spawn import Launched, launch
+from distenv.local.spawn import Launched, launch
 from tests.test_run import gone
 
 BIG = 8 << 20  # 8 MiB per rank: far beyond a pipe's buffer

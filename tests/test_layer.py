@@ -1,4 +1,4 @@
-"""One detection asks each launcher each question at most once (`distenv.layer`).
+"""One detection asks each launcher each question at most once (`distenv.detection.layer`).
 
 Agreement, the choice and the master query all need the same answers (for Hydra inside salloc,
 `mpi`'s ``world`` in five places, Slurm's in three); a `Layer` hands each on. These tests count
@@ -15,9 +15,9 @@ from collections.abc import Callable, Iterator, Mapping
 import pytest
 
 from distenv import DistEnvError
+from distenv.detection.layer import Layer, Layers
+from distenv.detection.pipeline import locate
 from distenv.launchers import BUILTIN, MPI, SLURM, Launcher
-from distenv.layer import Layer, Layers
-from distenv.pipeline import locate
 from tests.envs import (
     azureml,
     flux,

@@ -13,7 +13,8 @@ from collections.abc import Callable, Mapping
 
 import pytest
 
-from distenv.choice import choose
+from distenv.detection.choice import choose
+from distenv.detection.pipeline import master_query
 from distenv.errors import ConfigurationError, InvalidVariableError, MissingVariableError
 from distenv.master import (
     DEFAULT_PORT,
@@ -24,7 +25,6 @@ from distenv.master import (
     find_master,
     scheduler_port,
 )
-from distenv.pipeline import master_query
 from distenv.rankinfo import RankInfo
 from tests.envs import lsf, mpi, slurm, torchrun
 
@@ -245,7 +245,7 @@ def test_detection_says_where_the_master_address_came_from(
     env: Mapping[str, str], extra: Mapping[str, str], origin: str
 ) -> None:
     """locate() reports the variable the master address was read from (errors name it)."""
-    from distenv.pipeline import locate
+    from distenv.detection.pipeline import locate
 
     assert locate("auto", {**env, **extra}, mpi=False).master_from == origin
 
@@ -253,8 +253,8 @@ def test_detection_says_where_the_master_address_came_from(
 def test_unresolvable_node_name_names_the_node_list_not_master_addr() -> None:
     """A master host from $SLURM_STEP_NODELIST that does not resolve: the error names that
     variable, says MASTER_ADDR is not set, and gives both fixes."""
+    from distenv.bootstrap.store import _resolve
     from distenv.errors import MasterResolutionError
-    from distenv.store import _resolve
 
     info = detect_info(slurm.SRUN_2N_4T[2])
     with pytest.raises(MasterResolutionError) as caught:
@@ -275,7 +275,7 @@ def test_unresolvable_node_name_names_the_node_list_not_master_addr() -> None:
 
 def detect_info(env: Mapping[str, str]) -> RankInfo:
     """Return the RankInfo detection finds in `env`."""
-    from distenv.pipeline import detect
+    from distenv.detection.pipeline import detect
 
     return detect("auto", env)
 
@@ -287,12 +287,12 @@ def test_an_ascii_master_name_resolves_without_loading_the_idna_codec() -> None:
     import subprocess
     import sys
 
+    from distenv.bootstrap.store import _resolve
     from distenv.errors import MasterResolutionError
-    from distenv.store import _resolve
 
     probe = (
         "import socket, sys\n"
-        "from distenv.store import _resolve\n"
+        "from distenv.bootstrap.store import _resolve\n"
         "from tests.envs import slurm\n"
         "from tests.test_master import detect_info\n"
         "found = _resolve(detect_info(slurm.SRUN_2N_4T[2]), 'localhost', 29500)\n"

@@ -13,10 +13,10 @@ from pathlib import Path
 import pytest
 
 from distenv import detect, explain
+from distenv.bootstrap.records import matches
+from distenv.bootstrap.scope import job_scope
 from distenv.launchers import BUILTIN
 from distenv.master import scheduler_port
-from distenv.records import matches
-from distenv.scope import job_scope
 from tests.envs import mpi
 
 CAPTURES = Path(__file__).parent / "envs" / "captures"

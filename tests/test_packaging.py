@@ -133,7 +133,7 @@ def test_sdist_carries_no_tests(built: Built) -> None:
     with tarfile.open(built.sdist) as sdist:
         names = sdist.getnames()
     assert not [n for n in names if "/tests/" in n], names
-    assert f"distenv-{VERSION}/distenv/cli.py" in names
+    assert f"distenv-{VERSION}/distenv/cli/__init__.py" in names
 
 
 def test_installed_wheel_runs_the_cli_and_the_readme_example(built: Built) -> None:

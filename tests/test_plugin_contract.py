@@ -238,7 +238,7 @@ def test_a_launcher_plugin_world_refuses_leftover_torchrun_variables() -> None:
 
 def test_a_node_agent_and_its_processes_per_node() -> None:
     """node_agent answers for `distenv run` where rank_info refuses; processes_per_node is checked."""
-    from distenv.plan import check_processes_per_node, scheduler_layout
+    from distenv.local.plan import check_processes_per_node, scheduler_layout
 
     env = {
         "DISTENV_PLUGINS": "sitelaunch",

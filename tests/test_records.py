@@ -1,4 +1,4 @@
-"""The store's records: nothing read from the store is trusted (distenv.records).
+"""The store's records: nothing read from the store is trusted (distenv.bootstrap.records).
 
 Every value distenv reads back from rank 0's store is parsed against its schema; anything else is a
 `ForeignRecordError` naming the key, never a raw exception and never an echo of the value.
@@ -14,7 +14,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from distenv.problems import (
+from distenv.bootstrap.problems import (
     ClaimedTwice,
     Disagreement,
     ForeignCheckIn,
@@ -25,15 +25,15 @@ from distenv.problems import (
     SharedGpu,
     SharedLocalRank,
 )
-from distenv.records import (
+from distenv.bootstrap.records import (
     MAX_CHECKIN_BYTES,
     CheckIn,
     ForeignRecordError,
     parse_checkin,
     parse_scope,
 )
-from distenv.scope import job_scope
-from distenv.verdict import Verdict, parse_verdict, validate
+from distenv.bootstrap.scope import job_scope
+from distenv.bootstrap.verdict import Verdict, parse_verdict, validate
 
 SCOPE = "slurm/4242/0/n4"
 
@@ -340,7 +340,7 @@ def test_forged_node_counts_are_refused(nodes: list[str], sizes: list[object], w
 
 def test_sizes_are_published_only_where_a_local_size_is_unknown() -> None:
     """Ranks that all know their local size get no counts (the verdict stays as it was)."""
-    from distenv.verdict import host_sizes, node_hosts
+    from distenv.bootstrap.verdict import host_sizes, node_hosts
 
     known = [checkin(r, node_rank=None) for r in range(4)]
     nodes = node_hosts(known)

@@ -8,14 +8,14 @@ import time
 import pytest
 
 from distenv import RankInfo, detect
+from distenv.bootstrap.records import CheckIn
+from distenv.bootstrap.rollcall import roll_call
+from distenv.bootstrap.session import Bootstrap, Session
+from distenv.bootstrap.verdict import Verdict, validate
 from distenv.deadline import Deadline
 from distenv.errors import RendezvousError, RendezvousTimeoutError
 from distenv.master import free_port
-from distenv.records import CheckIn
-from distenv.rollcall import roll_call
-from distenv.session import Bootstrap, Session
 from distenv.timing import MARGIN_S
-from distenv.verdict import Verdict, validate
 from tests.envs import Layout, flux, layout
 
 
@@ -223,7 +223,7 @@ def _filled(
     return each rank's filled RankInfo, or the error it raised."""
     from torch.distributed import PrefixStore, TCPStore
 
-    from distenv.rollcall import fill_layout
+    from distenv.bootstrap.rollcall import fill_layout
 
     world, port = len(hosts), free_port("127.0.0.1")
     sizes = local_size if local_size is not None else [hosts.count(h) for h in hosts]
@@ -307,7 +307,7 @@ def test_roll_call_fills_flux_node_and_local_size(
 
 def test_a_verdict_that_does_not_count_this_hosts_ranks_is_refused() -> None:
     """A rank with no local size, given a verdict that names its host without counting: refused."""
-    from distenv.rollcall import fill_layout
+    from distenv.bootstrap.rollcall import fill_layout
 
     info = RankInfo(
         launcher="flux", rank=1, world_size=2, local_rank=0, local_world_size=None,
@@ -322,7 +322,7 @@ def test_a_verdict_that_does_not_count_this_hosts_ranks_is_refused() -> None:
 
 def test_a_verdict_that_does_not_name_this_host_is_refused() -> None:
     """A verdict numbering other hosts (forged, or a host renamed mid-start): a clear error."""
-    from distenv.rollcall import fill_layout
+    from distenv.bootstrap.rollcall import fill_layout
 
     info = RankInfo(
         launcher="mpi", rank=1, world_size=2, local_rank=0, local_world_size=1,
@@ -370,7 +370,7 @@ def test_store_round_trips_per_rank() -> None:
     import torch.distributed as dist
     from torch.distributed import PrefixStore, TCPStore
 
-    from distenv.group import group_up
+    from distenv.bootstrap.group import group_up
 
     class Counting(dist.Store):  # type: ignore[misc]
         def __init__(self, inner: dist.Store) -> None:

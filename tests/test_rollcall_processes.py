@@ -11,10 +11,10 @@ import time
 
 import pytest
 
-from distenv.pipeline import explain
-from distenv.scope import job_scope, prefix
+from distenv.bootstrap.scope import job_scope, prefix
+from distenv.bootstrap.store import listen_address
+from distenv.detection.pipeline import explain
 from distenv.settings import Settings
-from distenv.store import listen_address
 from tests._spawn import REPO, contract_env, free_port
 from tests.conftest import scrubbed_environ
 from tests.envs import flux

@@ -20,9 +20,9 @@ from pathlib import Path
 import pytest
 
 from distenv.cli import build_parser, main
+from distenv.detection.pipeline import detect, explain
 from distenv.errors import ConfigurationError
-from distenv.pipeline import detect, explain
-from distenv.run import REFUSED_FLAGS, RefusedFlag, build_children, plan_from_args
+from distenv.local.run import REFUSED_FLAGS, RefusedFlag, build_children, plan_from_args
 from tests.conftest import scrubbed_environ
 from tests.envs import lsf, mpi, slurm
 

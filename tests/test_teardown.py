@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from distenv.teardown import TEARDOWN_S, _code, _idle
+from distenv.bootstrap.teardown import TEARDOWN_S, _code, _idle
 from tests._spawn import free_port
 from tests.conftest import scrubbed_environ
 
@@ -139,7 +139,7 @@ def test_exit_status_follows_an_uncaught_exception_and_sys_exit() -> None:
     """A process whose end is recorded: uncaught exception 1, KeyboardInterrupt 130, sys.exit."""
     probe = (
         "import sys\n"
-        "from distenv.teardown import ExitStatus\n"
+        "from distenv.bootstrap.teardown import ExitStatus\n"
         "ExitStatus.watch()\n"
         "import atexit\n"
         "atexit.register(lambda: print('status', ExitStatus.code, flush=True))\n"

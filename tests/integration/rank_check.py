@@ -16,7 +16,7 @@ checked in under DIR (60 s at most): launches that meet there provably ran at th
 The audit hook records the Python-level process-creation events raised while distenv bootstraps
 (import, detection, resolution, init_dist). MPI libraries (Open MPI's singleton init, PMIx) may
 fork inside C code; those raise no audit event and do not count; nor does the one fork announced
-by a ``distenv.kill_at_deadline`` event (the helper that bounds MPI_Init, which never execs): what
+by a ``distenv.kill_at_deadline`` audit event (the helper that bounds MPI_Init, which never execs): what
 is pinned is that distenv itself runs no subprocess (no ``scontrol``, no shell) on any rank.
 """
 
@@ -38,7 +38,7 @@ WATCHED = frozenset(
     }
 )
 EVENTS: list[str] = []
-# A distenv.kill_at_deadline event allows the one os.fork that follows.
+# A distenv.kill_at_deadline audit event allows the one os.fork that follows.
 ANNOUNCED: list[bool] = [False]
 
 

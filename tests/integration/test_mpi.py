@@ -21,7 +21,7 @@ from typing import Any
 
 import pytest
 
-from distenv.exchange import MPICH_RECIPE
+from distenv.detection.exchange import MPICH_RECIPE
 from tests.integration.helpers import (
     HERE,
     JOB_NAME,

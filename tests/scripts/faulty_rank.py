@@ -80,7 +80,7 @@ def inject(what: str, events: Events) -> None:
     """Install the fault `what` in this process (see the module docstring)."""
     import torch.distributed as dist
 
-    import distenv.group
+    import distenv.bootstrap.group
 
     def before(module: Any, name: str, action: Callable[[], None]) -> None:
         original = getattr(module, name)
@@ -114,11 +114,11 @@ def inject(what: str, events: Events) -> None:
     elif what == "kill-in-init":
         before(dist, "init_process_group", die(signal.SIGKILL, "in init_process_group"))
     elif what == "stop-after-init":
-        before(distenv.group, "group_up", die(signal.SIGSTOP, "after init_process_group"))
+        before(distenv.bootstrap.group, "group_up", die(signal.SIGSTOP, "after init_process_group"))
     elif what == "hold-init":
         before(dist, "init_process_group", hold("init_process_group"))
     elif what == "hold-groupup":
-        before(distenv.group, "group_up", hold("the group-up check"))
+        before(distenv.bootstrap.group, "group_up", hold("the group-up check"))
     else:
         raise SystemExit(f"faulty_rank.py: unknown fault {what!r}")
 
@@ -148,12 +148,15 @@ def trace_phases(events: Events) -> None:
     """Write a ``phase`` event as this rank enters each phase of init_dist."""
     import torch.distributed as dist
 
-    import distenv.group
-    import distenv.rollcall
+    import distenv.bootstrap.group
+    import distenv.bootstrap.rollcall
 
-    # Patched where `distenv.rollcall.meet` looks them up.
-    connect, roll_call = distenv.rollcall.connect_store, distenv.rollcall.roll_call
-    init, group_up = dist.init_process_group, distenv.group.group_up
+    # Patched where `distenv.bootstrap.rollcall.meet` looks them up.
+    connect, roll_call = (
+        distenv.bootstrap.rollcall.connect_store,
+        distenv.bootstrap.rollcall.roll_call,
+    )
+    init, group_up = dist.init_process_group, distenv.bootstrap.group.group_up
 
     def traced_connect(*args: Any, **kwargs: Any) -> Any:
         events.write("phase", phase="connecting")
@@ -171,10 +174,10 @@ def trace_phases(events: Events) -> None:
         events.write("phase", phase="groupup")
         return group_up(*args, **kwargs)
 
-    distenv.rollcall.connect_store = traced_connect
-    distenv.rollcall.roll_call = traced_roll_call
+    distenv.bootstrap.rollcall.connect_store = traced_connect
+    distenv.bootstrap.rollcall.roll_call = traced_roll_call
     dist.init_process_group = traced_init  # type: ignore[assignment]
-    distenv.group.group_up = traced_group_up
+    distenv.bootstrap.group.group_up = traced_group_up
 
 
 def main() -> int:

@@ -127,7 +127,7 @@ def main() -> None:
     if known.ignore_term:
         signal.signal(signal.SIGTERM, signal.SIG_IGN)
 
-    from distenv.pipeline import detect
+    from distenv.detection.pipeline import detect
 
     report = {name: os.environ.get(name) for name in CONTRACT}
     report.update(argv=sys.argv[1:], detected=detect().launcher)

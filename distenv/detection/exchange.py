@@ -28,7 +28,7 @@ then ends the job (main thread only; the previous handlers come back afterwards)
 
 MPI_Init itself (the import of ``mpi4py.MPI``) blocks until every rank has started MPI, holding the
 GIL, so no Python code can bound it. When this module is the one to initialise MPI, a
-`distenv.kill_at_deadline.KillAtDeadline` helper forked just before covers MPI_Init and the
+`distenv.detection.kill_at_deadline.KillAtDeadline` helper forked just before covers MPI_Init and the
 broadcast: `KILL_DELAY_S` after the deadline it prints the same message and kills the rank; the
 launcher then ends the job. When MPI is already initialised (the program imported mpi4py first, or
 passed `comm`) there is nothing to fork around, and nothing may be forked.
@@ -50,6 +50,7 @@ from types import FrameType
 from typing import Any, NoReturn
 
 from distenv._hosts import check_hostname
+from distenv.detection.kill_at_deadline import KillAtDeadline
 from distenv.errors import (
     DistEnvError,
     InvalidVariableError,
@@ -57,7 +58,6 @@ from distenv.errors import (
     RendezvousError,
     RendezvousTimeoutError,
 )
-from distenv.kill_at_deadline import KillAtDeadline
 from distenv.rankinfo import RankInfo
 from distenv.settings import Settings
 from distenv.timing import GRACE_S, KILL_DELAY_S

@@ -16,15 +16,15 @@ from typing import TextIO
 
 from distenv import state
 from distenv.args import add_launcher_option
+from distenv.bootstrap.records import CheckIn
+from distenv.bootstrap.rollcall import fill_layout, make_checkin, meet
+from distenv.bootstrap.session import Bootstrap, Session
+from distenv.bootstrap.verdict import Verdict
+from distenv.detection.pipeline import locate
 from distenv.device import rank_backend, rank_device, rank_device_reason
 from distenv.errors import DistEnvError
-from distenv.pipeline import locate
 from distenv.rankinfo import RankInfo
-from distenv.records import CheckIn
-from distenv.rollcall import fill_layout, make_checkin, meet
-from distenv.session import Bootstrap, Session
 from distenv.settings import Settings
-from distenv.verdict import Verdict
 
 __all__ = ["add_doctor_parser", "doctor", "write_considered"]
 

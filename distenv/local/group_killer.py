@@ -13,7 +13,7 @@ import contextlib
 import subprocess
 import sys
 
-from distenv.stopping import KILL_WAIT
+from distenv.local.stopping import KILL_WAIT
 
 __all__ = ["GROUP_KILLER", "GroupKiller"]
 

@@ -1,8 +1,8 @@
 """The roll call's problems: structured, validated when read, rendered by each rank's own templates.
 
-Imported only when there is a problem to build, publish or read (`distenv.verdict`): a healthy roll
+Imported only when there is a problem to build, publish or read (`distenv.bootstrap.verdict`): a healthy roll
 call never pays for creating its classes inside every rank's bootstrap. Pure, like
-`distenv.records`: no torch, no store, no process state.
+`distenv.bootstrap.records`: no torch, no store, no process state.
 """
 
 from collections import Counter, defaultdict
@@ -10,7 +10,7 @@ from collections.abc import Iterable, Sequence
 from operator import attrgetter
 from typing import Any, NamedTuple
 
-from distenv.records import (
+from distenv.bootstrap.records import (
     AGREED,
     MAX_PID,
     MAX_RANK,
@@ -387,7 +387,7 @@ def parse_problem(key: str, data: object, world: int) -> Problem:
     return problem
 
 
-# ---- the slow paths of `distenv.verdict.validate`: called once a fast check has found a problem --
+# ---- the slow paths of `distenv.bootstrap.verdict.validate`: called once a fast check has found a problem --
 
 
 def disagreement(checkins: Sequence[CheckIn], field: str) -> Disagreement:

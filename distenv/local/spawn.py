@@ -14,7 +14,7 @@ The in-Python counterpart of ``distenv run``, replacing detectron2's ``launch`` 
     evaluate("ckpt.pt")                                       # runs on 4 ranks
 
 Workers start with the ``spawn`` method, get torchrun's environment contract and join a process
-group through `distenv.init.init_dist` before the function runs.
+group through `distenv.bootstrap.init.init_dist` before the function runs.
 """
 
 from __future__ import annotations
@@ -34,10 +34,17 @@ from multiprocessing.process import BaseProcess
 from typing import Any, Generic, ParamSpec, TypeVar, overload
 
 from distenv.errors import ConfigurationError, WorkerFailedError
-from distenv.plan import LaunchOptions, child_env, is_stale, local_ranks, plan_node, thread_env
+from distenv.local.plan import (
+    LaunchOptions,
+    child_env,
+    is_stale,
+    local_ranks,
+    plan_node,
+    thread_env,
+)
+from distenv.local.stopping import DEFAULT_GRACE_PERIOD, StopPolicy, describe_exit
 from distenv.processes import parent_death_signal
 from distenv.settings import Settings
-from distenv.stopping import DEFAULT_GRACE_PERIOD, StopPolicy, describe_exit
 
 __all__ = ["Launched", "launch"]
 
@@ -138,7 +145,7 @@ def _worker(
         # The payload is our own parent's, through a pipe only it holds.
         target, args, kwargs = pickle.loads(payload)  # noqa: S301
         fn = target.load() if isinstance(target, _Ref) else target
-        from distenv.init import init_dist
+        from distenv.bootstrap.init import init_dist
 
         init_dist(launcher="pytorch", backend=backend, timeout=timeout)
         import torch
@@ -337,7 +344,7 @@ def launch(
     """Run `fn` on `nprocs` local ranks, each in the process group, and return their results.
 
     Each worker is a fresh interpreter (``spawn``) with torchrun's environment contract; it calls
-    ``distenv.init.init_dist(launcher="pytorch", backend=backend, timeout=timeout)``, then
+    ``distenv.bootstrap.init.init_dist(launcher="pytorch", backend=backend, timeout=timeout)``, then
     ``fn(*args, **kwargs)``, then destroys the group. The first worker that raises or dies makes
     the others receive SIGTERM, then SIGKILL after `grace_period` seconds. Without `fn`, returns a
     decorator: ``@distenv.launch(nprocs=4)`` makes calling the function run it on 4 ranks.

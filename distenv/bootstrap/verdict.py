@@ -1,9 +1,9 @@
 """What rank 0 answers in the roll call: the verdict, the checks behind it, the node numbering.
 
 Rank 0 validates a complete set of check-ins (`validate`) and publishes a `Verdict` of structured
-problems only (a code, ranks, validated fields; the classes are in `distenv.problems`): every rank
+problems only (a code, ranks, validated fields; the classes are in `distenv.bootstrap.problems`): every rank
 renders the message from its own templates (`Problem.describe`), so no free text from the store is
-ever printed. `distenv.problems` is imported only when there is a problem: a healthy roll call
+ever printed. `distenv.bootstrap.problems` is imported only when there is a problem: a healthy roll call
 never pays for creating its classes. Pure: no torch, no store, no process state.
 """
 
@@ -15,8 +15,7 @@ from operator import attrgetter
 from types import ModuleType
 from typing import TYPE_CHECKING, NamedTuple
 
-from distenv.rankinfo import RankInfo
-from distenv.records import (
+from distenv.bootstrap.records import (
     AGREED,
     MIXED_FIELDS,
     CheckIn,
@@ -25,9 +24,10 @@ from distenv.records import (
     load_json,
     matches,
 )
+from distenv.rankinfo import RankInfo
 
 if TYPE_CHECKING:
-    from distenv.problems import Problem
+    from distenv.bootstrap.problems import Problem
 
 __all__ = [
     "MAX_VERDICT_BYTES",
@@ -151,7 +151,7 @@ def validate(checkins: Sequence[CheckIn], world_size: int) -> list["Problem"]:
     where a launcher names one, against the host names (one node, one host); no two ranks of one
     host on the same physical GPU unless sharing was allowed. Each check is a set comparison at C
     speed (rank 0 runs this on every check-in of the world); only a check that fails imports
-    `distenv.problems` to say what.
+    `distenv.bootstrap.problems` to say what.
     """
     found: list[Problem] = []
     for field in AGREED:
@@ -214,7 +214,7 @@ def node_hosts(checkins: Sequence[CheckIn], *, layout_known: bool = True) -> tup
     index only, so rank 0 says with `layout_known` whether its launcher also counted the nodes
     (Cray PALS names each rank's node but not how many there are). Host names are what tells the
     nodes apart: two nodes that report one name are one node here, and the roll call's check of
-    unique local ranks per host refuses that job (`distenv.problems.shared_local_ranks`).
+    unique local ranks per host refuses that job (`distenv.bootstrap.problems.shared_local_ranks`).
     """
     if layout_known and all(
         c.node_rank is not None and c.local_world_size is not None for c in checkins
@@ -258,7 +258,7 @@ def refusal(
 
 
 def _problems() -> ModuleType:
-    """Return `distenv.problems`, imported on the first problem (the one lazy import)."""
-    from distenv import problems
+    """Return `distenv.bootstrap.problems`, imported on the first problem (the one lazy import)."""
+    from distenv.bootstrap import problems
 
     return problems

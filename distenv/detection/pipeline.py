@@ -1,6 +1,6 @@
 """From the environment to a resolved `RankInfo`: the one pipeline every entry point calls.
 
-    choose the launcher (distenv.choice) -> its layout -> the master (distenv.master) -> RankInfo
+    choose the launcher (distenv.detection.choice) -> its layout -> the master (distenv.master) -> RankInfo
 
 `locate` is that pipeline; `init_dist`, `setup`, ``distenv info/export/doctor`` and
 ``distenv run`` all call it. `explain` and `detect` are its pure part (the environment only: no
@@ -15,7 +15,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from distenv.choice import Choice, choose
+from distenv.detection.choice import Choice, choose
 from distenv.errors import DistEnvError
 from distenv.launchers import Launcher
 from distenv.master import FORMAT_VAR, MasterQuery, addr_origin, find_master
@@ -72,7 +72,7 @@ def master_query(choice: Choice) -> MasterQuery:
 class _LazyMpi:
     """The MPI exchange for one rank, loaded only if a job with no master calls it.
 
-    ``token`` is the job's token from rank 0 once the exchange ran (`distenv.exchange`).
+    ``token`` is the job's token from rank 0 once the exchange ran (`distenv.detection.exchange`).
     """
 
     def __init__(
@@ -82,7 +82,7 @@ class _LazyMpi:
         self.token: bytes | None = None
 
     def __call__(self, rank0_master: Callable[[], tuple[str, int]]) -> tuple[str, int]:
-        from distenv.exchange import mpi_exchange
+        from distenv.detection.exchange import mpi_exchange
 
         exchange = mpi_exchange(
             self.info, self.comm, deadline=self.deadline, settings=Settings.read(self.env)

@@ -1,11 +1,11 @@
 """Choosing among launcher backends: ``auto`` detection and explicit names.
 
 `choose` answers which launcher's layout describes this process, and what encloses it; where the
-master is, is `distenv.master`'s question (`distenv.pipeline` asks both). Detection asks the
+master is, is `distenv.master`'s question (`distenv.detection.pipeline` asks both). Detection asks the
 launchers' types, never their names: a `Scheduler` is an outer layer, and an
 `AllocationLauncher` (MPI) consults every scheduler that encloses it. Before it chooses,
-`distenv.agreement` refuses launcher variables left over from another job that contradict the
-step this process belongs to. Every launcher is asked through its `distenv.layer.Layer`, so each
+`distenv.detection.agreement` refuses launcher variables left over from another job that contradict the
+step this process belongs to. Every launcher is asked through its `distenv.detection.layer.Layer`, so each
 answer is computed once and handed on in the `Choice`.
 
 Reads the environment only: no torch, no mpi4py, no subprocess.
@@ -16,7 +16,8 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import NamedTuple
 
-from distenv.agreement import agrees, describe, refuse_leftovers
+from distenv.detection.agreement import agrees, describe, refuse_leftovers
+from distenv.detection.layer import Layer, Layers
 from distenv.errors import DistEnvError, LauncherMismatchError, LauncherNotFoundError
 from distenv.launchers import (
     NONE,
@@ -28,7 +29,6 @@ from distenv.launchers import (
     canonical_name,
     get_launcher,
 )
-from distenv.layer import Layer, Layers
 from distenv.rankinfo import RankInfo
 
 __all__ = ["Choice", "choose"]

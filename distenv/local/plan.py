@@ -1,6 +1,6 @@
 """The local launcher's plan: this node's place, its ranks, and each rank's environment.
 
-``distenv run`` (`distenv.run`) and `distenv.launch` (`distenv.spawn`) both start N ranks on this
+``distenv run`` (`distenv.local.run`) and `distenv.launch` (`distenv.local.spawn`) both start N ranks on this
 node with torchrun's environment contract; this module decides for both what those ranks are:
 
 - `plan_node`: the number of nodes, this node's index and the master, from the options given,
@@ -22,6 +22,7 @@ import sys
 from collections.abc import Mapping
 from dataclasses import dataclass
 
+from distenv.detection.pipeline import Detection, locate
 from distenv.errors import ConfigurationError, LauncherNotFoundError, NotLaunchedError
 from distenv.launchers import Scheduler, get_launcher
 from distenv.master import (
@@ -33,7 +34,6 @@ from distenv.master import (
     MasterQuery,
     find_master,
 )
-from distenv.pipeline import Detection, locate
 from distenv.rankinfo import RankInfo
 from distenv.settings import OMP_VAR, Settings
 
@@ -96,7 +96,7 @@ class NodePlan:
         master_port: Rank 0's store port.
         source: Where the layout came from (``flags``, ``slurm``, ``lsf``, ``local``).
         run_id: The job identity handed to the ranks as ``DISTENV_RUN_ID``: their rendezvous
-            scope (`distenv.scope`), so that no rank of another run joins this one's store.
+            scope (`distenv.bootstrap.scope`), so that no rank of another run joins this one's store.
     """
 
     nnodes: int

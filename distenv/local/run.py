@@ -4,9 +4,9 @@
     srun --ntasks-per-node=1 distenv run -n 4 train.py     # one launcher per node, nodes from Slurm
 
 Every child gets torchrun's environment contract (`RankInfo.to_env`), so it detects as the
-``pytorch`` launcher. This module is the command line; what the ranks are is `distenv.plan`'s
+``pytorch`` launcher. This module is the command line; what the ranks are is `distenv.local.plan`'s
 decision (shared with `distenv.launch`), supervision (fail-fast, signal forwarding, no orphans)
-is `distenv.supervise`'s, and the stop policy `distenv.stopping`'s.
+is `distenv.local.supervise`'s, and the stop policy `distenv.local.stopping`'s.
 """
 
 from __future__ import annotations
@@ -19,8 +19,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from distenv.errors import ConfigurationError
-from distenv.master import DEFAULT_PORT, LOCAL_HOST
-from distenv.plan import (
+from distenv.local.plan import (
     LaunchOptions,
     NodePlan,
     check_processes_per_node,
@@ -31,9 +30,10 @@ from distenv.plan import (
     scheduler_layout,
     thread_env,
 )
+from distenv.local.stopping import DEFAULT_GRACE_PERIOD, StopPolicy
+from distenv.local.supervise import Child, Supervisor
+from distenv.master import DEFAULT_PORT, LOCAL_HOST
 from distenv.settings import Settings
-from distenv.stopping import DEFAULT_GRACE_PERIOD, StopPolicy
-from distenv.supervise import Child, Supervisor
 
 __all__ = [
     "REFUSED_FLAGS",

@@ -4,7 +4,7 @@
 ``PContext``): the first failure is named with how it ended and how many others were stopped; the
 others get SIGTERM (or the stopping signal received), then SIGKILL after the grace period.
 `distenv.launch` applies it with `StopPolicy.stop` to its multiprocessing workers; ``distenv run``'s
-`distenv.supervise.Supervisor` applies it to its ranks' process groups without blocking.
+`distenv.local.supervise.Supervisor` applies it to its ranks' process groups without blocking.
 """
 
 from __future__ import annotations

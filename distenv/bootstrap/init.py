@@ -5,7 +5,7 @@ same steps, in this order, and are the only functions of distenv that change the
 (os.environ, the multiprocessing start method, the current CUDA device):
 
 1. read the runtime settings (`distenv.settings`), then detect and resolve the `RankInfo`
-   (`distenv.pipeline.locate`);
+   (`distenv.detection.pipeline.locate`);
 2. set the multiprocessing start method (``spawn`` unless one is set already);
 3. select and set this rank's CUDA device, before any process group exists (`distenv.device`);
 4. export torchrun's ``env://`` contract into os.environ, tagged with ``DISTENV_SCOPE`` so that
@@ -15,10 +15,10 @@ same steps, in this order, and are the only functions of distenv that change the
 and `init_dist` goes on to
 
 5. under one deadline (the rendezvous timeout + `distenv.timing.GRACE_S`), run by one
-   `distenv.session.Bootstrap`: reach rank 0's store, prove it is this job's and hold the roll
-   call over it (`distenv.rollcall`: every rank checks in, rank 0 validates and names missing
+   `distenv.bootstrap.session.Bootstrap`: reach rank 0's store, prove it is this job's and hold the roll
+   call over it (`distenv.bootstrap.rollcall`: every rank checks in, rank 0 validates and names missing
    ranks, and numbers the nodes where the launcher named none), then create the process group
-   with the same store and check that every rank came up (`distenv.group`); a node layout the
+   with the same store and check that every rank came up (`distenv.bootstrap.group`); a node layout the
    roll call filled is exported and remembered;
 6. log one summary line on rank 0 (logger ``distenv``, INFO);
 7. seed every generator, if asked (`distenv.seeding`).
@@ -33,19 +33,19 @@ import os
 from typing import TYPE_CHECKING
 
 from distenv import state
+from distenv.bootstrap.group import join_group
+from distenv.bootstrap.rollcall import fill_layout, make_checkin, meet
+from distenv.bootstrap.session import Bootstrap, Session
+from distenv.bootstrap.store import master_address
+from distenv.bootstrap.teardown import register as end_groups_at_exit
 from distenv.deadline import Deadline
+from distenv.detection.pipeline import Detection, locate
 from distenv.device import choose_backend, rank_backend, rank_device
 from distenv.errors import ConfigurationError, InitError
-from distenv.group import join_group
 from distenv.master import SCOPE_VAR
-from distenv.pipeline import Detection, locate
 from distenv.rankinfo import RankInfo
-from distenv.rollcall import fill_layout, make_checkin, meet
 from distenv.seeding import check_seed, seed_everything
-from distenv.session import Bootstrap, Session
 from distenv.settings import Settings, seconds
-from distenv.store import master_address
-from distenv.teardown import register as end_groups_at_exit
 
 if TYPE_CHECKING:
     from distenv.settings import Timeout
@@ -120,7 +120,7 @@ def _prepare(
     os.environ[SCOPE_VAR] = detection.job_tag
     state.remember(state.State(info, detection.job_tag, device, allow_gpu_sharing))
     # Whoever creates the process group (init_dist, or the framework after setup), it ends
-    # before the interpreter finalises (distenv.teardown).
+    # before the interpreter finalises (distenv.bootstrap.teardown).
     end_groups_at_exit()
     return device
 
@@ -142,7 +142,7 @@ def setup(
     which Lightning, HF accelerate and DeepSpeed read. Call it before they start.
 
     Args:
-        launcher: ``auto`` or a launcher name (see `distenv.pipeline.explain`).
+        launcher: ``auto`` or a launcher name (see `distenv.detection.pipeline.explain`).
         start_method: The multiprocessing start method to set when none is set yet (DataLoader
             workers use it); None leaves it alone.
         set_device: Whether to call ``torch.cuda.set_device`` with the selected device.
@@ -243,12 +243,12 @@ def init_dist(
     launcher (``none``) it makes a 1-rank group on 127.0.0.1 and a free port.
 
     Calling it again for the same rank and world returns the same `RankInfo` and creates nothing.
-    At exit the group ends before the interpreter finalises, within 5 s (`distenv.teardown`):
+    At exit the group ends before the interpreter finalises, within 5 s (`distenv.bootstrap.teardown`):
     ``destroy_process_group()`` is optional, and `atexit` handlers that need the group must be
     registered after this call.
 
     Args:
-        launcher: ``auto`` or a launcher name (see `distenv.pipeline.explain`).
+        launcher: ``auto`` or a launcher name (see `distenv.detection.pipeline.explain`).
         backend: The process-group backend; by default ``nccl`` when CUDA is usable and this rank
             has a device, else ``gloo``. Any torch spelling wins as given
             (``"cpu:gloo,cuda:nccl"``, ``"mpi"``).

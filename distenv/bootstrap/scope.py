@@ -14,11 +14,11 @@ from __future__ import annotations
 import hashlib
 from typing import Any
 
+from distenv.bootstrap.records import ForeignRecordError, matches, parse_scope
+from distenv.bootstrap.store import master_address, peek
 from distenv.deadline import Deadline
 from distenv.errors import RendezvousTimeoutError, StoreTakenError
 from distenv.rankinfo import RankInfo
-from distenv.records import ForeignRecordError, matches, parse_scope
-from distenv.store import master_address, peek
 
 __all__ = ["KEY_ROOT", "ScopeCheck", "claim_scope", "job_scope", "prefix", "scope_key"]
 

@@ -1,4 +1,4 @@
-"""The ``distenv`` command: info, export, template, run (distenv.run) and doctor (distenv.doctor)."""
+"""The ``distenv`` command: info, export, template, run (distenv.local.run) and doctor (distenv.cli.doctor)."""
 
 from __future__ import annotations
 
@@ -9,15 +9,16 @@ import shlex
 import sys
 from collections.abc import Sequence
 
-from distenv import __version__, templates
+from distenv import __version__
 from distenv.args import add_launcher_option
+from distenv.cli import templates
+from distenv.cli.doctor import add_doctor_parser, write_considered
+from distenv.detection.pipeline import Detection, locate
 from distenv.device import rank_backend, rank_device_reason, visible_device_count
-from distenv.doctor import add_doctor_parser, write_considered
 from distenv.errors import DistEnvError, MasterResolutionError
+from distenv.local.run import add_run_parser
 from distenv.master import SCOPE_VAR
-from distenv.pipeline import Detection, locate
 from distenv.rankinfo import RankInfo
-from distenv.run import add_run_parser
 
 __all__ = ["main"]
 

@@ -1,6 +1,6 @@
 """The supervisor of ``distenv run``: start the local ranks, watch them, stop them all at once.
 
-torchrun-style: the first failure stops every rank under the `distenv.stopping.StopPolicy`,
+torchrun-style: the first failure stops every rank under the `distenv.local.stopping.StopPolicy`,
 stopping signals are forwarded and start the grace period (a second one kills at once), SIGUSR1
 and SIGUSR2 are forwarded only, and nothing the ranks started outlives the run. How the four
 safeguards against survivors fit together (process groups, the parent-death signal, the group
@@ -21,10 +21,10 @@ from dataclasses import dataclass, field
 from types import FrameType
 from typing import Any
 
-from distenv.group_killer import GroupKiller
-from distenv.output import drain, prefix_output
+from distenv.local.group_killer import GroupKiller
+from distenv.local.output import drain, prefix_output
+from distenv.local.stopping import KILL_WAIT, StopPolicy, describe_exit, exit_status
 from distenv.processes import Adopter, live_groups, with_parent_death
-from distenv.stopping import KILL_WAIT, StopPolicy, describe_exit, exit_status
 
 __all__ = ["Child", "Supervisor"]
 

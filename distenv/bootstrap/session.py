@@ -6,7 +6,7 @@ them (each phase's keys, the scope's claim and check, this rank's state for the 
 of a rank that lost the store). A `Bootstrap` owns the time: the rendezvous timeout, the deadline
 derived from it, the one watched thread every phase runs in, and SIGINT/SIGTERM, which end the
 bootstrap at once and are recorded for the others. `init_dist` and `distenv doctor` build both and
-run their phases (`distenv.rollcall.meet`, `distenv.group.join_group`) through `Bootstrap.run`.
+run their phases (`distenv.bootstrap.rollcall.meet`, `distenv.bootstrap.group.join_group`) through `Bootstrap.run`.
 """
 
 from __future__ import annotations
@@ -16,17 +16,17 @@ import socket
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any, TypeVar
 
+from distenv.bootstrap.records import matches
+from distenv.bootstrap.scope import ScopeCheck, claim_scope, job_scope, prefix, scope_key
+from distenv.bootstrap.store import first_line, master_address, peek
 from distenv.deadline import Deadline, Watch, bounded, interruptible, watched
 from distenv.errors import DistEnvError, RendezvousError, RendezvousTimeoutError
 from distenv.rankinfo import RankInfo
-from distenv.records import matches
-from distenv.scope import ScopeCheck, claim_scope, job_scope, prefix, scope_key
 from distenv.settings import TIMEOUT_VAR, Settings
-from distenv.store import first_line, master_address, peek
 from distenv.timing import GRACE_S, MARGIN_S, SIGNAL_MARK_S
 
 if TYPE_CHECKING:
-    from distenv.pipeline import Detection
+    from distenv.detection.pipeline import Detection
 
 __all__ = ["STATES", "Bootstrap", "Session"]
 
@@ -41,7 +41,7 @@ class Session:
 
     Args:
         info: This rank's RankInfo.
-        scope: The rendezvous scope (`distenv.scope.job_scope`).
+        scope: The rendezvous scope (`distenv.bootstrap.scope.job_scope`).
         restart: The torchrun attempt (``TORCHELASTIC_RESTART_COUNT``, as read): each has its own
             keys.
         agent_store: Whether torchrun's agent store serves the job (every rank is its client).
@@ -59,7 +59,7 @@ class Session:
     ) -> None:
         self.info, self.scope, self.restart = info, scope, restart
         self.agent_store, self.master_from = agent_store, master_from
-        self.store: Any = None  # rank 0's store, once reached (`distenv.rollcall.meet`)
+        self.store: Any = None  # rank 0's store, once reached (`distenv.bootstrap.rollcall.meet`)
 
     @classmethod
     def of(cls, detection: Detection, info: RankInfo, settings: Settings) -> Session:

@@ -313,7 +313,7 @@ def connect_store(
     otherwise, so a listener that accepts connections but never answers as a store is reported
     at the rendezvous timeout, not waited for. Under torchrun's agent store (`agent_store`) every
     rank, rank 0 included, is a client. `master_from` says where the master address came from
-    (`distenv.pipeline.Detection.master_from`), for the error when it does not resolve.
+    (`distenv.detection.pipeline.Detection.master_from`), for the error when it does not resolve.
     """
     from torch._C._distributed_c10d import TCPStore
 

@@ -2,11 +2,11 @@
 
 After the roll call, `join_group` calls ``torch.distributed.init_process_group`` with the time left
 before the bootstrap's deadline as its timeout (gloo's connect phase honours it), in a thread the
-main thread can abandon (`distenv.session.Bootstrap.run`), then restores the user's collective
+main thread can abandon (`distenv.bootstrap.session.Bootstrap.run`), then restores the user's collective
 timeout. A returned init proves nothing about the peers (a stopped peer still lets rank 0's init
 return), so every rank then meets the others once more over the store (`group_up`). When a rank
 does not come up, the others name it, with its host and the state it recorded
-(`distenv.session.Session.mark`): a rank that died after checking in is named at the deadline, not
+(`distenv.bootstrap.session.Session.mark`): a rank that died after checking in is named at the deadline, not
 waited for.
 """
 
@@ -16,11 +16,11 @@ import datetime
 from collections.abc import Mapping
 from typing import Any
 
+from distenv.bootstrap.records import MAX_SHOWN
+from distenv.bootstrap.session import Bootstrap, Session
+from distenv.bootstrap.store import first_line, poll_cap, wait_key
 from distenv.deadline import Deadline, bounded
 from distenv.errors import DistEnvError, InitError, RendezvousTimeoutError
-from distenv.records import MAX_SHOWN
-from distenv.session import Bootstrap, Session
-from distenv.store import first_line, poll_cap, wait_key
 from distenv.timing import FAILED_MARK_S, LOOKUP_S, MIN_CONNECT_S
 
 __all__ = ["group_up", "join_group", "torch_timeout"]

@@ -5,7 +5,7 @@ rank 0's port can write any key; a record therefore counts only if it parses aga
 here: JSON of a bounded size, exactly the known fields, each of its type, in its range, and every
 string matching its own pattern (host names, versions, backends, devices, launchers, scopes).
 Anything else raises `ForeignRecordError`, naming the key, never echoing the text. Rank 0's answer
-is in `distenv.verdict`, its problems in `distenv.problems`. Pure: no torch, no store, no process
+is in `distenv.bootstrap.verdict`, its problems in `distenv.bootstrap.problems`. Pure: no torch, no store, no process
 state.
 """
 

@@ -2,7 +2,7 @@
 
 One detection asks a launcher the same questions from several places: whether it is present,
 how it numbers this process (`Launcher.world`), its layout (`Launcher.rank_info`), its export
-tag, its default master. `distenv.agreement`, `distenv.choice` and `distenv.pipeline` ask a
+tag, its default master. `distenv.detection.agreement`, `distenv.detection.choice` and `distenv.detection.pipeline` ask a
 `Layer` instead: it asks the launcher once and keeps the answer, or the `DistEnvError` the
 launcher raised, for the rest of the detection. `Layers` holds one `Layer` per launcher, so
 that every part of a detection shares the same answers.
@@ -74,7 +74,7 @@ class Layer:
     def placed_rank_info(self, nodes: Nodes | None) -> RankInfo:
         """The layout of an `AllocationLauncher`, its nodes numbered by a daemon step's `nodes`.
 
-        Asked once per detection, by `distenv.choice` alone: not kept.
+        Asked once per detection, by `distenv.detection.choice` alone: not kept.
         """
         launcher = self.launcher
         if not isinstance(launcher, AllocationLauncher):

@@ -2,7 +2,7 @@
 
 Every rank claims its rank's key with its `CheckIn` (``compare_set``, so a second process claiming
 the same rank finds the key taken and files its record as an extra claim: both are seen); rank 0
-validates the records (`distenv.verdict`: nothing read from the store is trusted) and publishes a
+validates the records (`distenv.bootstrap.verdict`: nothing read from the store is trusted) and publishes a
 verdict of structured problems, which every rank renders from its own templates. Where a launcher
 named no node layout, the verdict numbers the nodes and counts their ranks (`fill_layout`).
 
@@ -17,22 +17,29 @@ import os
 import socket
 from typing import Any
 
-from distenv.deadline import Deadline
-from distenv.device import device_identity
-from distenv.errors import DistEnvError, RendezvousError, RendezvousTimeoutError
-from distenv.rankinfo import RankInfo
-from distenv.records import CheckIn, ForeignRecordError, parse_checkin
-from distenv.scope import ScopeCheck
-from distenv.session import Bootstrap, Session
-from distenv.store import (
+from distenv.bootstrap.records import CheckIn, ForeignRecordError, parse_checkin
+from distenv.bootstrap.scope import ScopeCheck
+from distenv.bootstrap.session import Bootstrap, Session
+from distenv.bootstrap.store import (
     connect_store,
     poll_cap,
     read_many,
     wait_count,
     wait_value,
 )
+from distenv.bootstrap.verdict import (
+    Verdict,
+    host_sizes,
+    node_hosts,
+    parse_verdict,
+    refusal,
+    validate,
+)
+from distenv.deadline import Deadline
+from distenv.device import device_identity
+from distenv.errors import DistEnvError, RendezvousError, RendezvousTimeoutError
+from distenv.rankinfo import RankInfo
 from distenv.timing import VERDICT_GRACE_S
-from distenv.verdict import Verdict, host_sizes, node_hosts, parse_verdict, refusal, validate
 
 __all__ = ["check_in", "fill_layout", "make_checkin", "meet", "roll_call"]
 
@@ -149,9 +156,9 @@ def roll_call(
 def fill_layout(info: RankInfo, verdict: Verdict, checkin: CheckIn) -> RankInfo:
     """Return `info` with the node layout its launcher left unknown, from the roll call's verdict.
 
-    The verdict numbers the hosts in order of their lowest rank (`distenv.verdict.node_hosts`);
+    The verdict numbers the hosts in order of their lowest rank (`distenv.bootstrap.verdict.node_hosts`);
     this rank's node is the position of the host name it checked in with, and its local world
-    size, where unknown, the verdict's count of ranks on that host (`distenv.verdict.host_sizes`).
+    size, where unknown, the verdict's count of ranks on that host (`distenv.bootstrap.verdict.host_sizes`).
     A known layout is kept as the launcher stated it (the roll call checked it against the hosts).
 
     Raises:

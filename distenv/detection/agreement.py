@@ -3,8 +3,8 @@
 Two launcher layers agree when they number this process alike (`agrees`). Where an inner layer's
 variables disagree with the scheduler step or MPI launch around them, either a launcher inside the
 step started this process on purpose, or the variables are leftovers: exported by an earlier job or
-a shell profile, or inherited from an outer launcher. Detection (`distenv.choice`) asks
-`refuse_leftovers` before it chooses, over the same `distenv.layer.Layers` it chooses from. The
+a shell profile, or inherited from an outer launcher. Detection (`distenv.detection.choice`) asks
+`refuse_leftovers` before it chooses, over the same `distenv.detection.layer.Layers` it chooses from. The
 rules:
 
 1. **torchrun's contract.** ``RANK`` and ``WORLD_SIZE`` inside a step (an srun task, a jsrun rank,
@@ -25,10 +25,10 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+from distenv.detection.layer import Layer, Layers
 from distenv.errors import DistEnvError, InconsistentEnvironmentError
 from distenv.launchers import TORCHRUN, AllocationLauncher, Scheduler, World
 from distenv.launchers.torchrun import TorchrunLauncher
-from distenv.layer import Layer, Layers
 from distenv.master import RUN_ID_VAR, SCOPE_VAR
 from distenv.variables import Reader, Var
 
@@ -45,7 +45,7 @@ LAUNCH_MARKS: tuple[tuple[str, tuple[str, ...]], ...] = (
 )
 MARK_VARS = (
     Var("TORCHELASTIC_RUN_ID", "(agreement)", "no", "torchrun's ranks: their RANK/... are meant"),
-    Var(RUN_ID_VAR, "(agreement)", "no", "distenv run's and launch()'s ranks (distenv.plan)"),
+    Var(RUN_ID_VAR, "(agreement)", "no", "distenv run's and launch()'s ranks (distenv.local.plan)"),
     Var("CROSS_RANK", "(agreement)", "no", "DeepSpeed's launcher: node index"),
     Var("CROSS_SIZE", "(agreement)", "no", "DeepSpeed's launcher: number of nodes"),
     Var("LOCAL_SIZE", "(agreement)", "no", "DeepSpeed's launcher: processes on this node"),
