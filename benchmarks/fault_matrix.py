@@ -1,6 +1,6 @@
 """The fault matrix: each fault of issue #13 once under its launcher, timed to a clear error.
 
-Runs every fault of tests/integration/faults.py (the definitions tests/integration/test_faults.py
+Runs every fault of tests/support/integration/faults.py (the definitions tests/integration/test_faults.py
 asserts on) one after another, so that no launch competes with another for the 2 cores, and
 records for each: the seconds from the fault to the last rank's error (for a signal, to the
 signalled rank's), the bound, the launcher's exit status and each rank's where it reports one, the
@@ -10,7 +10,7 @@ JSON (docs/hooks.py, marker ``fault-matrix``).
     bash tests/harness/setup.sh     # the Slurm clusters and MPI (idempotent)
     .venv/bin/python benchmarks/fault_matrix.py --out docs/benchmarks/faults.json
 
-``--smoke`` runs only the silent-listener fault (no Slurm needed), for tests/test_benchmarks.py.
+``--smoke`` runs only the silent-listener fault (no Slurm needed), for tests/meta/test_benchmarks.py.
 """
 
 from __future__ import annotations
@@ -24,8 +24,8 @@ from _common import REPO, emit, machine, note, parser
 
 sys.path.insert(0, str(REPO))
 
-from tests.integration.faults import FAULTS, PHASES, Outcome, signal_in_phase
-from tests.integration.helpers import JOB_NAME, STATE, Harness, load_env_sh
+from tests.support.integration.faults import FAULTS, PHASES, Outcome, signal_in_phase
+from tests.support.integration.helpers import JOB_NAME, STATE, Harness, load_env_sh
 
 # The rank each fault's messages must name (the page's "named" column).
 NAMED = {

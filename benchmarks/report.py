@@ -616,7 +616,7 @@ of the strings each pattern has matched) and validates the world with set compar
 400 ms at 16384 ranks). One `multi_get` of all {n_max} records in a single request took
 {multi_ms:.0f} ms: one huge request costs more than its chunks. Every other rank makes four store
 round trips when nobody is late (peek at the scope, claim its key, count itself, peek at the
-verdict; `tests/test_rollcall.py` counts them), and while it waits it polls, backing off to one
+verdict; `tests/unit/test_rollcall.py` counts them), and while it waits it polls, backing off to one
 request every {poll_cap_ms:.0f} ms at {n_max} ranks (the cap grows with N, so that the waiting ranks ask
 rank 0's store at most {polls_per_s} times a second in all, up to {poll_max_ms:.0f} ms: {poll_rate:.0f} requests a
 second at {n_max} ranks). The verdict holds only the outcome and the
@@ -633,7 +633,7 @@ bash benchmarks/run.sh --quick      # fewer repetitions, for trying changes
 ```
 
 Each benchmark is also a script with `--help` (`benchmarks/bench_*.py`) and a `--smoke` mode, which
-`tests/test_benchmarks.py` runs once at tiny size in the project venv so the scripts cannot rot; the
+`tests/meta/test_benchmarks.py` runs once at tiny size in the project venv so the scripts cannot rot; the
 tests assert no timings.
 """
 

@@ -100,7 +100,7 @@ PORT_HIGH = 32_768
 # (22768 = PORT_HIGH - PORT_LOW) is.
 PORT_SPAN = 22_751
 # Job ids step PORT_STRIDE apart modulo the span, step ids 1 apart. The stride was searched for the
-# patterns that share nodes (tests/test_master.py checks each figure): two jobs whose ids
+# patterns that share nodes (tests/unit/test_master.py checks each figure): two jobs whose ids
 # differ by at most 708 never collide while their steps differ by at most 31; by at most 2133 with
 # steps 0-7; by at most 3 with steps up to 255; two steps of one job never do; job ids 22768 apart
 # never do for steps up to 63.

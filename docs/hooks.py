@@ -5,7 +5,7 @@ table built from the same data the code uses (a launcher's ``variables``, `RankI
 ``distenv`` argument parser, ...), so the documentation cannot drift from the parser. An unknown
 marker is an error, which fails ``mkdocs build --strict``.
 
-Pure Python: importing this module needs distenv, not mkdocs (tests/test_docs.py imports it).
+Pure Python: importing this module needs distenv, not mkdocs (tests/meta/test_docs.py imports it).
 """
 
 from __future__ import annotations
@@ -292,7 +292,7 @@ RENDERERS: dict[str, Callable[[str], str]] = {
     "scripts": render_scripts,
     "fault-matrix": render_fault_matrix,
     # Which test runs the next code block, or why none does, and which tests back a "checked
-    # with" sentence (tests/docblocks.py, enforced by tests/test_docs.py): nothing on the page.
+    # with" sentence (tests/support/docblocks.py, enforced by tests/meta/test_docs.py): nothing on the page.
     "run": lambda _: "",
     "not-run": lambda _: "",
     "backed-by": lambda _: "",

@@ -6,52 +6,62 @@ import os
 
 import pytest
 
+from distenv.launchers import BUILTIN
 from distenv.rankinfo import ENV_CONTRACT
 
-# Variables of every launcher and scheduler distenv reads, and of the torchrun contract. The
-# developer's shell (or a CI runner inside a Slurm job) must not leak into a test.
-SCRUB_PREFIXES = (
-    "SLURM_",
-    "SRUN_",
+# The developer's shell (or a CI runner inside a Slurm job) must not leak into a test: every
+# variable a built-in launcher declares is removed, read from the launchers' own tables.
+DECLARED = frozenset(var.name for launcher in BUILTIN.values() for var in launcher.variables)
+
+# Removed as well, beyond the declared tables, each for its reason.
+EXTRA_NAMES = (
+    *ENV_CONTRACT,  # torchrun's whole contract: ROLE_RANK and ROLE_WORLD_SIZE are declared nowhere
+    "CUDA_VISIBLE_DEVICES",  # init_dist's device rule and `distenv info` read it
+    "CROSS_RANK",  # DeepSpeed's launcher marks its ranks with these two; the agreement check
+    "CROSS_SIZE",  # reads them beside the torchrun contract
+)
+# Families a launcher sets beyond the members distenv declares (numbered or per-task names), or
+# that steer the launchers the tests start (srun, mpirun, mpiexec, torchrun inherit them).
+EXTRA_PREFIXES = (
+    "SLURM_",  # het components (..._HET_GROUP_<n>), and srun in a test would join that job
+    "SRUN_",  # srun's, salloc's and sbatch's input variables
     "SALLOC_",
     "SBATCH_",
-    "OMPI_",
-    "PMI_",
+    "OMPI_",  # Open MPI's other rank variables and its MCA parameters (OMPI_MCA_*)
+    "PMI_",  # PMI/PMIx client variables (PMI_FD, PMIX_SERVER_URI, ...)
     "PMIX_",
-    "MPI_LOCAL",
-    "MV2_",
-    "PALS_",
-    "HYDRA_",
+    "MV2_",  # MVAPICH2
+    "PALS_",  # Cray PALS
+    "HYDRA_",  # MPICH's Hydra and Intel MPI steer mpiexec
     "I_MPI_",
-    "LSB_",
+    "LSB_",  # LSF and jsrun
     "JSM_",
-    "TORCHELASTIC_",
-    "DISTENV_",
+    "TORCHELASTIC_",  # torchrun's agent (TORCHELASTIC_USE_AGENT_STORE, ...)
+    "DISTENV_",  # distenv's own settings (DISTENV_TIMEOUT, DISTENV_PLUGINS, ...)
     "PET_",  # Kubeflow pods
     "SM_",  # SageMaker
     "AZ_BATCH",  # Azure ML
-    "VC_",  # Volcano
-    "VK_",
+    "VC_",  # Volcano: VC_<task>_HOSTS and VC_<task>_NUM for every task name
+    "VK_",  # Volcano's older spelling (VK_TASK_INDEX)
 )
-# DeepSpeed's launcher marks its ranks with these (distenv.detection.agreement.LAUNCH_MARKS).
-SCRUB_NAMES = (*ENV_CONTRACT, "CUDA_VISIBLE_DEVICES", "CROSS_RANK", "CROSS_SIZE", "LOCAL_SIZE")
-SCRUB_NAMES += ("JOB_COMPLETION_INDEX", "TRAINING_JOB_NAME", "AZUREML_RUN_ID")  # cloud launchers
+SCRUB_NAMES = DECLARED | frozenset(EXTRA_NAMES)
+
+
+def scrubbed(name: str) -> bool:
+    """Return whether the hermetic environment removes the variable `name`."""
+    return name in SCRUB_NAMES or name.startswith(EXTRA_PREFIXES)
 
 
 def scrubbed_environ(environ: dict[str, str] | os._Environ[str] = os.environ) -> dict[str, str]:
     """Return a copy of `environ` without launcher variables (for child processes of tests)."""
-    return {
-        key: value
-        for key, value in environ.items()
-        if not key.startswith(SCRUB_PREFIXES) and key not in SCRUB_NAMES
-    }
+    return {key: value for key, value in environ.items() if not scrubbed(key)}
 
 
 @pytest.fixture(autouse=True)
 def _hermetic_env(monkeypatch: pytest.MonkeyPatch) -> None:
     """Remove every launcher variable from os.environ for the duration of a test."""
     for key in list(os.environ):
-        if key.startswith(SCRUB_PREFIXES) or key in SCRUB_NAMES:
+        if scrubbed(key):
             monkeypatch.delenv(key)
 
 

@@ -14,7 +14,7 @@ rules:
    `distenv.master` instead.
 2. **MPI inside a task step.** MPI ranks that disagree with the scheduler step around them are the
    ranks of an MPI launcher whose daemons are that step's tasks, one per node (measured: mpirun and
-   Hydra inside salloc, tests/envs/mpi.py). A step that runs several tasks on this node is no such
+   Hydra inside salloc, tests/support/envs/mpi.py). A step that runs several tasks on this node is no such
    daemon step: the MPI variables were inherited or exported.
 
 Naming the inner launcher (``--launcher pytorch``, ``--launcher mpi``) says its variables are

@@ -235,7 +235,7 @@ class SlurmLauncher(Scheduler):
         node = reader.optional_int("SLURM_NODEID")
         step_nodes = reader.optional_int("SLURM_STEP_NUM_NODES", minimum=1)
         job_nodes = reader.optional_int("SLURM_JOB_NUM_NODES", minimum=1)
-        # Measured (tests/envs/captures): Open MPI's mpirun in a batch script starts its daemons
+        # Measured (tests/support/envs/captures): Open MPI's mpirun in a batch script starts its daemons
         # in a step on the *other* nodes only, where SLURM_NODEID restarts at 0. Only a step that
         # spans the whole allocation numbers the nodes as the MPI job sees them.
         if node is None or step_nodes is None or step_nodes != job_nodes or node >= step_nodes:

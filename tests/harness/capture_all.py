@@ -6,9 +6,9 @@
     .venv/bin/python tests/harness/capture_all.py --list
 
 Needs the environment of tests/harness/setup.sh (reads $DISTENV_TEST_STATE/env.sh). Writes
-tests/envs/captures/<scenario>.jsonl (one JSON object per rank, sorted by rank),
-tests/envs/captures/index.json (command, cluster, date, versions per scenario) and the generated
-table in tests/envs/captures/README.md. Every scenario is bounded by a timeout; its process group is
+tests/support/envs/captures/<scenario>.jsonl (one JSON object per rank, sorted by rank),
+tests/support/envs/captures/index.json (command, cluster, date, versions per scenario) and the generated
+table in tests/support/envs/captures/README.md. Every scenario is bounded by a timeout; its process group is
 killed and its Slurm jobs cancelled when it runs over. Standard library only; no shell.
 """
 
@@ -29,7 +29,7 @@ from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parent.parent
-CAPTURES = REPO / "tests" / "envs" / "captures"
+CAPTURES = REPO / "tests" / "support" / "envs" / "captures"
 README = CAPTURES / "README.md"
 INDEX = CAPTURES / "index.json"
 STATE = Path(os.environ.get("DISTENV_TEST_STATE", "/var/tmp/distenv-test"))

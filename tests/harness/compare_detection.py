@@ -1,7 +1,7 @@
 """Compare what two versions of distenv detect, case by case: a refactoring's safety net.
 
 Runs `distenv.explain` under every launcher name on every captured rank (every module of
-tests/envs), each also perturbed (MASTER_* given, a stale DISTENV_SCOPE, an address format, an
+tests/support/envs), each also perturbed (MASTER_* given, a stale DISTENV_SCOPE, an address format, an
 arbitrary distribution, malformed values), once with the working tree and once with a git
 revision (materialised with `git archive`, never checked out), and prints every case whose answer
 differs: the RankInfo, the export tag (DISTENV_SCOPE), the reasons, or the error's type, message
@@ -24,15 +24,15 @@ REPO = Path(__file__).resolve().parents[2]
 
 DUMP = r"""
 import json, logging, sys
-sys.path.append(sys.argv[1])  # tests.envs, after PYTHONPATH's distenv
+sys.path.append(sys.argv[1])  # tests.support.envs, after PYTHONPATH's distenv
 import importlib, pkgutil
 import distenv
-import tests.envs
+import tests.support.envs
 
 logging.disable(logging.CRITICAL)
 envs = []
-for module in sorted(m.name for m in pkgutil.iter_modules(tests.envs.__path__)):
-    m = importlib.import_module(f"tests.envs.{module}")
+for module in sorted(m.name for m in pkgutil.iter_modules(tests.support.envs.__path__)):
+    m = importlib.import_module(f"tests.support.envs.{module}")
     for n in sorted(dir(m)):
         value = getattr(m, n)
         if not n.isupper():

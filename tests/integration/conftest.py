@@ -19,8 +19,8 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import scrubbed_environ
-from tests.integration.helpers import HARNESS, JOB_NAME, REPO, STATE, Harness, load_env_sh
-from tests.integration.requeue_jobs import TimedJob
+from tests.support.integration.helpers import HARNESS, JOB_NAME, REPO, STATE, Harness, load_env_sh
+from tests.support.integration.requeue_jobs import TimedJob
 
 SETUP_TIMEOUT_S = 900  # a fresh machine installs packages and the venv first
 

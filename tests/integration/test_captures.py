@@ -1,4 +1,4 @@
-"""The captured fixtures in tests/envs still describe what the launchers set today.
+"""The captured fixtures in tests/support/envs still describe what the launchers set today.
 
 Runs tests/harness/capture_env.py live under every capture scenario (the very commands of
 tests/harness/capture_all.py, about 20 s in all) and compares each rank with the fixture constant, on every variable a
@@ -18,8 +18,8 @@ from types import ModuleType
 import pytest
 
 from distenv.launchers import BUILTIN
-from tests.envs import mpi, slurm, torchrun
-from tests.integration.helpers import HARNESS, REPO, Harness
+from tests.support.envs import mpi, slurm, torchrun
+from tests.support.integration.helpers import HARNESS, REPO, Harness
 
 DECLARED = frozenset(v.name for launcher in BUILTIN.values() for v in launcher.variables)
 RUN_SPECIFIC = frozenset(
@@ -36,10 +36,10 @@ RUN_SPECIFIC = frozenset(
 # component has one task (seen on srun_het_reversed's rank 0, and on srun_het_direct when it had
 # one), so in a het step either value matches either.
 HET_RANDOM = {"SLURM_DISTRIBUTION": frozenset({"block", "cyclic"})}
-# Fixture module of each scenario family (as tests/envs/make_fixtures.py writes them).
+# Fixture module of each scenario family (as tests/support/envs/make_fixtures.py writes them).
 MODULES = {"srun_": slurm, "sbatch_": slurm, "salloc_": slurm, "ompi_": mpi, "hydra_": mpi,
            "ompi5_": mpi, "mpich5_": mpi, "torchrun_": torchrun}  # fmt: skip
-CAPTURES = REPO / "tests" / "envs" / "captures"
+CAPTURES = REPO / "tests" / "support" / "envs" / "captures"
 
 
 def _capture_all() -> ModuleType:

@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 
 from distenv.master import free_port
-from tests.integration.helpers import (
+from tests.support.integration.helpers import (
     JOB_NAME,
     PYTHON,
     REPO,
@@ -27,7 +27,7 @@ from tests.integration.helpers import (
     Result,
 )
 
-COLLIDER = str(REPO / "tests" / "scripts" / "collider.py")
+COLLIDER = str(REPO / "tests" / "support" / "scripts" / "collider.py")
 QUICK = {"DISTENV_TIMEOUT": "5"}
 DISTENV = str(REPO / ".venv" / "bin" / "distenv")
 # Job A trains until the test has seen B fail (its stop file), at most this long.

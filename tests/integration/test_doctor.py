@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from tests.integration.helpers import JOB_NAME, OMPI, PYTHON, Harness, wait_all
+from tests.support.integration.helpers import JOB_NAME, OMPI, PYTHON, Harness, wait_all
 
 DOCTOR = [PYTHON, "-m", "distenv", "doctor"]
 

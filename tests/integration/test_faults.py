@@ -1,6 +1,6 @@
 """Faults during the bootstrap, under the real launchers: every rank ends, in time, saying who failed.
 
-Each fault of issue #13 (tests/integration/faults.py) is injected into a real launch. A test
+Each fault of issue #13 (tests/support/integration/faults.py) is injected into a real launch. A test
 asserts that (a) every surviving rank ends within DISTENV_TIMEOUT + 10 s of entering init_dist
 (+ `EXIT_SLACK_S` to print and exit), and the whole launch within that + `START_SLACK_S`
 (interpreter start and ``import torch`` of every rank on 2 cores, before init_dist); (b) the
@@ -18,7 +18,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 
 import pytest
 
-from tests.integration.faults import (
+from tests.support.integration.faults import (
     EXIT_SLACK_S,
     FAULTS,
     PHASES,
@@ -27,7 +27,7 @@ from tests.integration.faults import (
     Outcome,
     signal_in_phase,
 )
-from tests.integration.helpers import Harness
+from tests.support.integration.helpers import Harness
 
 Launches = dict[str, "Future[Outcome | tuple[Outcome, float]]"]
 

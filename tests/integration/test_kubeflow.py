@@ -1,7 +1,7 @@
 """Kubeflow pods on this machine: the operators' PET_* environment, real processes on loopback.
 
 Kubernetes cannot run here, so each "pod" is a process given the environment the operator gives a
-pod (recorded in tests/envs/kubeflow.py from training-operator v1.8.0 and trainer v2.1.0), with
+pod (recorded in tests/support/envs/kubeflow.py from training-operator v1.8.0 and trainer v2.1.0), with
 the master pod's name replaced by 127.0.0.1 and a free port. What runs is real: `distenv run`
 reading PET_* and starting its node's ranks, or the training script started directly, each
 finishing an all_reduce across both "pods".
@@ -14,8 +14,8 @@ from collections.abc import Mapping
 import pytest
 
 from distenv.master import free_port
-from tests.envs.kubeflow import POD_V1_2X1_WORKER0, POD_V1_2X2_WORKER0, TRAINJOB_2X2_NODE1
-from tests.integration.helpers import PYTHON, Harness, Result, rank_check, wait_all
+from tests.support.envs.kubeflow import POD_V1_2X1_WORKER0, POD_V1_2X2_WORKER0, TRAINJOB_2X2_NODE1
+from tests.support.integration.helpers import PYTHON, Harness, Result, rank_check, wait_all
 
 DISTENV_RUN = [PYTHON, "-m", "distenv", "run"]
 

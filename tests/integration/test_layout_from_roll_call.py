@@ -1,7 +1,7 @@
 """The roll call fills a node layout the launcher leaves unknown, on real hosts under real srun.
 
-Flux names no node index and no tasks per node (tests/envs/flux.py); Flux itself cannot be
-installed here. tests/integration/as_flux_task.py turns each task of a real ``srun`` on the
+Flux names no node index and no tasks per node (tests/support/envs/flux.py); Flux itself cannot be
+installed here. tests/support/integration/as_flux_task.py turns each task of a real ``srun`` on the
 simulated multi-node cluster (nodes with their own host names) into the Flux task it would be,
 with every Slurm variable removed: distenv detects Flux, leaves node_rank and local_world_size
 unknown, and init_dist's roll call must number the hosts in order of their lowest rank and count
@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import pytest
 
-from tests.integration.helpers import (
+from tests.support.integration.helpers import (
     HERE,
     JOB_NAME,
     PYTHON,

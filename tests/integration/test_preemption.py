@@ -4,7 +4,7 @@ Four jobs on cluster "one": the warning sent to the steps only, to the batch she
 by the template), to one array element (its sibling runs on), and a real ``--time``/``--signal``
 warning. The last takes two minutes, mostly asleep: it is submitted early in the session and driven
 in the background (`TimedJob`, conftest.py's `timed_requeue`). Each requeued job is released from
-Slurm's hold by `released` (tests/integration/requeue_jobs.py).
+Slurm's hold by `released` (tests/support/integration/requeue_jobs.py).
 """
 
 from __future__ import annotations
@@ -15,8 +15,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.integration.helpers import Harness, cancel_jobs
-from tests.integration.requeue_jobs import (
+from tests.support.integration.helpers import Harness, cancel_jobs
+from tests.support.integration.requeue_jobs import (
     SUMMARY,
     Job,
     TimedJob,

@@ -1,7 +1,7 @@
 """Every recipe of docs/start/ and docs/migration.md, run as the page shows it.
 
 Each test reads its blocks from the page (the ``<!-- run: ... -->`` marker before a block names
-the test: tests/docblocks.py), wraps them into a script (tests/integration/recipes.py) and starts
+the test: tests/support/docblocks.py), wraps them into a script (tests/support/integration/recipes.py) and starts
 it under ``distenv run -n 2`` on CPU, with the framework versions of setup.cfg's ``frameworks``
 extra. Every rank trains on different data; the test asserts that both ranks saw world size 2,
 that the optimizer step changed the weights, and that the weights are equal on both ranks after
@@ -15,8 +15,8 @@ from textwrap import dedent
 
 import pytest
 
-from tests.integration.helpers import STATE, Harness
-from tests.integration.recipes import ON_CPU, check, docs_code, launch, script
+from tests.support.integration.helpers import STATE, Harness
+from tests.support.integration.recipes import ON_CPU, check, docs_code, launch, script
 
 HERE = "tests/integration/test_recipes.py::"
 
@@ -32,7 +32,7 @@ Env = dict[str, str]
 
 PLAIN = """
     import torch
-    from tests.integration import recipe_rank
+    from tests.support.integration import recipe_rank
 
     model = recipe_rank.model()
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
@@ -111,7 +111,7 @@ def test_deepspeed_gpu(harness: Harness) -> None:
 
 LIGHTNING_PARTS = """
     import torch
-    from tests.integration import recipe_rank
+    from tests.support.integration import recipe_rank
 
     model, datamodule = recipe_rank.lightning_parts()
 """
@@ -261,7 +261,7 @@ MMENGINE = """
     import argparse
 
     import mmengine.dist
-    from tests.integration import recipe_rank
+    from tests.support.integration import recipe_rank
 
     parser = argparse.ArgumentParser()
     model, train_dataloader = recipe_rank.mmengine_parts()

@@ -11,7 +11,7 @@ import socket
 
 import pytest
 
-from tests.integration.helpers import (
+from tests.support.integration.helpers import (
     FOUR_NODES,
     JOB_NAME,
     ONE_NODE,

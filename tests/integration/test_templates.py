@@ -5,7 +5,7 @@ does (sbatch_wait.py); what differs on the test clusters is given on sbatch's co
 (options override #SBATCH lines) and through ``--export=ALL,TRAIN=...,LAUNCHER=...``. The LSF
 templates run with a fake ``jsrun`` or ``blaunch`` that prints its arguments (no LSF here), the PBS
 template with a fake ``mpiexec`` and the Flux one with a fake ``flux``; the rank command each
-prints then runs for real with the environment recorded for that launcher (tests/envs), and must
+prints then runs for real with the environment recorded for that launcher (tests/support/envs), and must
 give the recorded answer. Every template passes ``bash -n`` and shellcheck.
 """
 
@@ -25,8 +25,8 @@ import pytest
 from distenv import detect
 from distenv.master import free_port
 from tests.conftest import scrubbed_environ
-from tests.envs import flux, lsf, pbs
-from tests.integration.helpers import (
+from tests.support.envs import flux, lsf, pbs
+from tests.support.integration.helpers import (
     OMPI,
     ONE_NODE,
     PYTHON,
@@ -297,7 +297,7 @@ def _rank(argv: list[str], env: Mapping[str, str]) -> dict[str, object]:
 
 def test_blaunch_template_runs_one_task_per_slot(tmp_path: Path) -> None:
     """lsf/blaunch.bsub runs `blaunch python TRAIN --launcher lsf ARGS` (one task per slot); that
-    command, given each task's recorded environment (tests/envs/lsf.py BLAUNCH_2X2), is rank
+    command, given each task's recorded environment (tests/support/envs/lsf.py BLAUNCH_2X2), is rank
     0..3 of 4 on 2 nodes, master the first slot's host."""
     hostfile = tmp_path / "hostfile"
     hostfile.write_text(lsf.blaunch_hostfile)
@@ -313,7 +313,7 @@ def test_blaunch_template_runs_one_task_per_slot(tmp_path: Path) -> None:
 def test_pbs_template_runs_pals_mpiexec_with_the_master(tmp_path: Path) -> None:
     """pbs/pals_mpiexec.qsub runs `mpiexec -n NODES*GPUS --ppn GPUS ... python TRAIN --launcher
     mpi ARGS` with MASTER_ADDR (the node file's first host) and MASTER_PORT (from PBS_JOBID); that
-    command, given each rank's recorded PALS environment (tests/envs/pbs.py PALS_2X2) and those
+    command, given each rank's recorded PALS environment (tests/support/envs/pbs.py PALS_2X2) and those
     two, is rank 0..3 of 4 with PALS's node index, the node count left to the roll call."""
     nodefile = tmp_path / "nodefile"
     nodefile.write_text(pbs.nodefile_2x2)
@@ -334,7 +334,7 @@ def test_pbs_template_runs_pals_mpiexec_with_the_master(tmp_path: Path) -> None:
 def test_flux_template_runs_distenv_run_per_node(harness: Harness, tmp_path: Path) -> None:
     """flux/distenv_run.flux runs `flux run -N NODES --tasks-per-node=1 --gpus-per-task=GPUS
     distenv run --nproc-per-node GPUS --master-addr HOST TRAIN --launcher pytorch ARGS`; that
-    command, started for real as both tasks with their recorded environments (tests/envs/flux.py
+    command, started for real as both tasks with their recorded environments (tests/support/envs/flux.py
     FLUX_2X1, the host 127.0.0.1 here, TRAIN rank_check.py), starts 2 x 2 ranks that finish one
     all_reduce."""
     task = {"FLUX_URI": "local:///run/flux/local", "GPUS_PER_NODE": "2"}

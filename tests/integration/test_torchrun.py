@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from distenv.master import free_port
-from tests.integration.helpers import (
+from tests.support.integration.helpers import (
     HARNESS,
     JOB_NAME,
     ONE_NODE,

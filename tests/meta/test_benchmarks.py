@@ -1,0 +1,125 @@
+"""The benchmarks still run: each script once at tiny size (``--smoke``), in the project venv.
+
+No timing is asserted (CI machines are noisy); what is pinned is the shape of each result and the
+facts that do not depend on speed: distenv's import leaves torch out and its bootstrap starts no
+process. Competitors are not installed in the project venv; the scripts say so and skip them.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.conftest import scrubbed_environ
+from tests.support.integration.helpers import STATE, load_env_sh
+
+BENCHMARKS = Path(__file__).resolve().parents[2] / "benchmarks"
+
+
+def smoke(script: str, *args: str, timeout: float = 60) -> dict[str, Any]:
+    """Run ``benchmarks/<script> --smoke`` and return the JSON it prints."""
+    result = subprocess.run(
+        [sys.executable, str(BENCHMARKS / script), "--smoke", *args],
+        env=scrubbed_environ(),
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        check=False,
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    data: dict[str, Any] = json.loads(result.stdout)
+    assert data["smoke"] is True
+    assert data["machine"]["logical_cpus"] >= 1
+    return data
+
+
+def test_import_benchmark_keeps_torch_out() -> None:
+    """The import benchmark measures distenv against bare Python; distenv imported no torch."""
+    data = smoke("bench_import.py")
+    assert data["benchmark"] == "import"
+    assert {"python", "distenv"} <= set(data["cases"])
+    for case in data["cases"].values():
+        assert case["wall_s"]["n"] == 1
+        assert case["rss_mib"]["median"] > 0
+    # The child fails the run if torch/mpi4py/numpy were imported; reaching here means they were not.
+    assert data["cases"]["distenv"]["label"].startswith("`import distenv")
+
+
+@pytest.mark.slurm
+def test_bootstrap_benchmark_under_srun_and_torchrun_starts_no_process() -> None:
+    """One launch per method under srun and torchrun; distenv's ranks start 0 processes."""
+    conf = load_env_sh(STATE / "env.sh")["DISTENV_TEST_SLURM_ONE"]
+    data = smoke("bench_bootstrap.py", "--slurm-conf", conf, timeout=120)
+    assert set(data["launchers"]) == {"srun", "torchrun"}
+    for result in data["launchers"].values():
+        methods = result["methods"]
+        assert {"distenv", "bare"} <= set(methods)
+        assert methods["distenv"]["events_per_rank_max"] == 0
+        assert methods["distenv"]["max_over_ranks_s"]["n"] == 1
+        assert "overhead_pct" in result["distenv_vs_bare"]
+
+
+def test_allreduce_benchmark_averages_with_fewer_collectives() -> None:
+    """Every method averages correctly; distenv's buckets issue fewer collectives than tensors."""
+    data = smoke("bench_allreduce.py")
+    methods = data["methods"]
+    assert {"per_tensor", "distenv_default", "distenv_1mb", "distenv_25mb"} <= set(methods)
+    assert methods["per_tensor"]["collectives"] == data["tensors"]
+    assert methods["distenv_default"]["collectives"] < data["tensors"]
+    assert methods["distenv_default"]["peak_extra_bytes"] > 0
+
+
+def test_scaling_benchmark_runs_the_roll_call() -> None:
+    """One `distenv run -n 2` launch and a 16-rank simulated roll call with a valid verdict, with
+    the node layout known and left to the roll call: then the verdict also lists the 2 hosts."""
+    data = smoke("bench_scaling.py")
+    assert data["init"]["2"]["distenv"]["processes_per_rank"] == 0
+    rollcall = data["rollcall"]["16"]
+    assert rollcall["rank0_roll_call"]["n"] == 1
+    assert rollcall["verdict_bytes"] > 0
+    layout = rollcall["layout_from_roll_call"]
+    assert layout["hosts"] == 2
+    assert layout["rank0_roll_call"]["n"] == layout["verdict_parse"]["n"] == 1
+    assert layout["verdict_bytes"] > rollcall["verdict_bytes"]
+    assert layout["verdict_bytes_ratio"] == layout["verdict_bytes"] / rollcall["verdict_bytes"]
+    assert layout["rank0_ratio"] > 0
+
+
+def test_fault_matrix_records_the_silent_listener() -> None:
+    """The fault matrix's smoke run: one fault, timed, its rank exits and message recorded."""
+    data = smoke("fault_matrix.py", timeout=120)
+    rec = data["faults"]["silent-master-port"]
+    assert rec["launcher_exit"] == 1
+    assert rec["measured_s"] is not None
+    assert rec["measured_s"] <= rec["bound_s"]
+    assert "not answering as a torch store" in rec["excerpt"]
+    assert rec["survivors"] == []
+
+
+def test_preempt_benchmark_times_the_step_with_and_without_the_check() -> None:
+    """Two ranks run train.py's step plain and with `stop_requested()`; no stop is ever seen."""
+    data = smoke("bench_preempt.py")
+    assert set(data["methods"]) == {"plain", "check", "check_10"}
+    assert all(m["p50"] > 0 for m in data["methods"].values())
+    assert data["methods"]["plain"]["overhead_vs_plain"] == 0
+
+
+def test_the_security_page_states_the_versions_benchmark_as_recorded() -> None:
+    """docs/security.md's cost table is docs/benchmarks/versions.json's bootstrap rows, rounded."""
+    repo = Path(__file__).resolve().parents[2]
+    result = json.loads((repo / "docs" / "benchmarks" / "versions.json").read_text())
+    page = (repo / "docs" / "security.md").read_text()
+    for launcher in ("srun", "torchrun"):
+        row = result["measurements"][f"bootstrap {launcher}"]
+        low, high = row["ci95_diff_ms"]
+        expected = (
+            f"| `{launcher}` | {row['baseline_ms']['median']:.1f} ms | "
+            f"{row['candidate_ms']['median']:.1f} ms | {row['median_diff_ms']:+.1f} ms "
+            f"[{low:+.1f}, {high:+.1f}] |"
+        )
+        assert expected in page, expected

@@ -1,0 +1,307 @@
+"""The `distenv` command: info, export, exit statuses."""
+
+from __future__ import annotations
+
+import json
+import re
+import shlex
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from distenv.cli import main
+from tests.conftest import scrubbed_environ
+from tests.support.envs import flux, mpi, slurm, torchrun
+
+
+def run_cli(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    """Run ``python -m distenv ARGS`` (``python ARGS`` when they start with an option)."""
+    argv = [*args] if args[0].startswith("-") else ["-m", "distenv", *args]
+    return subprocess.run(
+        [sys.executable, *argv],
+        env={**scrubbed_environ(), **(env or {})},
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+
+
+def test_info_json_is_one_object_with_stable_fields_and_types() -> None:
+    """`python -m distenv info --json` prints exactly one JSON object; ints stay numbers."""
+    result = run_cli("info", "--json", "--launcher", "slurm", env=slurm.SRUN_2N_4T[2])
+    assert result.returncode == 0, result.stderr
+    lines = result.stdout.strip().splitlines()
+    assert len(lines) == 1
+    data = json.loads(lines[0])
+    assert data == {
+        "launcher": "slurm",
+        "rank": 2,
+        "world_size": 4,
+        "local_rank": 0,
+        "local_world_size": 2,
+        "node_rank": 1,
+        "num_nodes": 2,
+        "master_addr": "n1",
+        "master_port": data["master_port"],
+        "job_id": slurm.SRUN_2N_4T[2]["SLURM_JOB_ID"],
+        "restart_count": 0,
+        "cuda_visible_devices": None,
+    }
+    assert isinstance(data["master_port"], int)
+
+
+def test_info_shows_the_restart_count_after_a_requeue() -> None:
+    """A requeued Slurm job (SLURM_RESTART_COUNT=1) says so in both `info` forms."""
+    env = {**slurm.SRUN_2N_4T[2], "SLURM_RESTART_COUNT": "1"}
+    data = json.loads(run_cli("info", "--json", env=env).stdout)
+    assert data["restart_count"] == 1
+    table = run_cli("info", env=env)
+    assert table.returncode == 0, table.stderr
+    assert any(line.split() == ["restart_count", "1"] for line in table.stdout.splitlines())
+
+
+def test_info_no_resolve_prints_null_master_for_mpi() -> None:
+    """Under mpirun without MASTER_ADDR, --no-resolve leaves the master null (no MPI call)."""
+    result = run_cli("info", "--json", "--no-resolve", env=mpi.OMPI_4[1])
+    assert result.returncode == 0, result.stderr
+    data = json.loads(result.stdout)
+    assert (data["launcher"], data["rank"], data["master_addr"], data["master_port"]) == (
+        "mpi",
+        1,
+        None,
+        None,
+    )
+
+
+def test_info_under_mpi_leaves_the_master_to_init_and_loads_no_mpi4py() -> None:
+    """No MASTER_ADDR under mpirun: null master, no mpi4py import, fields unchanged (no --mpi)."""
+    result = run_cli("-X", "importtime", "-m", "distenv", "info", "--json", env=mpi.OMPI_4[1])
+    assert result.returncode == 0, result.stderr
+    data = json.loads(result.stdout)
+    assert list(data) == list(json.loads(run_cli("info", "--json").stdout))
+    assert (data["launcher"], data["rank"], data["master_addr"], data["master_port"]) == (
+        "mpi",
+        1,
+        None,
+        None,
+    )
+    imported = [line.rsplit("|", 1)[-1].strip() for line in result.stderr.splitlines()]
+    assert "distenv.cli" in imported
+    assert not [name for name in imported if name.startswith("mpi4py")]
+
+
+def test_info_text_says_the_master_comes_over_mpi_at_init() -> None:
+    """The table says where an MPI job's master will come from, and how to ask now."""
+    result = run_cli("info", env=mpi.HYDRA_4[2])
+    assert result.returncode == 0, result.stderr
+    assert re.search(
+        r"^master_addr +rank 0's host over MPI at init \(pass --mpi to ask now\)$",
+        result.stdout,
+        re.M,
+    ), result.stdout
+    assert re.search(
+        r"^master_port +rank 0's free port over MPI at init \(pass --mpi to ask now\)$",
+        result.stdout,
+        re.M,
+    ), result.stdout
+
+
+def test_info_says_the_node_layout_comes_from_the_roll_call() -> None:
+    """MPI alone names no node layout: the table says so, the JSON gives typed nulls."""
+    table = run_cli("info", env=mpi.HYDRA_4[2])
+    assert table.returncode == 0, table.stderr
+    for field in ("node_rank", "num_nodes"):
+        assert re.search(rf"^{field} +from the roll call at init \(", table.stdout, re.M), (
+            table.stdout
+        )
+    data = json.loads(run_cli("info", "--json", "--no-resolve", env=mpi.OMPI_4[3]).stdout)
+    assert (data["local_world_size"], data["node_rank"], data["num_nodes"]) == (4, None, None)
+    # Where a scheduler's daemon step spans the allocation, the layout is known before init.
+    known = json.loads(run_cli("info", "--json", env=mpi.HYDRA_IN_SBATCH[3]).stdout)
+    assert (known["node_rank"], known["num_nodes"]) == (1, 2)
+
+
+def test_info_says_a_flux_tasks_local_size_comes_from_the_roll_call() -> None:
+    """Flux with 2 tasks on each of 2 nodes: node index and local size are the roll call's."""
+    env = {**flux.FLUX_2X2[3], "MASTER_ADDR": "fluke1"}
+    table = run_cli("info", env=env)
+    assert table.returncode == 0, table.stderr
+    for field in ("node_rank", "local_world_size"):
+        assert re.search(rf"^{field} +from the roll call at init \(", table.stdout, re.M), (
+            table.stdout
+        )
+    assert re.search(r"^num_nodes +2$", table.stdout, re.M), table.stdout
+    data = json.loads(run_cli("info", "--json", env=env).stdout)
+    assert (data["local_rank"], data["local_world_size"], data["node_rank"]) == (1, None, None)
+
+
+def test_info_mpi_and_no_resolve_exclude_each_other(capsys: pytest.CaptureFixture[str]) -> None:
+    """`--mpi` asks MPI, `--no-resolve` asks nothing: together they are a usage error."""
+    with pytest.raises(SystemExit) as caught:
+        main(["info", "--mpi", "--no-resolve"])
+    assert caught.value.code == 2
+    assert "not allowed with argument" in capsys.readouterr().err
+
+
+def test_export_under_mpi_without_a_master_asks_for_mpi() -> None:
+    """`distenv export` under mpirun with no MASTER_ADDR: one line saying to pass --mpi, exit 1."""
+    result = run_cli("export", env=mpi.OMPI_4[3])
+    assert result.returncode == 1
+    assert result.stdout == ""
+    assert result.stderr == (
+        "distenv: mpi: rank 3 of 4 has no MASTER_ADDR: rank 0 sends its master over MPI at "
+        "init. Hint: pass --mpi to ask now (on every rank: it is collective), or export "
+        "MASTER_ADDR and MASTER_PORT\n"
+    )
+
+
+def test_info_single_process_resolves_a_free_port() -> None:
+    """On a laptop, info says rank 0 of 1 on 127.0.0.1 with a real port."""
+    data = json.loads(run_cli("info", "--json").stdout)
+    assert (data["launcher"], data["world_size"], data["master_addr"]) == ("none", 1, "127.0.0.1")
+    assert 1 <= data["master_port"] <= 65535
+
+
+def test_info_table_explains_the_choice() -> None:
+    """The human table lists the fields and why auto chose what it chose."""
+    result = run_cli("info", env=torchrun.TORCHRUN_IN_SRUN_2N[3])
+    assert result.returncode == 0, result.stderr
+    assert re.search(r"^launcher +pytorch$", result.stdout, re.M), result.stdout
+    assert "chosen: innermost launcher detected" in result.stdout
+    assert re.search(r"^  slurm +detected", result.stdout, re.M)
+
+
+def test_export_lines_are_shell_quoted_and_tagged() -> None:
+    """`distenv export` prints eval-able lines, including the DISTENV_SCOPE tag."""
+    result = run_cli("export", env=torchrun.TORCHRUN_4[3])
+    assert result.returncode == 0, result.stderr
+    exported = {}
+    for line in result.stdout.splitlines():
+        words = shlex.split(line)
+        assert words[0] == "export"
+        name, _, value = words[1].partition("=")
+        exported[name] = value
+    assert exported["RANK"] == "3"
+    assert exported["MASTER_ADDR"] == "localhost"
+    assert exported["DISTENV_SCOPE"].startswith("pytorch/")
+
+
+def test_distenv_error_is_one_line_exit_1() -> None:
+    """A DistEnvError prints one line on stderr, no traceback, and exits 1."""
+    result = run_cli("info", env=slurm.SBATCH_BATCH_4T[0])
+    assert result.returncode == 1
+    assert result.stdout == ""
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1
+    assert lines[0].startswith("distenv: slurm: ")
+    assert "Traceback" not in result.stderr
+
+
+def test_usage_errors_exit_2(capsys: pytest.CaptureFixture[str]) -> None:
+    """Unknown launcher names and subcommands are usage errors (exit 2)."""
+    with pytest.raises(SystemExit) as caught:
+        main(["info", "--launcher", "condor"])
+    assert caught.value.code == 2
+    assert "unknown launcher 'condor'" in capsys.readouterr().err
+
+
+def test_torchrun_alias_is_accepted() -> None:
+    """`--launcher torchrun` is the same as `--launcher pytorch`."""
+    result = run_cli("info", "--json", "--launcher", "torchrun", env=torchrun.TORCHRUN_4[0])
+    assert json.loads(result.stdout)["launcher"] == "pytorch"
+
+
+def test_master_addr_format_option() -> None:
+    """`--master-addr-format '{host}-ib'` maps the step's first host, like the env setting."""
+    result = run_cli("info", "--json", "--master-addr-format", "{host}-ib", env=slurm.SRUN_2N_4T[1])
+    assert json.loads(result.stdout)["master_addr"] == "n1-ib"
+
+
+def test_version_prints_the_package_version() -> None:
+    """`distenv --version` prints the version the package (and its metadata) carries."""
+    import distenv
+
+    result = run_cli("-m", "distenv", "--version")
+    assert result.returncode == 0, result.stderr
+    assert result.stdout == f"distenv {distenv.__version__}\n"
+
+
+def test_template_lists_every_file_of_scripts() -> None:
+    """`distenv template` lists each file under scripts/ by its path, with what it is for."""
+    scripts = Path(__file__).resolve().parents[2] / "scripts"
+    expected = sorted(str(p.relative_to(scripts)) for p in scripts.rglob("*") if p.is_file())
+    result = run_cli("template")
+    assert result.returncode == 0, result.stderr
+    listed = [line.split()[0] for line in result.stdout.split("\n\n")[0].splitlines()]
+    assert listed == expected
+    assert re.search(
+        r"^slurm/single_node\.sbatch +One node, one task per GPU$", result.stdout, re.M
+    )
+
+
+@pytest.mark.parametrize("name", ["slurm/multi_node.sbatch", "multi_node.sbatch", "multi_node"])
+def test_template_prints_the_file_byte_for_byte(name: str) -> None:
+    """`distenv template NAME` prints scripts/NAME exactly; a unique file name or stem will do."""
+    scripts = Path(__file__).resolve().parents[2] / "scripts"
+    result = run_cli("template", name)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout == (scripts / "slurm" / "multi_node.sbatch").read_text()
+
+
+def test_template_unknown_name_lists_the_templates() -> None:
+    """An unknown template name is a DistEnvError (exit 1) that names every template."""
+    result = run_cli("template", "single")
+    assert result.returncode == 1
+    assert result.stderr.startswith("distenv: template: no template 'single'. Hint: name one of: ")
+    assert "slurm/single_node.sbatch" in result.stderr
+
+
+def test_info_shows_cuda_visible_devices_and_leaves_torch_unloaded() -> None:
+    """Plain `distenv info` shows CUDA_VISIBLE_DEVICES and does not import torch (seconds on a
+    login node); the device row says how to ask for it."""
+    code = (
+        "import sys; from distenv.cli import main; main(['info']); main(['info', '--json']); "
+        "print('torch loaded:', 'torch' in sys.modules)"
+    )
+    result = run_cli("-c", code, env={"CUDA_VISIBLE_DEVICES": "2,3"})
+    assert result.returncode == 0, result.stderr
+    assert re.search(r"^cuda_visible_devices +'2,3'$", result.stdout, re.M), result.stdout
+    assert re.search(r"^device +not checked: pass --device \(imports torch\)$", result.stdout, re.M)
+    data = json.loads(result.stdout.splitlines()[-2])
+    assert data["cuda_visible_devices"] == "2,3"
+    assert "device" not in data
+    assert result.stdout.endswith("torch loaded: False\n")
+
+
+def test_info_device_shows_the_device_init_dist_would_select_and_why() -> None:
+    """`distenv info --device` applies init_dist's device rule: on this CPU-only torch, cpu,
+    no visible device, gloo, and the reason names the CPU-only build."""
+    import torch
+
+    result = run_cli("info", "--device", "--json", env={"CUDA_VISIBLE_DEVICES": "0"})
+    assert result.returncode == 0, result.stderr
+    data = json.loads(result.stdout)
+    assert data["cuda_visible_devices"] == "0"
+    assert (data["device"], data["visible_devices"], data["backend"]) == (None, 0, "gloo")
+    assert data["device_reason"] == (
+        f"cpu: torch {torch.__version__} is a CPU-only build (torch.version.cuda is None)"
+    )
+    text = run_cli("info", "--device", env={"CUDA_VISIBLE_DEVICES": ""})
+    assert text.returncode == 0, text.stderr
+    assert re.search(r"^cuda_visible_devices +''$", text.stdout, re.M), text.stdout
+    assert re.search(r"^device +cpu$", text.stdout, re.M)
+    assert re.search(r"^visible_devices +0$", text.stdout, re.M)
+    assert re.search(r"^  device +cpu: torch .* is a CPU-only build", text.stdout, re.M)
+
+
+def test_launcher_slurm_on_a_login_node_says_how_to_submit() -> None:
+    """`distenv info --launcher slurm` outside any job: exit 1, the hint says sbatch/srun first."""
+    result = run_cli("info", "--launcher", "slurm")
+    assert result.returncode == 1
+    assert result.stderr.startswith("distenv: slurm: none of its variables are set"), result.stderr
+    hint = result.stderr.split(". Hint: ", 1)[1]
+    assert hint.startswith("submit it: `sbatch job.sbatch` whose script runs `srun python"), hint
+    assert hint.index("srun -N 2") < hint.index("--launcher none")

@@ -1,0 +1,144 @@
+"""init_dist on CUDA: device before group, device_id, NCCL, collectives on the GPU.
+
+Marked ``gpu``: CI deselects them (``-m "not gpu"``); run them on a GPU machine.
+"""
+
+from __future__ import annotations
+
+import re
+import warnings
+
+import pytest
+
+with warnings.catch_warnings():
+    warnings.simplefilter("ignore")  # torch warns at import when NumPy is missing
+    import torch
+    import torch.distributed as dist
+
+import distenv
+import distenv.state
+from distenv.device import device_identity
+from tests.support.spawn import clean_process, contract_env, free_port, run_workers
+
+pytestmark = [
+    pytest.mark.gpu,
+    pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device"),
+]
+
+
+@pytest.fixture(autouse=True)
+def fresh_process():
+    """Give each test a process without a group, distenv state or start method; restore after."""
+    with clean_process():
+        yield
+
+
+def test_device_set_before_group_and_passed(monkeypatch):
+    """set_device(0) happens before init_process_group, which gets device_id=cuda:0 and nccl."""
+    calls = []
+    set_device, init_process_group = torch.cuda.set_device, dist.init_process_group
+
+    def recording_set_device(device):
+        calls.append(("set_device", device))
+        set_device(device)
+
+    def recording_init(*args, **kwargs):
+        calls.append(("init_process_group", kwargs.get("backend"), kwargs.get("device_id")))
+        init_process_group(*args, **kwargs)
+
+    monkeypatch.setattr(torch.cuda, "set_device", recording_set_device)
+    monkeypatch.setattr(dist, "init_process_group", recording_init)
+    distenv.init_dist()
+    # torch may set the device again inside; what matters is that distenv's call comes first.
+    assert calls[0] == ("set_device", 0)
+    assert ("init_process_group", "nccl", torch.device("cuda", 0)) in calls[1:]
+    assert torch.cuda.current_device() == 0
+    assert dist.get_backend() == "nccl"
+
+
+def test_all_reduce_on_cuda():
+    """A 1-rank NCCL group reduces a CUDA tensor; allreduce helpers accept CUDA tensors."""
+    distenv.init_dist()
+    tensor = torch.arange(4.0, device="cuda")
+    dist.all_reduce(tensor)
+    distenv.allreduce_params([tensor])
+    assert tensor.tolist() == [0.0, 1.0, 2.0, 3.0]
+    assert tensor.device == torch.device("cuda", 0)
+
+
+def test_per_device_backend():
+    """backend='cpu:gloo,cuda:nccl' is passed through and serves CPU and CUDA tensors."""
+    distenv.init_dist(backend="cpu:gloo,cuda:nccl")
+    cpu, gpu = torch.ones(2), torch.ones(2, device="cuda")
+    dist.all_reduce(cpu)
+    dist.all_reduce(gpu)
+    assert cpu.tolist() == gpu.tolist() == [1.0, 1.0]
+
+
+def test_set_device_false_leaves_device():
+    """set_device=False calls no set_device and passes no device_id (nccl is still chosen)."""
+    distenv.init_dist(set_device=False)
+    assert dist.get_backend() == "nccl"
+    assert distenv.state.current_device() == 0
+
+
+def test_device_identity_is_stable():
+    """device_identity names the physical GPU: a UUID or a PCI address, the same on every call."""
+    identity = device_identity(0)
+    assert re.fullmatch(r"(GPU|MIG)-[0-9a-fA-F-]+|[0-9a-f]{4}:[0-9a-f]{2}:[0-9a-f]{2}", identity)
+    assert device_identity(0) == identity
+
+
+@pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs 2 CUDA devices")
+def test_two_ranks_nccl():
+    """Two ranks under the contract pick cuda:0 and cuda:1, choose nccl, and reduce on the GPU."""
+    port = free_port()
+    results = run_workers("gpu", [contract_env(rank, 2, port) for rank in range(2)])
+    assert [r["device"] for r in results] == [0, 1]
+    assert [r["backend"] for r in results] == ["nccl", "nccl"]
+    assert [r["sum"] for r in results] == [3.0, 3.0]
+
+
+def test_nccl_group_keeps_device_and_users_timeout():
+    """The group is created in distenv's bootstrap thread: the main thread keeps its device, the
+    NCCL communicator is bound to it, and collectives get timeout= after the bounded connect."""
+    import datetime
+
+    from distenv.bootstrap.records import matches
+
+    distenv.init_dist(timeout=321)
+    assert torch.cuda.current_device() == 0
+    assert dist.get_backend() == "nccl"
+    backend = dist.group.WORLD._get_backend(torch.device("cuda", 0))
+    assert backend.options._timeout == datetime.timedelta(seconds=321)
+    tensor = torch.ones(3, device="cuda")
+    dist.all_reduce(tensor)
+    assert tensor.tolist() == [1.0, 1.0, 1.0]
+    # What the roll call reports for this GPU passes the record schema on every rank.
+    assert matches("device", device_identity(0))
+
+
+def test_distenv_run_on_one_gpu_picks_nccl():
+    """`distenv run -n 1` on a GPU machine: cuda:0, nccl, a reduction on the GPU."""
+    import json
+    import os
+    import subprocess
+    import sys
+
+    from tests.conftest import scrubbed_environ
+    from tests.support.spawn import REPO, WORKERS
+
+    env = {**scrubbed_environ(), "PYTHONPATH": os.pathsep.join([str(REPO), *sys.path[1:]])}
+    done = subprocess.run(
+        [sys.executable, "-m", "distenv", "run", "-n", "1", str(WORKERS), "gpu"],
+        env=env,
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    (line,) = [x for x in done.stdout.splitlines() if x.startswith("RESULT ")]
+    result = json.loads(line[len("RESULT ") :])
+    assert (result["device"], result["backend"], result["sum"]) == (0, "nccl", 1.0)

@@ -1,0 +1,408 @@
+"""`distenv run`: the env contract, fail-fast, signals, no orphans, output filters, refused flags.
+
+Real processes throughout: the launcher is started as ``python -m distenv run`` and its ranks are
+tests/support/scripts/rank_child.py (plain Python, no torch), which report to a temporary directory.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from pathlib import Path
+
+import pytest
+
+from distenv.cli import build_parser, main
+from distenv.detection.pipeline import detect, explain
+from distenv.errors import ConfigurationError
+from distenv.local.run import REFUSED_FLAGS, RefusedFlag, build_children, plan_from_args
+from tests.conftest import scrubbed_environ
+from tests.support.envs import lsf, mpi, slurm
+
+CHILD = str(Path(__file__).resolve().parents[1] / "support" / "scripts" / "rank_child.py")
+REPO = Path(__file__).resolve().parents[2]
+TIMEOUT = 30
+
+
+def launcher_env(**extra: str) -> dict[str, str]:
+    """Return an environment for the launcher: scrubbed, plus `extra`."""
+    env = scrubbed_environ()
+    env.pop("OMP_NUM_THREADS", None)
+    env.update(extra)
+    return env
+
+
+def run_cli(
+    args: Sequence[str], env: Mapping[str, str] | None = None
+) -> subprocess.CompletedProcess[str]:
+    """Run ``python -m distenv run ARGS`` to completion."""
+    return subprocess.run(
+        [sys.executable, "-m", "distenv", "run", *args],
+        env=dict(env if env is not None else launcher_env()),
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=TIMEOUT,
+        check=False,
+    )
+
+
+@contextlib.contextmanager
+def started(args: Sequence[str]) -> Iterator[subprocess.Popen[str]]:
+    """Start ``python -m distenv run ARGS`` in the background; kill and reap it on the way out."""
+    launcher = subprocess.Popen(
+        [sys.executable, "-m", "distenv", "run", *args],
+        env=launcher_env(),
+        cwd=REPO,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        yield launcher
+    finally:
+        launcher.kill()
+        launcher.communicate(timeout=TIMEOUT)  # closes the pipes too
+
+
+def wait_for(condition: Callable[[], bool], timeout: float = TIMEOUT) -> None:
+    """Poll `condition` until it holds; fail the test after `timeout` seconds."""
+    deadline = time.monotonic() + timeout
+    while not condition():
+        if time.monotonic() > deadline:
+            pytest.fail(f"condition not met within {timeout}s")
+        time.sleep(0.02)
+
+
+def gone(pid: int) -> bool:
+    """Return whether `pid` has exited (a zombie counts: some containers' init never reaps)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return True
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return True
+    return stat[stat.rindex(")") + 2] in "ZX"
+
+
+def pids(out: Path, prefix: str = "pid") -> list[int]:
+    """Return the pids the ranks wrote as DIR/<prefix><rank>."""
+    return [int(p.read_text()) for p in sorted(out.glob(f"{prefix}[0-9]*"))]
+
+
+def reports(out: Path) -> list[dict[str, object]]:
+    """Return the ranks' reports, in rank order."""
+    found = [json.loads(p.read_text()) for p in out.glob("rank*.json")]
+    return sorted(found, key=lambda r: int(str(r["RANK"])))
+
+
+def test_ranks_get_the_torchrun_contract(tmp_path: Path) -> None:
+    """Every rank 0..N-1 runs once, with torchrun's variables, OMP=1, no export tag, one port."""
+    env = launcher_env(DISTENV_SCOPE="slurm/12/0", TORCHELASTIC_USE_AGENT_STORE="True")
+    args = ["-n", "3", CHILD, str(tmp_path), "-n", "5", "--foo", "--", "x"]
+    result = run_cli(args, env)
+    assert result.returncode == 0, result.stderr
+    found = reports(tmp_path)
+    assert [r["RANK"] for r in found] == ["0", "1", "2"]
+    for rank, report in enumerate(found):
+        assert report["WORLD_SIZE"] == report["ROLE_WORLD_SIZE"] == "3"
+        assert report["LOCAL_RANK"] == report["ROLE_RANK"] == str(rank)
+        assert report["LOCAL_WORLD_SIZE"] == "3"
+        assert (report["GROUP_RANK"], report["GROUP_WORLD_SIZE"]) == ("0", "1")
+        assert report["MASTER_ADDR"] == "127.0.0.1"
+        assert report["OMP_NUM_THREADS"] == "1"
+        assert report["DISTENV_SCOPE"] is None
+        assert report["TORCHELASTIC_USE_AGENT_STORE"] is None
+        assert report["detected"] == "pytorch"
+        # Everything after the script reaches it untouched, even options distenv run knows.
+        assert report["argv"] == [str(tmp_path), "-n", "5", "--foo", "--", "x"]
+    assert len({r["MASTER_PORT"] for r in found}) == 1
+    assert "OMP_NUM_THREADS=1" in result.stderr
+
+
+def test_user_omp_num_threads_is_kept(tmp_path: Path) -> None:
+    """A user's OMP_NUM_THREADS reaches the ranks unchanged, without the notice."""
+    result = run_cli(["-n", "2", CHILD, str(tmp_path)], launcher_env(OMP_NUM_THREADS="3"))
+    assert result.returncode == 0, result.stderr
+    assert {r["OMP_NUM_THREADS"] for r in reports(tmp_path)} == {"3"}
+    assert "OMP_NUM_THREADS" not in result.stderr
+
+
+@pytest.mark.parametrize(
+    ("spelling", "extra"), [("--local-rank", []), ("--local_rank", ["--use_env"])]
+)
+def test_legacy_local_rank_argument(tmp_path: Path, spelling: str, extra: list[str]) -> None:
+    """--local-rank passes `<spelling>=N` before the script's own arguments, as torch's launch."""
+    result = run_cli(["-n", "2", spelling, *extra, CHILD, str(tmp_path), "a"])
+    assert result.returncode == 0, result.stderr
+    assert [r["argv"] for r in reports(tmp_path)] == [
+        [f"{spelling}={rank}", str(tmp_path), "a"] for rank in range(2)
+    ]
+
+
+def test_module_and_no_python(tmp_path: Path) -> None:
+    """-m runs a module with python; --no-python runs a program as is."""
+    (tmp_path / "m").mkdir()
+    result = run_cli(["-n", "2", "-m", "tests.support.scripts.rank_child", str(tmp_path / "m")])
+    assert result.returncode == 0, result.stderr
+    assert len(reports(tmp_path / "m")) == 2
+    result = run_cli(["-n", "2", "--no-python", sys.executable, CHILD, str(tmp_path)])
+    assert result.returncode == 0, result.stderr
+    assert len(reports(tmp_path)) == 2
+    result = run_cli(["--no-python", str(tmp_path / "missing")])
+    assert result.returncode == 127
+    assert "cannot execute" in result.stderr
+
+
+@pytest.mark.parametrize(
+    ("mode", "status", "why"),
+    [
+        ("exit3", 3, "exited with status 3"),
+        ("raise", 1, "exited with status 1"),
+        ("segv", 128 + signal.SIGSEGV, "was killed by SIGSEGV"),
+        ("kill", 128 + signal.SIGKILL, "was killed by SIGKILL"),
+    ],
+)
+def test_first_failure_stops_the_others(tmp_path: Path, mode: str, status: int, why: str) -> None:
+    """A failing rank makes the launcher stop the others at once and exit with its status."""
+    args = ["-n", "3", CHILD, str(tmp_path), "--fail-rank", "1", "--fail-mode", mode]
+    started = time.monotonic()
+    result = run_cli(["--grace-period", "10", *args, "--sleep", "60"])
+    assert result.returncode == status, result.stderr
+    # Well inside the grace period: SIGTERM alone stopped the sleeping ranks.
+    assert time.monotonic() - started < 8
+    assert f"rank 1 (pid {pids(tmp_path)[1]}) {why}; stopped the other 2 ranks" in result.stderr
+    assert all(gone(pid) for pid in pids(tmp_path))
+
+
+def test_stragglers_get_sigkill_after_the_grace_period(tmp_path: Path) -> None:
+    """Ranks that ignore SIGTERM are SIGKILLed once the grace period is over, grandchildren too."""
+    args = [CHILD, str(tmp_path), "--fail-rank", "0", "--ignore-term", "--grandchild"]
+    started = time.monotonic()
+    result = run_cli(["-n", "2", "--grace-period", "1", *args, "--sleep", "60"])
+    elapsed = time.monotonic() - started
+    assert result.returncode == 3, result.stderr
+    assert 1 <= elapsed < 10
+    assert "sent SIGKILL" in result.stderr
+    assert all(gone(pid) for pid in pids(tmp_path) + pids(tmp_path, "gpid"))
+
+
+def test_grandchildren_are_stopped_with_their_rank(tmp_path: Path) -> None:
+    """Processes the ranks started are stopped too, on failure and after success alike."""
+    (tmp_path / "ok").mkdir()
+    result = run_cli(["-n", "2", CHILD, str(tmp_path / "ok"), "--grandchild"])
+    assert result.returncode == 0, result.stderr
+    result = run_cli(["-n", "2", CHILD, str(tmp_path), "--grandchild", "--fail-rank", "1"])
+    assert result.returncode == 3, result.stderr
+    for out in (tmp_path, tmp_path / "ok"):
+        grandchildren = pids(out, "gpid")
+        assert len(grandchildren) == 2
+        assert all(gone(pid) for pid in grandchildren)
+
+
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT])
+def test_stopping_signal_reaches_every_rank(tmp_path: Path, signum: int) -> None:
+    """SIGTERM/SIGINT to the launcher reach every rank; it exits 128+N once they have stopped."""
+    with started(["-n", "3", CHILD, str(tmp_path), "--on-signal", "--sleep", "60"]) as launcher:
+        wait_for(lambda: len(pids(tmp_path)) == 3)
+        launcher.send_signal(signum)
+        _, stderr = launcher.communicate(timeout=TIMEOUT)
+    assert launcher.returncode == 128 + signum, stderr
+    name = signal.Signals(signum).name
+    assert sorted(p.name for p in tmp_path.glob(f"{name}*")) == [f"{name}{r}" for r in range(3)]
+    assert all(gone(pid) for pid in pids(tmp_path))
+
+
+def test_sigusr1_is_forwarded_without_stopping(tmp_path: Path) -> None:
+    """SIGUSR1 reaches every rank and stops nothing by itself: the ranks' own exit (0) counts."""
+    with started(["-n", "2", CHILD, str(tmp_path), "--on-signal", "--sleep", "60"]) as launcher:
+        wait_for(lambda: len(pids(tmp_path)) == 2)
+        launcher.send_signal(signal.SIGUSR1)
+        _, stderr = launcher.communicate(timeout=TIMEOUT)
+    assert launcher.returncode == 0, stderr
+    assert len(list(tmp_path.glob("SIGUSR1*"))) == 2
+
+
+def test_sigkilled_launcher_leaves_no_process(tmp_path: Path) -> None:
+    """When the launcher itself is SIGKILLed, its ranks and their children die too."""
+    with started(["-n", "2", CHILD, str(tmp_path), "--grandchild", "--sleep", "60"]) as launcher:
+        wait_for(lambda: len(pids(tmp_path)) == 2 and len(pids(tmp_path, "gpid")) == 2)
+        launcher.kill()
+        launcher.wait(timeout=TIMEOUT)
+    everyone = pids(tmp_path) + pids(tmp_path, "gpid")
+    assert len(everyone) == 4
+    wait_for(lambda: all(gone(pid) for pid in everyone), timeout=10)
+
+
+@pytest.mark.parametrize(
+    ("options", "stdout", "stderr"),
+    [
+        (
+            ["--prefix-output", "--ranks", "0,2"],
+            {"[rank 0] hello from 0", "[rank 2] hello from 2"},
+            {"[rank 0] complaint from 0", "[rank 2] complaint from 2"},
+        ),
+        (["--ranks", "1"], {"hello from 1"}, {"complaint from 1"}),
+        (
+            ["--prefix-output"],
+            {f"[rank {r}] hello from {r}" for r in range(3)},
+            {f"[rank {r}] complaint from {r}" for r in range(3)},
+        ),
+    ],
+    ids=["prefix-ranks", "ranks", "prefix"],
+)
+def test_output_prefix_and_rank_filter(
+    tmp_path: Path, options: list[str], stdout: set[str], stderr: set[str]
+) -> None:
+    """--prefix-output marks each line with its rank; --ranks shows the chosen ranks only."""
+    result = run_cli(["-n", "3", *options, CHILD, str(tmp_path), "--say"])
+    assert result.returncode == 0, result.stderr
+    assert set(result.stdout.splitlines()) == stdout
+    assert {line for line in result.stderr.splitlines() if "from" in line} == stderr
+
+
+def test_refused_flag_exits_1_with_the_reason() -> None:
+    """A real launcher process refuses a torchrun flag: exit 1, one line naming it and the fix."""
+    result = run_cli(["--max-restarts", "3", CHILD, "x"])
+    assert result.returncode == 1
+    assert result.stderr == (
+        "distenv: run: --max-restarts is not supported. Hint: use torchrun for elastic restarts\n"
+    )
+
+
+@pytest.mark.parametrize("flag", REFUSED_FLAGS, ids=lambda f: f.flag)
+def test_every_refused_flag_is_refused(
+    flag: RefusedFlag, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Each refused torchrun option, in every spelling, is a DistEnvError (exit 1), never a start."""
+    underscored = "--" + flag.flag[2:].replace("-", "_")
+    for spelling in {flag.flag, underscored, flag.short or flag.flag}:
+        value = ["v"] if flag.takes_value else []
+        # The script's own arguments may repeat the option: they are the script's business.
+        assert main(["run", spelling, *value, "script.py", spelling]) == 1
+        err = capsys.readouterr().err
+        assert err.startswith(f"distenv: run: {flag.flag} is not supported. Hint: ")
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["run"],
+        ["run", "--nproc-per-node", "x", "s.py"],
+        ["run", "-n", "0", "s.py"],
+        ["run", "--nnodes", "1:4", "s.py"],
+        ["run", "--grace-period", "-1", "s.py"],
+        ["run", "--master-port", "70000", "s.py"],
+        ["run", "--ranks", "a", "s.py"],
+        ["run", "--bogus", "s.py"],
+        ["run", "--nproc", "2", "s.py"],  # no abbreviations
+    ],
+)
+def test_bad_usage_exits_2(argv: list[str], capsys: pytest.CaptureFixture[str]) -> None:
+    """Malformed options are usage errors: argparse's exit status 2."""
+    with pytest.raises(SystemExit) as exit_info:
+        main(argv)
+    assert exit_info.value.code == 2
+    capsys.readouterr()
+
+
+def parse(*argv: str) -> argparse.Namespace:
+    """Return the parsed arguments of ``distenv run ARGV script.py``."""
+    return build_parser().parse_args(["run", *argv, "script.py"])
+
+
+@pytest.mark.parametrize("node", [0, 2])
+def test_one_launcher_per_slurm_node_takes_the_nodes(node: int) -> None:
+    """Under srun (one task per node), nodes, node rank and master come from Slurm."""
+    env = slurm.SRUN_4N_4T[node]
+    expected = detect("slurm", env)
+    children = build_children(parse("-n", "2"), env)
+    assert [c.rank for c in children] == [2 * node, 2 * node + 1]
+    for local_rank, child in enumerate(children):
+        assert child.env["RANK"] == str(2 * node + local_rank)
+        assert child.env["WORLD_SIZE"] == "8"
+        assert (child.env["GROUP_RANK"], child.env["GROUP_WORLD_SIZE"]) == (str(node), "4")
+        assert child.env["MASTER_ADDR"] == expected.master_addr
+        assert child.env["MASTER_PORT"] == str(expected.master_port)
+        assert detect("auto", child.env).launcher == "pytorch"
+
+
+def test_explicit_flags_win_over_slurm() -> None:
+    """--master-port (or --nnodes with --node-rank) overrides what Slurm says."""
+    env = slurm.SRUN_4N_4T[1]
+    plan = plan_from_args(parse("--master-port", "4242"), env)
+    assert (plan.nnodes, plan.node_rank, plan.master_port) == (4, 1, 4242)
+    manual = plan_from_args(
+        parse("--nnodes", "2", "--node-rank", "0", "--master-addr", "h0", "--run-id", "exp-1"),
+        env,
+    )
+    assert (manual.nnodes, manual.node_rank, manual.master_addr, manual.master_port) == (
+        2,
+        0,
+        "h0",
+        29500,
+    )
+    assert manual.run_id == "exp-1"
+
+
+def test_run_id_is_the_job_step_else_drawn_else_required() -> None:
+    """The ranks' identity: --run-id, else the scheduler's step, else random on one node only."""
+    srun = plan_from_args(parse("-n", "2"), slurm.SRUN_4N_4T[1])
+    assert srun.run_id == explain("auto", slurm.SRUN_4N_4T[1]).scope
+    one, other = plan_from_args(parse("-n", "2"), {}), plan_from_args(parse("-n", "2"), {})
+    assert one.run_id != other.run_id
+    assert len(one.run_id) == 16
+    with pytest.raises(ConfigurationError, match="--run-id") as info:
+        plan_from_args(parse("--nnodes", "2", "--node-rank", "1", "--master-addr", "h0"), {})
+    assert "same --run-id on every node" in str(info.value)
+    with pytest.raises(ConfigurationError, match="'a b'"):
+        plan_from_args(parse("--run-id", "a b"), {})
+
+
+def test_ranks_carry_the_run_id(tmp_path: Path) -> None:
+    """Each rank gets DISTENV_RUN_ID, which becomes its launcher's job id and scope."""
+    children = build_children(parse("-n", "2", "--run-id", "exp-7", "s.py"), {})
+    for child in children:
+        assert child.env["DISTENV_RUN_ID"] == "exp-7"
+        detection = explain("auto", child.env)
+        assert detection.info.job_id == "exp-7"
+        assert detection.scope == "pytorch/exp-7/-"
+
+
+@pytest.mark.parametrize(
+    "env",
+    [
+        pytest.param(slurm.SRUN_2N_4T[0], id="srun-2-tasks-per-node"),
+        pytest.param(mpi.OMPI_4[0], id="mpirun"),
+        pytest.param(lsf.JSRUN_CORAL_RANK7, id="jsrun-several-per-host"),
+    ],
+)
+def test_several_tasks_per_node_are_refused(env: dict[str, str]) -> None:
+    """A launcher task that is not alone on its node (or is an MPI rank) is a clear error."""
+    with pytest.raises(ConfigurationError, match="distenv run") as info:
+        plan_from_args(parse("-n", "2"), env)
+    assert info.value.hint is not None
+
+
+def test_batch_script_runs_on_this_node(capsys: pytest.CaptureFixture[str]) -> None:
+    """In a batch script (no srun step), distenv run is one node on 127.0.0.1, with a notice."""
+    plan = plan_from_args(parse("-n", "2"), slurm.SBATCH_BATCH_4T[0])
+    assert (plan.nnodes, plan.node_rank, plan.master_addr) == (1, 0, "127.0.0.1")
+    assert "not started by srun" in capsys.readouterr().err
+
+
+def test_several_nodes_need_a_master() -> None:
+    """--nnodes 2 without a scheduler or --master-addr is refused, naming the fix."""
+    with pytest.raises(ConfigurationError, match="--master-addr"):
+        plan_from_args(parse("--nnodes", "2", "--node-rank", "1", "--run-id", "x"), {})
+    with pytest.raises(ConfigurationError, match="outside"):
+        plan_from_args(parse("--nnodes", "2", "--node-rank", "2"), {})

@@ -1,0 +1,161 @@
+"""No rank aborts at exit, and a collective left waiting on a stopped peer cannot hold the exit.
+
+Real process groups (gloo, 4 or 2 ranks on loopback) run `tests/support/scripts/exit_race.py`, which
+forces the at-exit race of gloo's worker threads (each rank on one CPU, the workers at nice 19):
+bare torch must abort within 40 exits (otherwise the forcing proves nothing and the test fails),
+and with distenv no exit of 20 may.
+"""
+
+from __future__ import annotations
+
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from distenv.bootstrap.teardown import TEARDOWN_S, _code, _idle
+from tests.conftest import scrubbed_environ
+from tests.support.spawn import free_port
+
+SCRIPT = Path(__file__).resolve().parents[1] / "support" / "scripts" / "exit_race.py"
+ABORT_MESSAGE = "terminate called without an active exception"
+
+
+def _start(mode: str, ending: str, world: int) -> list[subprocess.Popen[str]]:
+    port = str(free_port())
+    ranks = []
+    for rank in range(world):
+        env = scrubbed_environ()
+        env.update(
+            MASTER_ADDR="127.0.0.1",
+            MASTER_PORT=port,
+            RANK=str(rank),
+            WORLD_SIZE=str(world),
+            LOCAL_RANK=str(rank),
+            LOCAL_WORLD_SIZE=str(world),
+            DISTENV_TIMEOUT="30",
+        )
+        ranks.append(
+            subprocess.Popen(
+                [sys.executable, str(SCRIPT), mode, ending],
+                env=env,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                text=True,
+            )
+        )
+    return ranks
+
+
+def _exits(mode: str, ending: str, world: int) -> list[tuple[int, str]]:
+    """Run one job of `world` ranks to its end; return each rank's (exit code, stderr)."""
+    ranks = _start(mode, ending, world)
+    ended = []
+    try:
+        for rank in ranks:
+            _, err = rank.communicate(timeout=120)
+            ended.append((rank.returncode, err))
+    finally:
+        for rank in ranks:
+            rank.kill()
+            rank.wait()
+    return ended
+
+
+def _aborted(code: int, err: str) -> bool:
+    return code in (-signal.SIGABRT, 128 + signal.SIGABRT) or ABORT_MESSAGE in err
+
+
+def test_no_rank_aborts_at_exit_where_bare_torch_does() -> None:
+    """Forced race: bare torch aborts within 40 exits; distenv's ranks exit 0 in 20 of 20."""
+    bare = 0
+    while bare < 40:
+        ended = _exits("torch", "destroy", 4)
+        bare += len(ended)
+        if any(_aborted(*rank) for rank in ended):
+            break
+    else:
+        pytest.fail("forcing ineffective: bare torch did not abort at exit in 40 exits")
+
+    seen: list[tuple[str, int, str]] = []
+    for ending in ("destroy", "keep", "destroy", "keep", "destroy"):
+        seen += [(ending, code, err) for code, err in _exits("distenv", ending, 4)]
+    assert len(seen) >= 20
+    bad = [(ending, code, err[-300:]) for ending, code, err in seen if code != 0]
+    assert not bad, bad
+
+
+def test_a_collective_waiting_on_a_stopped_peer_ends_the_exit_within_the_bound() -> None:
+    """Rank 0 exits 3 with an all-reduce still waiting on rank 1 (stopped): within TEARDOWN_S."""
+    rank0, rank1 = _start("distenv", "stuck", 2)
+    try:
+        assert rank0.stdout is not None
+        assert rank0.stdout.readline() == "exiting\n"
+        started = time.monotonic()
+        _, err = rank0.communicate(timeout=60)
+        took = time.monotonic() - started
+        assert rank0.returncode == 3, err
+        assert TEARDOWN_S - 0.5 < took < TEARDOWN_S + 3, took
+        assert (
+            "a collective was still waiting on a peer 5 s into this rank's exit; exiting now "
+            "with status 3" in err
+        )
+        assert ABORT_MESSAGE not in err
+    finally:
+        for rank in (rank0, rank1):
+            rank.kill()
+            rank.communicate(timeout=30)
+    assert not [rank for rank in (rank0, rank1) if rank.returncode is None]
+
+
+@pytest.mark.parametrize(
+    ("status", "code"),
+    [(None, 0), (0, 0), (3, 3), (256 + 7, 7), ("a message", 1), (True, 1)],
+)
+def test_the_status_recorded_for_sys_exit_is_pythons(status: object, code: int) -> None:
+    """`_code` gives the status Python exits with for ``sys.exit(status)``."""
+    assert _code(status) == code
+    run = subprocess.run(
+        [sys.executable, "-c", f"import sys; sys.exit({status!r})"],
+        capture_output=True,
+        timeout=60,
+        check=False,
+    )
+    assert run.returncode == code
+
+
+def test_an_idle_worker_waits_without_a_timeout_and_a_collective_with_one() -> None:
+    """`_idle` tells a queue wait (futex, no timeout) from a collective's (futex, a timeout)."""
+    assert _idle(b"S", b"202 0x7f0 0x189 0x0 0x0 0x0 0xffffffff 0x7f1 0x7f2")
+    assert not _idle(b"S", b"202 0x7f0 0x189 0x0 0x7f3 0x0 0xffffffff 0x7f1 0x7f2")
+    assert not _idle(b"R", b"running")
+    assert not _idle(b"S", b"232 0x12 0x7f0 0x40 0xffffffff 0x0 0x0 0x7f1 0x7f2")  # epoll_wait
+
+
+def test_exit_status_follows_an_uncaught_exception_and_sys_exit() -> None:
+    """A process whose end is recorded: uncaught exception 1, KeyboardInterrupt 130, sys.exit."""
+    probe = (
+        "import sys\n"
+        "from distenv.bootstrap.teardown import ExitStatus\n"
+        "ExitStatus.watch()\n"
+        "import atexit\n"
+        "atexit.register(lambda: print('status', ExitStatus.code, flush=True))\n"
+        "{body}\n"
+    )
+    for body, code in (
+        ("raise ValueError('x')", 1),
+        ("raise KeyboardInterrupt", 130),
+        ("sys.exit(4)", 4),
+        ("pass", 0),
+    ):
+        run = subprocess.run(
+            [sys.executable, "-c", probe.format(body=body)],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            check=False,
+        )
+        assert f"status {code}" in run.stdout, (body, run.stdout, run.stderr)

@@ -1,0 +1,229 @@
+"""A rank that can be told to fail at one point of init_dist, and reports where it is.
+
+Used by the fault tests (tests/support/integration/faults.py). Every rank imports torch and distenv, waits
+at a file barrier in `--events` until every rank of the launch has (so that one rank's slow
+``import torch`` on a loaded machine does not change the scenario), then calls init_dist. It
+appends one JSON line per event to ``<events>/rank<R>.jsonl``, each written with one ``os.write``:
+``start`` (pid, host, just before init_dist), ``phase`` (entering a phase: ``connecting``,
+``rollcall`` once checked in, ``init``, ``groupup``), ``fault`` (just before it injects its own
+fault), ``error`` (a DistEnvError: class and message; exit status 1) and ``ok``.
+
+Faults are injected by wrapping distenv's and torch's functions in this process only (never the
+launcher or the store), one ``--fault RANK:WHAT[:SECONDS]`` each:
+
+- ``ranks:R1,R2``: (RANK ``ranks``) only these ranks are started here, wait for them alone;
+- ``late:S``: sleep S seconds before init_dist;
+- ``kill-after-checkin``: SIGKILL itself right after its roll-call check-in is written;
+- ``kill-in-init``: SIGKILL itself on entering init_process_group (after the roll call);
+- ``stop-after-init``: SIGSTOP itself once its init_process_group returned (before the group-up
+  check);
+- ``hold-start``, ``hold-init``, ``hold-groupup``: stay until killed before init_dist, inside the bounded
+  init_process_group call, or before the group-up check.
+
+The marker ``--tag`` (in argv) lets the test find every process of the launch in /proc.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import socket
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+HOLD_S = 600.0
+BARRIER_S = 300.0
+
+
+class Events:
+    """This rank's event file."""
+
+    def __init__(self, folder: Path, rank: int) -> None:
+        self.fd = os.open(folder / f"rank{rank}.jsonl", os.O_WRONLY | os.O_CREAT | os.O_APPEND)
+        self.rank = rank
+
+    def write(self, event: str, **fields: Any) -> None:
+        line = json.dumps({"rank": self.rank, "event": event, "t": time.time(), **fields})
+        os.write(self.fd, (line + "\n").encode())
+
+
+def rank_from_env() -> int:
+    for name in ("RANK", "SLURM_PROCID", "OMPI_COMM_WORLD_RANK", "PMI_RANK"):
+        if name in os.environ:
+            return int(os.environ[name])
+    raise SystemExit("faulty_rank.py: no rank variable in the environment")
+
+
+def size_from_env() -> int:
+    for name in ("WORLD_SIZE", "SLURM_NTASKS", "OMPI_COMM_WORLD_SIZE", "PMI_SIZE"):
+        if name in os.environ:
+            return int(os.environ[name])
+    raise SystemExit("faulty_rank.py: no world size in the environment")
+
+
+def barrier(folder: Path, rank: int, ranks: list[int]) -> None:
+    """Wait until every rank of the launch has imported torch (a file each)."""
+    (folder / f"ready{rank}").touch()
+    until = time.monotonic() + BARRIER_S
+    while not all((folder / f"ready{r}").exists() for r in ranks):
+        if time.monotonic() > until:
+            raise SystemExit(f"faulty_rank.py: rank {rank}: the others never got ready")
+        time.sleep(0.05)
+
+
+def inject(what: str, events: Events) -> None:
+    """Install the fault `what` in this process (see the module docstring)."""
+    import torch.distributed as dist
+
+    import distenv.bootstrap.group
+
+    def before(module: Any, name: str, action: Callable[[], None]) -> None:
+        original = getattr(module, name)
+
+        def wrapper(*args: Any, **kwargs: Any) -> Any:
+            action()
+            return original(*args, **kwargs)
+
+        setattr(module, name, wrapper)
+
+    def die(how: signal.Signals, where: str) -> Callable[[], None]:
+        def act() -> None:
+            events.write("fault", fault=f"{how.name} {where}", pid=os.getpid())
+            os.kill(os.getpid(), how)
+            # A signal a process sends itself takes effect asynchronously when other threads
+            # exist (torch's): measured here, the sender ran on for several system calls, enough
+            # to finish the group-up check. Wait, as a process stopped from outside would.
+            time.sleep(5.0)
+
+        return act
+
+    def hold(where: str) -> Callable[[], None]:
+        def act() -> None:
+            events.write("fault", fault=f"held in {where}", pid=os.getpid())
+            time.sleep(HOLD_S)
+
+        return act
+
+    if what == "kill-after-checkin":
+        checked_in.append(die(signal.SIGKILL, "after its roll-call check-in"))
+    elif what == "kill-in-init":
+        before(dist, "init_process_group", die(signal.SIGKILL, "in init_process_group"))
+    elif what == "stop-after-init":
+        before(distenv.bootstrap.group, "group_up", die(signal.SIGSTOP, "after init_process_group"))
+    elif what == "hold-init":
+        before(dist, "init_process_group", hold("init_process_group"))
+    elif what == "hold-groupup":
+        before(distenv.bootstrap.group, "group_up", hold("the group-up check"))
+    else:
+        raise SystemExit(f"faulty_rank.py: unknown fault {what!r}")
+
+
+# Actions run right after this rank's check-in is written (the roll call's "written" count).
+checked_in: list[Callable[[], None]] = []
+
+
+class CheckInHook:
+    """The roll call's store, running `checked_in` after this rank's check-in is counted."""
+
+    def __init__(self, store: Any) -> None:
+        self._store = store
+
+    def add(self, key: str, value: int) -> int:
+        result = int(self._store.add(key, value))
+        if key == "written" and value == 1:
+            for action in checked_in:
+                action()
+        return result
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._store, name)
+
+
+def trace_phases(events: Events) -> None:
+    """Write a ``phase`` event as this rank enters each phase of init_dist."""
+    import torch.distributed as dist
+
+    import distenv.bootstrap.group
+    import distenv.bootstrap.rollcall
+
+    # Patched where `distenv.bootstrap.rollcall.meet` looks them up.
+    connect, roll_call = (
+        distenv.bootstrap.rollcall.connect_store,
+        distenv.bootstrap.rollcall.roll_call,
+    )
+    init, group_up = dist.init_process_group, distenv.bootstrap.group.group_up
+
+    def traced_connect(*args: Any, **kwargs: Any) -> Any:
+        events.write("phase", phase="connecting")
+        return connect(*args, **kwargs)
+
+    def traced_roll_call(store: Any, *args: Any, **kwargs: Any) -> Any:
+        checked_in.insert(0, lambda: events.write("phase", phase="rollcall"))
+        return roll_call(CheckInHook(store), *args, **kwargs)
+
+    def traced_init(*args: Any, **kwargs: Any) -> Any:
+        events.write("phase", phase="init")
+        return init(*args, **kwargs)
+
+    def traced_group_up(*args: Any, **kwargs: Any) -> Any:
+        events.write("phase", phase="groupup")
+        return group_up(*args, **kwargs)
+
+    distenv.bootstrap.rollcall.connect_store = traced_connect
+    distenv.bootstrap.rollcall.roll_call = traced_roll_call
+    dist.init_process_group = traced_init  # type: ignore[assignment]
+    distenv.bootstrap.group.group_up = traced_group_up
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--events", type=Path, required=True)
+    parser.add_argument("--tag", required=True)
+    parser.add_argument("--fault", action="append", default=[], help="RANK:WHAT[:SECONDS]")
+    args = parser.parse_args()
+    rank, world = rank_from_env(), size_from_env()
+    events = Events(args.events, rank)
+    import torch  # noqa: F401 -- imported before the barrier: its cost is not the scenario's
+
+    import distenv
+
+    trace_phases(events)
+    late = 0.0
+    present = list(range(world))
+    for spec in args.fault:
+        who, what, *seconds = spec.split(":")
+        if who == "ranks":  # only these ranks are started (one node of several)
+            present = [int(r) for r in what.split(",")]
+            continue
+        if int(who) != rank:
+            continue
+        if what == "late":
+            late = float(seconds[0])
+        elif what == "hold-start":
+            late = HOLD_S
+        else:
+            inject(what, events)
+    barrier(args.events, rank, present)
+    if late:
+        if late == HOLD_S:
+            events.write("fault", fault="held before init_dist", pid=os.getpid())
+        time.sleep(late)
+    events.write("start", pid=os.getpid(), host=socket.gethostname())
+    try:
+        info = distenv.init_dist()
+    except distenv.DistEnvError as exc:
+        events.write("error", error=type(exc).__name__, message=str(exc))
+        print(f"ERROR rank {rank}: {type(exc).__name__}: {exc}", flush=True)
+        return 1
+    events.write("ok", world=info.world_size)
+    print(f"OK rank {rank}", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

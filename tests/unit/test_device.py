@@ -1,0 +1,143 @@
+"""Device selection and backend choice: pure rules, tested as tables."""
+
+from __future__ import annotations
+
+import warnings
+
+import pytest
+
+with warnings.catch_warnings():
+    warnings.simplefilter("ignore")  # torch warns at import when NumPy is missing
+    import torch
+
+from distenv.device import (
+    choose_backend,
+    device_identity,
+    device_reason,
+    select_device,
+    visible_device_count,
+)
+from distenv.errors import ConfigurationError
+
+
+@pytest.mark.parametrize(
+    ("local_rank", "local_world_size", "visible", "expected"),
+    [
+        pytest.param(0, 1, 0, None, id="no-gpu"),
+        pytest.param(3, 4, 0, None, id="no-gpu-rank3"),
+        pytest.param(0, 1, 1, 0, id="one-rank-one-gpu"),
+        pytest.param(0, 4, 4, 0, id="4x4-rank0"),
+        pytest.param(3, 4, 4, 3, id="4x4-rank3"),
+        pytest.param(2, 4, 8, 2, id="fewer-ranks-than-gpus"),
+        pytest.param(1, 4, 1, 0, id="gpus-per-task-1"),
+        pytest.param(3, 4, 1, 0, id="gpus-per-task-1-rank3"),
+        pytest.param(5, 8, 2, 1, id="gpus-per-task-2-wraps"),
+        pytest.param(6, 8, 4, 2, id="more-ranks-than-gpus"),
+    ],
+)
+def test_select_device(local_rank, local_world_size, visible, expected):
+    """local_rank when visible, else local_rank % visible, None without devices; never an error."""
+    assert select_device(local_rank, local_world_size, visible) == expected
+
+
+@pytest.mark.parametrize(
+    ("local_rank", "local_world_size", "visible"),
+    [
+        pytest.param(4, 4, 4, id="rank-past-size"),
+        pytest.param(-1, 4, 4, id="negative-rank"),
+        pytest.param(0, 0, 4, id="empty-node"),
+        pytest.param(0, 1, -1, id="negative-visible"),
+    ],
+)
+def test_select_device_rejects_impossible_layouts(local_rank, local_world_size, visible):
+    """Numbers that describe no rank are a ConfigurationError quoting them."""
+    with pytest.raises(ConfigurationError, match=rf"local_rank={local_rank}, "):
+        select_device(local_rank, local_world_size, visible)
+
+
+@pytest.mark.parametrize(
+    ("cuda_available", "has_device", "explicit", "expected"),
+    [
+        pytest.param(True, True, None, "nccl", id="gpu"),
+        pytest.param(True, False, None, "gloo", id="cuda-but-no-device-for-rank"),
+        pytest.param(False, False, None, "gloo", id="cpu"),
+        pytest.param(False, True, None, "gloo", id="device-but-cuda-unusable"),
+        pytest.param(True, True, "gloo", "gloo", id="explicit-gloo-on-gpu"),
+        pytest.param(False, False, "nccl", "nccl", id="explicit-nccl-wins"),
+        pytest.param(True, True, "cpu:gloo,cuda:nccl", "cpu:gloo,cuda:nccl", id="per-device"),
+        pytest.param(False, False, " mpi ", "mpi", id="explicit-stripped"),
+    ],
+)
+def test_choose_backend(cuda_available, has_device, explicit, expected):
+    """nccl with CUDA and a device for this rank, else gloo; an explicit backend always wins."""
+    chosen = choose_backend(cuda_available=cuda_available, has_device=has_device, explicit=explicit)
+    assert chosen == expected
+
+
+def test_choose_backend_rejects_empty():
+    """An empty backend string is a ConfigurationError, not torch's later complaint."""
+    with pytest.raises(ConfigurationError, match=r"^init: backend='' is empty\. Hint:"):
+        choose_backend(cuda_available=False, has_device=False, explicit="")
+
+
+def test_visible_count_matches_torch():
+    """visible_device_count() is torch's own count (0 without usable CUDA)."""
+    expected = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    assert visible_device_count() == expected
+
+
+def test_device_identity_rejects_invisible_index():
+    """Asking the identity of a device this process cannot see is a ConfigurationError."""
+    with pytest.raises(ConfigurationError, match=r"device index 99 is not among the"):
+        device_identity(99)
+
+
+@pytest.mark.parametrize(
+    ("device", "local_rank", "visible", "cuda", "env", "expected"),
+    [
+        pytest.param(1, 1, 4, "12.4", None,
+                     "cuda:1: its local rank, among 4 visible device(s) (CUDA_VISIBLE_DEVICES unset)",
+                     id="local-rank"),
+        pytest.param(0, 3, 1, "12.4", "5",
+                     "cuda:0: local rank 3 wrapped, among 1 visible device(s) "
+                     "(CUDA_VISIBLE_DEVICES '5')", id="one-per-task"),
+        pytest.param(None, 0, 0, None, "0",
+                     "cpu: torch 2.13.0 is a CPU-only build (torch.version.cuda is None)",
+                     id="cpu-build"),
+        pytest.param(None, 0, 0, "12.4", "",
+                     "cpu: CUDA_VISIBLE_DEVICES='' hides every GPU", id="hidden"),
+        pytest.param(None, 0, 0, "12.4", "NoDevFiles",
+                     "cpu: CUDA_VISIBLE_DEVICES='NoDevFiles' hides every GPU", id="slurm-nodev"),
+        pytest.param(None, 0, 0, "12.4", None,
+                     "cpu: torch 2.13.0 (CUDA 12.4) sees no GPU: no NVIDIA driver or GPU on this "
+                     "host, or none of CUDA_VISIBLE_DEVICES (unset) exists", id="no-driver"),
+    ],
+)  # fmt: skip
+def test_device_reason_says_why(
+    device: int | None,
+    local_rank: int,
+    visible: int,
+    cuda: str | None,
+    env: str | None,
+    expected: str,
+) -> None:
+    """The reason `distenv info --device` and `doctor` print for each way a device is chosen."""
+    assert select_device(local_rank, 4, visible) == device
+    assert device_reason(device, local_rank=local_rank, visible=visible, torch_version="2.13.0",
+                         cuda_build=cuda, cuda_visible_devices=env) == expected  # fmt: skip
+
+
+@pytest.mark.parametrize("rank", range(4))
+def test_a_flux_task_without_a_local_size_gets_its_local_ranks_device(
+    rank: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The device follows FLUX_TASK_LOCAL_ID before the roll call has counted the host's tasks."""
+    from distenv import detect, device
+    from tests.support.envs import flux
+
+    info = detect("auto", flux.FLUX_2X2[rank])
+    assert info.local_world_size is None
+    monkeypatch.setattr(device, "visible_device_count", lambda: 2)
+    assert device.rank_device(info) == rank % 2
+    monkeypatch.setattr(device, "visible_device_count", lambda: 1)
+    assert device.rank_device(info) == 0
