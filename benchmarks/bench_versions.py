@@ -172,9 +172,13 @@ def git(*args: str) -> str:
 
 
 def set_writable(root: Path, writable: bool) -> None:
-    """Make the tree under `root` read-only (files 444, folders 555) or writable again."""
+    """Make the tree under `root` read-only (files 444, folders 555) or writable again.
+
+    Symbolic links are left alone: a revision's ``distenv/scripts`` link to ../scripts dangles in
+    the extracted copy, and chmod would follow it.
+    """
     file_mode, dir_mode = (0o644, 0o755) if writable else (0o444, 0o555)
-    paths = [root, *root.rglob("*")]
+    paths = [root, *(path for path in root.rglob("*") if not path.is_symlink())]
     # Folders last when locking (their entries stay reachable), first when unlocking.
     for path in sorted(paths, key=lambda p: p.is_dir() != writable):
         path.chmod(dir_mode if path.is_dir() else file_mode)
