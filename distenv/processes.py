@@ -1,4 +1,4 @@
-"""Linux process plumbing: parent-death signal, child subreaper, the process table.
+"""Linux process plumbing: parent-death signal, child subreaper, the process and thread tables.
 
 The one owner of the prctl(2) calls and the /proc reading that the local launchers and the forked
 MPI deadline helper need. Everything fails soft where Linux is missing: without prctl nothing is
@@ -24,10 +24,12 @@ __all__ = [
     "PR_SET_PDEATHSIG",
     "Adopter",
     "ProcessEntry",
+    "ThreadEntry",
     "live_groups",
     "parent_death_signal",
     "prctl",
     "processes",
+    "threads",
     "with_parent_death",
 ]
 
@@ -107,6 +109,52 @@ class ProcessEntry:
         return self.state in ("Z", "X")
 
 
+@dataclass(frozen=True)
+class ThreadEntry:
+    """One thread of this process as /proc/self/task/TID shows it (proc(5)).
+
+    Attributes:
+        name: Its name (``comm``), as set with ``pthread_setname_np``.
+        state: Its state letter: ``R`` running or runnable, ``S`` asleep, ...
+        syscall: ``/proc/self/task/TID/syscall``: the system call it is blocked in and its
+            arguments, in hex (empty where it cannot be read).
+    """
+
+    name: bytes
+    state: str
+    syscall: bytes
+
+
+def _stat_fields(stat: bytes) -> tuple[bytes, list[bytes]]:
+    """Split a ``stat`` line into its ``comm`` and the fields after it, from ``state`` on."""
+    # proc(5): "pid (comm) state ppid pgrp ..."; comm may hold spaces and parentheses.
+    end = stat.rfind(b")")
+    return stat[stat.find(b"(") + 1 : end], stat[end + 2 :].split()
+
+
+def threads() -> list[ThreadEntry] | None:
+    """Return every thread of this process, or None where /proc cannot be read (not Linux)."""
+    try:
+        tasks = os.listdir("/proc/self/task")
+    except OSError:
+        return None
+    found = []
+    for task in tasks:
+        try:
+            with open(f"/proc/self/task/{task}/stat", "rb") as file:
+                name, fields = _stat_fields(file.read(512))
+        except OSError:  # the thread ended meanwhile
+            continue
+        try:
+            with open(f"/proc/self/task/{task}/syscall", "rb") as file:
+                syscall = file.read(256)
+        except OSError:
+            syscall = b""
+        if fields:
+            found.append(ThreadEntry(name, fields[0].decode(), syscall))
+    return found
+
+
 def processes() -> list[ProcessEntry] | None:
     """Return every process on this machine, or None where /proc cannot be read (not Linux)."""
     try:
@@ -122,8 +170,7 @@ def processes() -> list[ProcessEntry] | None:
                 stat = file.read()
         except OSError:
             continue
-        # proc(5): "pid (comm) state ppid pgrp ..."; comm may hold spaces and parentheses.
-        fields = stat[stat.rfind(b")") + 2 :].split()
+        _, fields = _stat_fields(stat)
         if len(fields) > 2:
             state, ppid, pgrp = fields[0].decode(), int(fields[1]), int(fields[2])
             found.append(ProcessEntry(int(entry), state, ppid, pgrp))

@@ -26,7 +26,7 @@ the exit for the group's timeout, 30 minutes by default, when the group is destr
 so in one line and ends at once (``os._exit``) with the status the script was ending with
 (`ExitStatus`), after flushing stdout and stderr.
 
-Thread states come from ``/proc/self/task``: an idle worker waits on its queue's condition variable
+Thread states come from ``/proc/self/task`` (`distenv.processes.threads`): an idle worker waits on its queue's condition variable
 without a timeout, one inside a collective waits with the group's timeout (the fourth argument of
 its ``futex`` call, in ``/proc/self/task/TID/syscall``). Without ``/proc`` (not Linux) steps 1 and
 2 still run and step 3 is skipped.
@@ -44,6 +44,8 @@ import time
 from collections.abc import Callable
 from types import TracebackType
 from typing import Any
+
+from distenv.processes import ThreadEntry, threads
 
 __all__ = ["TEARDOWN_S", "ExitStatus", "end_groups", "register"]
 
@@ -99,31 +101,10 @@ def _code(status: object) -> int:
     return 1  # a message: printed to stderr, status 1
 
 
-def _workers() -> list[tuple[bytes, bytes]] | None:
-    """Return each gloo worker thread's state letter and ``syscall`` line (None: no /proc)."""
-    try:
-        tasks = os.listdir("/proc/self/task")
-    except OSError:
-        return None
-    found = []
-    for task in tasks:
-        try:
-            with open(f"/proc/self/task/{task}/stat", "rb") as file:
-                stat = file.read(512)
-            end = stat.rfind(b")")
-            if stat[stat.find(b"(") + 1 : end] != _WORKER_NAME:
-                continue
-            with open(f"/proc/self/task/{task}/syscall", "rb") as file:
-                found.append((stat[end + 2 : end + 3], file.read(256)))
-        except OSError:  # the thread ended meanwhile, or its syscall cannot be read
-            continue
-    return found
-
-
-def _idle(state: bytes, syscall: bytes) -> bool:
-    """Return whether a worker waits on its queue: asleep in futex(2) with no timeout."""
-    words = syscall.split()
-    return state == b"S" and len(words) > 4 and words[0] in _FUTEX and int(words[4], 16) == 0
+def _idle(thread: ThreadEntry) -> bool:
+    """Return whether a gloo worker waits on its queue: asleep in futex(2) with no timeout."""
+    words = thread.syscall.split()
+    return thread.state == "S" and len(words) > 4 and words[0] in _FUTEX and int(words[4], 16) == 0
 
 
 def _wait_until_idle(until: float) -> bool:
@@ -133,10 +114,11 @@ def _wait_until_idle(until: float) -> bool:
         if time.monotonic() >= until:
             return False
         time.sleep(_POLL_S)  # releases the GIL to a worker that needs it
-        workers = _workers()
-        if workers is None:
+        found = threads()
+        if found is None:
             return True
-        quiet = quiet + 1 if all(_idle(*worker) for worker in workers) else 0
+        workers = [thread for thread in found if thread.name == _WORKER_NAME]
+        quiet = quiet + 1 if all(_idle(worker) for worker in workers) else 0
     return True
 
 

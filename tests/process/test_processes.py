@@ -14,6 +14,7 @@ import textwrap
 from distenv.processes import (
     PDEATH_WRAPPER,
     PR_SET_PDEATHSIG,
+    ThreadEntry,
     live_groups,
     processes,
     with_parent_death,
@@ -104,3 +105,32 @@ def test_parent_death_signal_says_whether_the_parent_is_still_there() -> None:
         check=False,
     )
     assert (result.returncode, result.stdout) == (0, "True False\n"), result.stderr
+
+
+def test_the_thread_table_lists_this_process_threads_with_their_system_calls() -> None:
+    """`threads` sees this process's threads: the reader running, a sleeper blocked in futex(2)."""
+    import threading
+    import time
+
+    from distenv.processes import threads
+
+    def asleep(thread: ThreadEntry) -> bool:
+        return thread.state == "S" and thread.syscall.split()[:1] in ([b"202"], [b"98"])  # futex
+
+    stop = threading.Event()
+    sleeper = threading.Thread(target=stop.wait, name="sleeper")
+    sleeper.start()
+    try:
+        until = time.monotonic() + 10  # the sleeper may take a moment to block
+        while True:
+            found = threads()
+            assert found is not None
+            if any(asleep(thread) for thread in found) or time.monotonic() > until:
+                break
+            time.sleep(0.01)
+    finally:
+        stop.set()
+        sleeper.join()
+    assert len(found) >= 2
+    assert any(thread.state == "R" for thread in found)  # the one reading the table
+    assert any(asleep(thread) for thread in found)

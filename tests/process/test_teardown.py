@@ -17,6 +17,7 @@ from pathlib import Path
 import pytest
 
 from distenv.bootstrap.teardown import TEARDOWN_S, _code, _idle
+from distenv.processes import ThreadEntry
 from tests.conftest import scrubbed_environ
 from tests.support.spawn import free_port
 
@@ -129,10 +130,15 @@ def test_the_status_recorded_for_sys_exit_is_pythons(status: object, code: int) 
 
 def test_an_idle_worker_waits_without_a_timeout_and_a_collective_with_one() -> None:
     """`_idle` tells a queue wait (futex, no timeout) from a collective's (futex, a timeout)."""
-    assert _idle(b"S", b"202 0x7f0 0x189 0x0 0x0 0x0 0xffffffff 0x7f1 0x7f2")
-    assert not _idle(b"S", b"202 0x7f0 0x189 0x0 0x7f3 0x0 0xffffffff 0x7f1 0x7f2")
-    assert not _idle(b"R", b"running")
-    assert not _idle(b"S", b"232 0x12 0x7f0 0x40 0xffffffff 0x0 0x0 0x7f1 0x7f2")  # epoll_wait
+
+    def worker(state: str, syscall: bytes) -> ThreadEntry:
+        return ThreadEntry(b"pt_gloo_runloop", state, syscall)
+
+    assert _idle(worker("S", b"202 0x7f0 0x189 0x0 0x0 0x0 0xffffffff 0x7f1 0x7f2"))
+    assert not _idle(worker("S", b"202 0x7f0 0x189 0x0 0x7f3 0x0 0xffffffff 0x7f1 0x7f2"))
+    assert not _idle(worker("R", b"running"))
+    epoll_wait = b"232 0x12 0x7f0 0x40 0xffffffff 0x0 0x0 0x7f1 0x7f2"
+    assert not _idle(worker("S", epoll_wait))
 
 
 def test_exit_status_follows_an_uncaught_exception_and_sys_exit() -> None:
