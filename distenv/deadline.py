@@ -84,6 +84,10 @@ class Deadline(NamedTuple):
         """Return this deadline moved `seconds` earlier."""
         return Deadline(self.at - seconds, self.seconds - seconds)
 
+    def later(self, seconds: float) -> Deadline:
+        """Return this deadline moved `seconds` later."""
+        return self.sooner(-seconds)
+
 
 class StopSignalError(Exception):
     """SIGTERM or SIGINT arrived while the bootstrap waited; the signal's name is the text."""

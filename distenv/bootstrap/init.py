@@ -89,8 +89,7 @@ def _locate(
     launcher: str, master_addr_format: str | None, deadline: Deadline | None = None
 ) -> tuple[Detection, RankInfo]:
     # An MPI job with no master asks rank 0 over MPI: within the bootstrap's deadline.
-    at = None if deadline is None else deadline.at
-    detection = locate(launcher, master_addr_format=master_addr_format, deadline=at)
+    detection = locate(launcher, master_addr_format=master_addr_format, deadline=deadline)
     return detection, state.kept(detection.info)
 
 

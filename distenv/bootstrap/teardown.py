@@ -45,6 +45,7 @@ from collections.abc import Callable
 from types import TracebackType
 from typing import Any
 
+from distenv.deadline import Deadline
 from distenv.processes import ThreadEntry, threads
 
 __all__ = ["TEARDOWN_S", "ExitStatus", "end_groups", "register"]
@@ -107,11 +108,11 @@ def _idle(thread: ThreadEntry) -> bool:
     return thread.state == "S" and len(words) > 4 and words[0] in _FUTEX and int(words[4], 16) == 0
 
 
-def _wait_until_idle(until: float) -> bool:
+def _wait_until_idle(until: Deadline) -> bool:
     """Return True once every gloo worker is seen idle twice in a row; False at `until`."""
     quiet = 0
     while quiet < 2:
-        if time.monotonic() >= until:
+        if until.passed():
             return False
         time.sleep(_POLL_S)  # releases the GIL to a worker that needs it
         found = threads()
@@ -122,7 +123,7 @@ def _wait_until_idle(until: float) -> bool:
     return True
 
 
-def _end(until: float) -> bool:
+def _end(until: Deadline) -> bool:
     import torch.distributed as dist
 
     if dist.is_available() and dist.is_initialized():
@@ -131,9 +132,9 @@ def _end(until: float) -> bool:
     return _wait_until_idle(until)
 
 
-def _bounded(call: Callable[[float], bool]) -> tuple[bool, BaseException | None]:
+def _bounded(call: Callable[[Deadline], bool]) -> tuple[bool, BaseException | None]:
     """Run ``call(until)`` in a daemon thread; return (whether it ended in time and True, error)."""
-    until = time.monotonic() + TEARDOWN_S
+    until = Deadline.after(TEARDOWN_S)
     outcome: list[bool] = []
     failure: list[BaseException] = []
 

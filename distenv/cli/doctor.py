@@ -102,7 +102,7 @@ def doctor(
         settings = Settings.read(os.environ)
         seconds = settings.rendezvous_seconds(timeout, DEFAULT_TIMEOUT)
         deadline = Bootstrap.deadline_for(seconds)
-        detection = locate(launcher, deadline=deadline.at)
+        detection = locate(launcher, deadline=deadline)
         info = detection.info
     except DistEnvError as exc:
         _explanation(exc.considered, out)

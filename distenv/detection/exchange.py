@@ -17,7 +17,7 @@ host in UTF-8 padded to 255 bytes, the port, the token), sent with ``Ibcast`` an
 and validates it like any other input (`decode`). When rank 0 cannot name its master it still
 broadcasts, with a failure status, so its peers fail at once instead of waiting.
 
-**The deadline.** Every MPI call here ends by `deadline` (`time.monotonic`): by default the
+**The deadline.** Every MPI call here ends by `deadline` (a `distenv.deadline.Deadline`): by default the
 rendezvous timeout (``DISTENV_TIMEOUT``, `distenv.settings.Settings.rendezvous_seconds`) plus
 `distenv.timing.GRACE_S` (the bootstrap's one grace), counted from the start of the exchange;
 `init_dist` may pass its own deadline instead. At the deadline a rank prints distenv's message
@@ -50,6 +50,7 @@ from types import FrameType
 from typing import Any, NoReturn
 
 from distenv._hosts import check_hostname
+from distenv.deadline import Deadline
 from distenv.detection.kill_at_deadline import KillAtDeadline
 from distenv.errors import (
     DistEnvError,
@@ -178,16 +179,13 @@ def _garbled(source: str, what: str) -> MasterResolutionError:
     )
 
 
-def exchange_deadline(settings: Settings, start: float | None = None) -> float:
-    """Return the `time.monotonic` instant by which an exchange starting at `start` must end.
-
-    The rendezvous timeout of `settings` plus `GRACE_S`; `start` defaults to now.
+def exchange_deadline(settings: Settings) -> Deadline:
+    """Return the deadline of an exchange starting now: the rendezvous timeout plus `GRACE_S`.
 
     Raises:
         ConfigurationError: If ``DISTENV_TIMEOUT`` is not a positive number of seconds.
     """
-    begin = time.monotonic() if start is None else start
-    return begin + settings.rendezvous_seconds(None) + GRACE_S
+    return Deadline.after(settings.rendezvous_seconds(None) + GRACE_S)
 
 
 def _late(info: RankInfo, seconds: float, where: str = "") -> RendezvousTimeoutError:
@@ -208,8 +206,8 @@ class MpiExchange:
     Attributes:
         info: This rank, as the launcher's variables describe it.
         comm: The communicator; None: ``MPI.COMM_WORLD``.
-        deadline: The `time.monotonic` instant the exchange must end by; None: computed from
-            `settings` when the call starts (`exchange_deadline`).
+        deadline: When the exchange must end; None: computed from `settings` when the call
+            starts (`exchange_deadline`).
         settings: The settings of that default; None: read from `os.environ` at the call.
         published: What rank 0 sent; None before the call.
     """
@@ -219,7 +217,7 @@ class MpiExchange:
         info: RankInfo,
         comm: Any = None,
         *,
-        deadline: float | None = None,
+        deadline: Deadline | None = None,
         settings: Settings | None = None,
     ) -> None:
         self.info = info
@@ -241,15 +239,13 @@ class MpiExchange:
             RendezvousTimeoutError: Only with a `comm` whose ``Abort`` returns (tests): the
                 deadline passed (a real ``MPI_Abort`` ends the process first).
         """
-        start = time.monotonic()
         settings = Settings.read(os.environ) if self.settings is None else self.settings
-        deadline = exchange_deadline(settings, start) if self.deadline is None else self.deadline
-        seconds = deadline - start
+        deadline = exchange_deadline(settings) if self.deadline is None else self.deadline
         comm, killer = self.comm, None
         if comm is None:
             if not _mpi_initialised(self.info):
-                message = str(_late(self.info, seconds, " (MPI_Init did not return)"))
-                killer = KillAtDeadline(deadline + KILL_DELAY_S, message)
+                message = str(_late(self.info, deadline.seconds, " (MPI_Init did not return)"))
+                killer = KillAtDeadline(deadline.later(KILL_DELAY_S), message)
                 killer.start()
             try:
                 comm = _comm_world(self.info)
@@ -258,7 +254,7 @@ class MpiExchange:
                     killer.stop()
                 raise
         try:
-            self.published = _exchange(self.info, comm, rank0_master, deadline, seconds)
+            self.published = _exchange(self.info, comm, rank0_master, deadline)
         finally:
             if killer is not None:
                 killer.stop()
@@ -269,7 +265,7 @@ def mpi_exchange(
     info: RankInfo,
     comm: Any = None,
     *,
-    deadline: float | None = None,
+    deadline: Deadline | None = None,
     settings: Settings | None = None,
 ) -> MpiExchange:
     """Return an `MpiExchange` that broadcasts rank 0's master over `comm` (``MPI.COMM_WORLD``).
@@ -280,8 +276,8 @@ def mpi_exchange(
     Args:
         info: This rank, as the launcher's variables describe it.
         comm: An mpi4py communicator; None: ``MPI.COMM_WORLD`` (MPI_Init, under `KillAtDeadline`).
-        deadline: The `time.monotonic` instant every MPI call must end by; None: the rendezvous
-            timeout of `settings` plus `GRACE_S` from the call.
+        deadline: When every MPI call must have ended; None: the rendezvous timeout of
+            `settings` plus `GRACE_S` from the call.
         settings: Where the default deadline's timeout comes from; None: `os.environ`.
     """
     return MpiExchange(info, comm, deadline=deadline, settings=settings)
@@ -339,8 +335,7 @@ def _exchange(
     info: RankInfo,
     comm: Any,
     rank0_master: Callable[[], tuple[str, int]],
-    deadline: float,
-    seconds: float,
+    deadline: Deadline,
 ) -> Published:
     """Check `comm`'s world, broadcast rank 0's payload and return it, decoded."""
     size, rank = comm.Get_size(), comm.Get_rank()
@@ -365,9 +360,9 @@ def _exchange(
         while not request.Test():
             if caught:
                 _die(comm, _interrupted(info, caught[0]), caught[0])
-            left = deadline - time.monotonic()
+            left = deadline.left()
             if left <= 0:
-                _abort(comm, _late(info, seconds), 1)
+                _abort(comm, _late(info, deadline.seconds), 1)
             time.sleep(min(pause, left))
             pause = min(pause * 2, _MAX_PAUSE)
     if failure is not None:

@@ -25,16 +25,16 @@ import contextlib
 import os
 import signal
 import sys
-import time
 import warnings
 from types import TracebackType
 
+from distenv.deadline import Deadline
 from distenv.processes import parent_death_signal
 
 __all__ = ["KillAtDeadline"]
 
 
-def _helper(read_fd: int, parent: int, deadline: float, message: bytes) -> None:
+def _helper(read_fd: int, parent: int, deadline: Deadline, message: bytes) -> None:
     """Run in the forked helper: wait for "done" or EOF until `deadline`, else kill `parent`."""
     import select
 
@@ -44,12 +44,12 @@ def _helper(read_fd: int, parent: int, deadline: float, message: bytes) -> None:
             os._exit(0)
         os.closerange(3, read_fd)
         os.closerange(read_fd + 1, 1 << 16)
-        left = deadline - time.monotonic()
+        left = deadline.left()
         while left > 0:
             ready, _, _ = select.select([read_fd], [], [], left)
             if ready:  # "done", or EOF: the parent no longer needs us
                 os._exit(0)
-            left = deadline - time.monotonic()
+            left = deadline.left()
         os.write(2, message)
         os.kill(parent, signal.SIGKILL)
     finally:
@@ -71,12 +71,12 @@ class KillAtDeadline:
             from mpi4py import MPI  # MPI_Init
 
     Args:
-        deadline: The `time.monotonic` instant at which the helper acts (a clock shared by every
-            process of the machine).
+        deadline: When the helper acts (`time.monotonic` is one clock for every process of the
+            machine, so the forked helper keeps the parent's deadline).
         message: One line the helper writes to stderr (prefixed ``distenv: ``) before the kill.
     """
 
-    def __init__(self, deadline: float, message: str) -> None:
+    def __init__(self, deadline: Deadline, message: str) -> None:
         self.deadline = deadline
         self.message = f"distenv: {message}\n".encode(errors="replace")
         self.pid: int | None = None

@@ -13,7 +13,7 @@ from __future__ import annotations
 import os
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from distenv.detection.choice import Choice, choose
 from distenv.errors import DistEnvError
@@ -21,6 +21,9 @@ from distenv.launchers import Launcher
 from distenv.master import FORMAT_VAR, MasterQuery, addr_origin, find_master
 from distenv.rankinfo import RankInfo
 from distenv.settings import Settings
+
+if TYPE_CHECKING:  # distenv.deadline brings threading and signal: not for a plain detect()
+    from distenv.deadline import Deadline
 
 __all__ = ["Detection", "detect", "explain", "locate", "master_query", "resolve"]
 
@@ -76,7 +79,7 @@ class _LazyMpi:
     """
 
     def __init__(
-        self, info: RankInfo, comm: Any, deadline: float | None, env: Mapping[str, str]
+        self, info: RankInfo, comm: Any, deadline: Deadline | None, env: Mapping[str, str]
     ) -> None:
         self.info, self.comm, self.deadline, self.env = info, comm, deadline, env
         self.token: bytes | None = None
@@ -101,7 +104,7 @@ def locate(
     runtime: bool = True,
     mpi: bool = True,
     comm: Any = None,
-    deadline: float | None = None,
+    deadline: Deadline | None = None,
 ) -> Detection:
     """Run the pipeline: choose the launcher, read its layout, find the master.
 
@@ -115,7 +118,7 @@ def locate(
             collective call, and MPI_Init if MPI is not initialised yet); False leaves that
             master unresolved.
         comm: An mpi4py communicator to use instead of ``MPI.COMM_WORLD``.
-        deadline: The `time.monotonic` instant the MPI exchange must end by; None: the
+        deadline: When the MPI exchange must end; None: the
             rendezvous timeout (``DISTENV_TIMEOUT`` of `env`) plus
             `distenv.timing.GRACE_S`, from the start of the exchange.
 
@@ -193,7 +196,7 @@ def resolve(
     *,
     env: Mapping[str, str] | None = None,
     comm: Any = None,
-    deadline: float | None = None,
+    deadline: Deadline | None = None,
 ) -> RankInfo:
     """Return `info` with its master address and port known.
 

@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 from types import FrameType
 from typing import Any
 
+from distenv.deadline import Deadline
 from distenv.local.group_killer import GroupKiller
 from distenv.local.output import drain, prefix_output
 from distenv.local.stopping import KILL_WAIT, StopPolicy, describe_exit, exit_status
@@ -76,7 +77,7 @@ class Supervisor:
         self._signals: list[int] = []
         self._threads: list[threading.Thread] = []
         self._group_killer = GroupKiller()
-        self._deadline: float | None = None
+        self._deadline: Deadline | None = None
         self._killed = False
         self._stop_signal = signal.SIGTERM
         self._adopter = Adopter()
@@ -123,8 +124,8 @@ class Supervisor:
 
     def _end_orphans(self) -> None:
         """SIGKILL and reap every adopted orphan, their own orphans too (KILL_WAIT at most)."""
-        deadline = time.monotonic() + KILL_WAIT
-        while time.monotonic() < deadline:
+        deadline = Deadline.after(KILL_WAIT)
+        while not deadline.passed():
             live, found = self._adopter.orphans(self._own())
             if not found:
                 return
@@ -161,7 +162,7 @@ class Supervisor:
             return
         self._signal_all(signum)
         self._stop_signal = signal.Signals(signum)
-        self._deadline = time.monotonic() + self.policy.grace_period
+        self._deadline = Deadline.after(self.policy.grace_period)
         self._orphans()
 
     def _kill_all(self) -> None:
@@ -235,13 +236,13 @@ class Supervisor:
                     self._begin_stop(signal.SIGTERM)
                 elif not left:
                     return
-            if self._deadline is not None and time.monotonic() >= self._deadline:
+            if self._deadline is not None and self._deadline.passed():
                 if not self._killed:
                     self._kill_all()
                 if not self._running():
                     return
                 # A process that survives SIGKILL is stuck in the kernel: wait, but not forever.
-                if time.monotonic() >= self._deadline + KILL_WAIT:
+                if self._deadline.later(KILL_WAIT).passed():
                     return
             time.sleep(self.poll_interval)
 

@@ -11,6 +11,7 @@ import sys
 import textwrap
 import time
 
+from distenv.deadline import Deadline
 from distenv.detection.kill_at_deadline import KillAtDeadline
 from tests.conftest import scrubbed_environ
 
@@ -42,7 +43,7 @@ def gone(pid: int, within: float) -> bool:
 
 def test_stopped_in_time_the_helper_leaves_and_is_reaped() -> None:
     """Stopped before its deadline, the helper exits and is reaped; this process lives on."""
-    helper = KillAtDeadline(time.monotonic() + 30, "never printed")
+    helper = KillAtDeadline(Deadline.after(30), "never printed")
     helper.start()
     pid = helper.pid
     assert pid is not None
@@ -60,8 +61,9 @@ def test_at_the_deadline_it_prints_the_message_and_kills_the_process() -> None:
     result = run_python(
         """
         import time
+        from distenv.deadline import Deadline
         from distenv.detection.kill_at_deadline import KillAtDeadline
-        KillAtDeadline(time.monotonic() + 0.5, "mpi: rank 1 of 4: stuck. Hint: look").start()
+        KillAtDeadline(Deadline.after(0.5), "mpi: rank 1 of 4: stuck. Hint: look").start()
         time.sleep(20)
         """
     )
@@ -76,10 +78,11 @@ def test_the_helper_never_runs_the_parents_exit_code() -> None:
     result = run_python(
         """
         import atexit, sys, time
+        from distenv.deadline import Deadline
         from distenv.detection.kill_at_deadline import KillAtDeadline
         atexit.register(lambda: print("atexit ran"))
         sys.stdout.write("buffered ")
-        with KillAtDeadline(time.monotonic() + 30, "never printed"):
+        with KillAtDeadline(Deadline.after(30), "never printed"):
             time.sleep(0.2)
         """
     )
@@ -95,8 +98,9 @@ def test_the_helper_dies_with_its_parent() -> None:
             sys.executable,
             "-c",
             "import sys, time\n"
+            "from distenv.deadline import Deadline\n"
             "from distenv.detection.kill_at_deadline import KillAtDeadline\n"
-            "dog = KillAtDeadline(time.monotonic() + 60, 'never printed')\n"
+            "dog = KillAtDeadline(Deadline.after(60), 'never printed')\n"
             "dog.start()\n"
             "print(dog.pid, flush=True)\n"
             "time.sleep(60)\n",

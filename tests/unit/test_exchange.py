@@ -11,6 +11,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from distenv.deadline import Deadline
 from distenv.detection.exchange import (
     ABI_HINT,
     MPICH_RECIPE,
@@ -172,7 +173,7 @@ def test_encode_refuses_what_does_not_fit(published: Published) -> None:
 def test_every_rank_gets_rank0_master_and_one_random_token() -> None:
     """Rank 0 computes, every rank returns its (host, port); the token is shared and random."""
     wire = Wire()
-    deadline = time.monotonic() + 5
+    deadline = Deadline.after(5)
     exchanges = [mpi_exchange(rank(r), Comm(wire, r), deadline=deadline) for r in range(4)]
     assert all(isinstance(e, MpiExchange) and e.token is None for e in exchanges)
     answers = [exchanges[0](rank0_master)] + [e(never_called) for e in exchanges[1:]]
@@ -190,7 +191,7 @@ def test_every_rank_gets_rank0_master_and_one_random_token() -> None:
 
 def test_world_mismatch_is_explained() -> None:
     """mpi4py seeing another world than the launcher (wrong MPI library) is named, with the fix."""
-    exchange = mpi_exchange(rank(1), Comm(Wire(), 0, size=1), deadline=time.monotonic() + 5)
+    exchange = mpi_exchange(rank(1), Comm(Wire(), 0, size=1), deadline=Deadline.after(5))
     with pytest.raises(MasterResolutionError) as caught:
         exchange(never_called)
     assert "mpi4py sees rank 0 of 1, but the launcher's variables say rank 1 of 4" in str(
@@ -207,10 +208,10 @@ def test_rank0_failure_is_sent_so_peers_fail_at_once() -> None:
         raise MasterResolutionError("mpi", "no master here")
 
     with pytest.raises(MasterResolutionError, match="no master here"):
-        mpi_exchange(rank(0), Comm(wire, 0), deadline=time.monotonic() + 60)(broken)
+        mpi_exchange(rank(0), Comm(wire, 0), deadline=Deadline.after(60))(broken)
     start = time.monotonic()
     with pytest.raises(MasterResolutionError) as caught:
-        mpi_exchange(rank(2), Comm(wire, 2), deadline=time.monotonic() + 60)(never_called)
+        mpi_exchange(rank(2), Comm(wire, 2), deadline=Deadline.after(60))(never_called)
     assert time.monotonic() - start < 1
     assert "rank 0 could not find its master address to send over MPI" in str(caught.value)
 
@@ -219,7 +220,7 @@ def test_deadline_prints_the_message_and_aborts(capfd: pytest.CaptureFixture[str
     """Rank 0 never sends: at the deadline the rank prints distenv's line and calls MPI_Abort."""
     comm = Comm(Wire(), 2)
     start = time.monotonic()
-    exchange = mpi_exchange(rank(2), comm, deadline=start + 0.3)
+    exchange = mpi_exchange(rank(2), comm, deadline=Deadline.after(0.3))
     with pytest.raises(RendezvousTimeoutError) as caught:
         exchange(never_called)
     took = time.monotonic() - start
@@ -237,9 +238,11 @@ def test_default_deadline_is_the_rendezvous_timeout_plus_grace(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     """No deadline given: DISTENV_TIMEOUT (of the settings) + 10 s from the start of the call."""
-    settings = Settings.read({"DISTENV_TIMEOUT": "3"})
-    assert exchange_deadline(settings, 100.0) == 113.0
-    assert exchange_deadline(Settings(), 0.0) == 310.0
+    before = time.monotonic()
+    deadline = exchange_deadline(Settings.read({"DISTENV_TIMEOUT": "3"}))
+    assert deadline.seconds == 13.0
+    assert before + 13.0 <= deadline.at <= time.monotonic() + 13.0
+    assert exchange_deadline(Settings()).seconds == 310.0
     monkeypatch.setattr(
         "distenv.detection.exchange.GRACE_S", 0.5
     )  # the name exchange_deadline reads
@@ -271,7 +274,7 @@ def test_a_signal_while_waiting_ends_the_rank_at_once(
     comm = Comm(Wire(), 3, on_test=interrupt)
     start = time.monotonic()
     with pytest.raises(RendezvousError) as caught:
-        mpi_exchange(rank(3), comm, deadline=start + 60)(never_called)
+        mpi_exchange(rank(3), comm, deadline=Deadline.after(60))(never_called)
     assert time.monotonic() - start < 1
     assert died == [signum]
     assert comm.aborted == 128 + signum
