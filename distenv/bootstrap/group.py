@@ -13,18 +13,21 @@ waited for.
 from __future__ import annotations
 
 import datetime
-from collections.abc import Mapping
+import os
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from distenv.bootstrap.records import MAX_SHOWN
-from distenv.bootstrap.session import Bootstrap, Session
-from distenv.bootstrap.store import first_line, poll_cap, wait_key
+from distenv.bootstrap.session import FOREIGN_HINT, Bootstrap, Session
+from distenv.bootstrap.store import CHUNK, first_line, poll_cap, wait_count, wait_value
 from distenv.deadline import Deadline, bounded
-from distenv.errors import DistEnvError, InitError, RendezvousTimeoutError
+from distenv.errors import DistEnvError, InitError, RendezvousError, RendezvousTimeoutError
 from distenv.timing import FAILED_MARK_S, LOOKUP_S, MIN_CONNECT_S
 
 __all__ = ["group_up", "join_group", "torch_timeout"]
 
+# Random bytes in a rank's group-up token (`distenv.bootstrap.session.Session.mark`).
+TOKEN_BYTES = 8
 # Ranks whose state the others read when the group does not come up: a failure-only cost, bounded.
 MAX_LOOKED_UP = 4096
 
@@ -52,18 +55,22 @@ def _absent(session: Session, wanted: str, hosts: Mapping[int, str]) -> str:
     parts = []
     for rank, state in late[:MAX_SHOWN]:
         if state is None:
-            where = f" on {hosts[rank]}" if rank in hosts else ""
+            where = f" on {hosts[rank]!r}" if rank in hosts else ""
             parts.append(
                 f"rank {rank}{where} (checked in, then never got this far: died or stopped?)"
             )
         elif state[0] in ("SIGINT", "SIGTERM"):
-            parts.append(f"rank {rank} on {state[1]} (stopped by {state[0]})")
+            parts.append(f"rank {rank} on {state[1]!r} (stopped by {state[0]})")
         elif state[0] == "failed":
-            parts.append(f"rank {rank} on {state[1]} (its init_process_group failed)")
+            parts.append(f"rank {rank} on {state[1]!r} (its init_process_group failed)")
         else:
-            parts.append(f"rank {rank} on {state[1]} (still at {state[0]})")
+            parts.append(f"rank {rank} on {state[1]!r} (still at {state[0]})")
     more = f" and {len(late) - MAX_SHOWN} more" if len(late) > MAX_SHOWN else ""
-    return ", ".join(parts) + more if parts else "no rank could be named"
+    if parts:
+        return ", ".join(parts) + more
+    if wanted == "up":  # rank 0 reads the others' records and acknowledges them
+        return "every rank recorded itself up, but rank 0 acknowledged none (rank 0 stopped?)"
+    return "no rank could be named"
 
 
 def join_group(
@@ -162,10 +169,18 @@ def torch_timeout(timeout: float | None) -> datetime.timedelta:
 
 
 def group_up(boot: Bootstrap, hosts: Mapping[int, str]) -> None:
-    """Return once every rank has marked itself up; name the ranks that did not by the deadline.
+    """Return once rank 0 has seen every rank's own "up" record; name the ranks that did not.
+
+    Every rank records itself up with a fresh token and counts itself. Rank 0 waits for the count,
+    then reads the records themselves: the count only says when to look, and a count that runs
+    ahead of the records (which every rank writes first) was raised by a process outside the job.
+    Once every rank's record says up, rank 0 echoes each rank's token under that rank's own key;
+    a rank returns when it reads its own token back. No single key decides for anybody: a value
+    written in advance cannot echo a token drawn now, and a wrong one is named as forged.
 
     Raises:
         RendezvousTimeoutError: Naming the ranks that never came up, their hosts and states.
+        RendezvousError: A count or an echo that this job's ranks did not write.
     """
     session, deadline = boot.session, boot.deadline
     info, store = session.info, session.store
@@ -181,11 +196,51 @@ def group_up(boot: Bootstrap, hosts: Mapping[int, str]) -> None:
         )
 
     boot.enter("the check that the group is up", deadline, missing)
+    token = os.urandom(TOKEN_BYTES).hex()
     try:
-        session.mark("up")
-        if int(store.add(f"{keys}/count", 1)) == info.world_size:
-            store.set(f"{keys}/all", "1")  # the last one up tells everybody, and need not look
-        elif not wait_key(store, f"{keys}/all", boot.waits, poll_cap(info.world_size)):
+        session.mark("up", token=token)
+        store.add(f"{keys}/count", 1)
+        if info.rank == 0:
+            _acknowledge(boot, hosts, missing)
+            return
+        echo = wait_value(store, f"{keys}/ack/{info.rank}", boot.waits, poll_cap(info.world_size))
+        if echo is None:
             raise missing()
     except RuntimeError as exc:  # torch's DistError: the store went away
         raise session.lost("after joining the group", exc) from None
+    if echo != token.encode():
+        raise RendezvousError(
+            info.launcher,
+            f"rank {info.rank} of {info.world_size}: the group-up acknowledgement under this "
+            f"rank's key in the store at {session.master} was not written by this job's rank 0 "
+            "(it does not echo the token this rank just drew)",
+            hint=FOREIGN_HINT,
+        )
+
+
+def _acknowledge(
+    boot: Bootstrap, hosts: Mapping[int, str], missing: Callable[[], DistEnvError]
+) -> None:
+    """Rank 0: once every rank's record says up, echo each rank's token under its own key."""
+    session = boot.session
+    info, store, world = session.info, session.store, session.info.world_size
+    keys = session.keys("up")
+    wait_count(store, f"{keys}/count", world, boot.waits)
+    count = int(store.add(f"{keys}/count", 0))
+    tokens = session.up_tokens(range(world))
+    up = [rank for rank, token in tokens.items() if token is not None]
+    if len(up) < world and count < world:
+        raise missing()
+    if len(up) < world or count > world:
+        raise RendezvousError(
+            info.launcher,
+            f"rank 0 of {world}: the group-up count in the store at {session.master} reads "
+            f"{count} while {len(up)} of {world} ranks have recorded themselves up: a process "
+            "outside this job wrote to it; not up: "
+            f"{_absent(session, 'up', hosts) if len(up) < world else 'none'}",
+            hint=FOREIGN_HINT,
+        )
+    echoes = [(f"{keys}/ack/{rank}", str(tokens[rank])) for rank in range(1, world)]
+    for start in range(0, len(echoes), CHUNK):
+        chunk = echoes[start : start + CHUNK]
+        store.multi_set([key for key, _ in chunk], [value for _, value in chunk])

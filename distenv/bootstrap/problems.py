@@ -27,6 +27,7 @@ __all__ = [
     "ClaimedTwice",
     "Disagreement",
     "ForeignCheckIn",
+    "ForeignCount",
     "LocalLayout",
     "Missing",
     "MixedLayout",
@@ -37,6 +38,7 @@ __all__ = [
     "claimed_twice",
     "disagreement",
     "expected_hosts",
+    "foreign_records",
     "local_layouts",
     "missing_ranks",
     "mixed_layout",
@@ -46,6 +48,15 @@ __all__ = [
     "shared_gpus",
     "shared_local_ranks",
 ]
+
+
+# Foreign record keys a problem names; the rest are counted.
+MAX_FOREIGN_SHOWN = 4
+
+
+def _hosts_text(hosts: Iterable[str]) -> str:
+    """Return host names as quoted data: they come from the store, whoever wrote them there."""
+    return ", ".join(map(repr, hosts))
 
 
 def _shown(ranks: Sequence[int]) -> tuple[tuple[int, ...], int]:
@@ -84,7 +95,7 @@ class Missing(NamedTuple):
     def describe(self, timeout: float) -> str:
         lines = []
         for rank, hosts, node in zip(self.ranks, self.hosts, self.nodes, strict=True):
-            where = ", ".join(hosts) if hosts else (f"node {node}" if node is not None else "")
+            where = _hosts_text(hosts) if hosts else (f"node {node}" if node is not None else "")
             lines.append(f"rank {rank} (expected on {where or 'an unknown host'})")
         more = f" and {self.total - len(self.ranks)} more" if self.total > len(self.ranks) else ""
         return (
@@ -169,7 +180,7 @@ class ClaimedTwice(NamedTuple):
     hosts: tuple[str, ...]
 
     def describe(self, timeout: float) -> str:
-        who = ", ".join(f"pid {p} on {h}" for p, h in zip(self.pids, self.hosts, strict=True))
+        who = ", ".join(f"pid {p} on {h!r}" for p, h in zip(self.pids, self.hosts, strict=True))
         return f"rank {self.rank} was claimed by {len(self.pids)} processes ({who})"
 
     @classmethod
@@ -193,7 +204,7 @@ class SharedLocalRank(NamedTuple):
 
     def describe(self, timeout: float) -> str:
         node = "" if self.node is None else f" (node {self.node})"
-        return f"{self.sharing} ranks on {self.host}{node} share local rank {self.local_rank}"
+        return f"{self.sharing} ranks on {self.host!r}{node} share local rank {self.local_rank}"
 
     @classmethod
     def parse(cls, fields: "Fields", world: int) -> "SharedLocalRank":
@@ -238,10 +249,10 @@ class MixedLayout(NamedTuple):
 
     def describe(self, timeout: float) -> str:
         return (
-            f"ranks {_ranks_text(self.known, self.known_total)} (on {', '.join(self.known_hosts)})"
+            f"ranks {_ranks_text(self.known, self.known_total)} (on {_hosts_text(self.known_hosts)})"
             f" have a {self.field} from their launcher's variables but ranks "
             f"{_ranks_text(self.unknown, self.unknown_total)} (on "
-            f"{', '.join(self.unknown_hosts)}) have none: the ranks were not started alike, so "
+            f"{_hosts_text(self.unknown_hosts)}) have none: the ranks were not started alike, so "
             "neither numbering can be trusted; start every rank with the same launcher and "
             "unset node variables inherited from another job on some nodes"
         )
@@ -280,7 +291,7 @@ class LocalLayout(NamedTuple):
             ", ..." if len(self.local_ranks) > 8 else ""
         )
         return (
-            f"{self.total} ranks of this job run on {self.host}{node} (ranks "
+            f"{self.total} ranks of this job run on {self.host!r}{node} (ranks "
             f"{_ranks_text(self.ranks, self.total)}), but their launcher gave them "
             f"{given}local ranks {shown}, not local ranks 0..{self.total - 1} of "
             f"{self.total}: its local variables do not describe these ranks; let the launcher "
@@ -316,7 +327,7 @@ class SharedGpu(NamedTuple):
 
     def describe(self, timeout: float) -> str:
         return (
-            f"ranks {_ranks_text(self.ranks, self.total)} on {self.host} drive the same GPU "
+            f"ranks {_ranks_text(self.ranks, self.total)} on {self.host!r} drive the same GPU "
             f"({self.device}); give each rank its own GPU or pass allow_gpu_sharing=True"
         )
 
@@ -332,20 +343,57 @@ class SharedGpu(NamedTuple):
 
 
 class ForeignCheckIn(NamedTuple):
-    """A check-in under this job's keys that this job's distenv did not write."""
+    """Check-in records under this job's keys that this job's distenv did not write: a few keys
+    named, all of them counted, in one short line however many there are."""
 
-    key: str
+    keys: tuple[str, ...]
+    total: int
 
     def describe(self, timeout: float) -> str:
+        shown = ", ".join(self.keys)
+        more = f" and {self.total - len(self.keys)} more" if self.total > len(self.keys) else ""
+        what = (
+            f"the check-in record under {shown} was"
+            if self.total == 1
+            else f"{self.total} check-in records (under {shown}{more}) were"
+        )
         return (
-            f"the check-in record under {self.key} was not written by this job's distenv "
-            "(malformed, oversized, of another job's scope or under another rank's key): a "
-            "process that is not part of this job wrote to rank 0's store"
+            f"{what} not written by this job's distenv (malformed, oversized, of another job's "
+            "scope or under another rank's key): a process that is not part of this job wrote "
+            "to rank 0's store"
         )
 
     @classmethod
     def parse(cls, fields: "Fields", world: int) -> "ForeignCheckIn":
-        return cls(fields.text("key", "record_key"))
+        keys = fields.items("keys", MAX_FOREIGN_SHOWN)
+        if not keys or not all(matches("record_key", k) for k in keys):
+            raise ForeignRecordError(fields.key, "field 'keys' is not a list of record keys")
+        return cls(tuple(keys), fields.integer("total", len(keys), MAX_RANK + 1))
+
+
+class ForeignCount(NamedTuple):
+    """A counter in this job's keys that ran ahead of the records every rank writes before it
+    counts itself: only a process outside the job can have added to it."""
+
+    counted: int
+    records: int
+
+    def describe(self, timeout: float) -> str:
+        return (
+            f"the check-in count in rank 0's store read {self.counted} while {self.records} "
+            "check-in records were there (every rank writes its record before it counts "
+            "itself): a process that is not part of this job added to it"
+        )
+
+    @classmethod
+    def parse(cls, fields: "Fields", world: int) -> "ForeignCount":
+        records = fields.integer("records", 0, MAX_RANK + 1)
+        return cls(fields.integer("counted", records + 1, 1 << 62), records)
+
+
+def foreign_records(keys: Sequence[str]) -> ForeignCheckIn:
+    """Return the one problem that names (a few of) the foreign records under `keys`."""
+    return ForeignCheckIn(tuple(keys[:MAX_FOREIGN_SHOWN]), len(keys))
 
 
 Problem = (
@@ -358,6 +406,7 @@ Problem = (
     | LocalLayout
     | SharedGpu
     | ForeignCheckIn
+    | ForeignCount
 )
 #: Each problem's code in the published verdict.
 CODES: dict[type, str] = {
@@ -370,6 +419,7 @@ CODES: dict[type, str] = {
     LocalLayout: "local_layout",
     SharedGpu: "gpu",
     ForeignCheckIn: "foreign",
+    ForeignCount: "foreign_count",
 }
 _PROBLEMS: dict[str, Any] = {code: kind for kind, code in CODES.items()}
 

@@ -15,16 +15,18 @@ from __future__ import annotations
 
 import os
 import socket
+from collections.abc import Set as AbstractSet
 from typing import Any
 
-from distenv.bootstrap.records import CheckIn, ForeignRecordError, parse_checkin
+from distenv.bootstrap.records import MAX_SHOWN, CheckIn, ForeignRecordError, parse_checkin
 from distenv.bootstrap.scope import ScopeCheck
-from distenv.bootstrap.session import Bootstrap, Session
+from distenv.bootstrap.session import FOREIGN_HINT, Bootstrap, Session
 from distenv.bootstrap.store import (
     connect_store,
     poll_cap,
     read_many,
     wait_count,
+    wait_keys,
     wait_value,
 )
 from distenv.bootstrap.verdict import (
@@ -39,12 +41,15 @@ from distenv.deadline import Deadline
 from distenv.device import device_identity
 from distenv.errors import DistEnvError, RendezvousError, RendezvousTimeoutError
 from distenv.rankinfo import RankInfo
-from distenv.timing import VERDICT_GRACE_S
+from distenv.settings import TIMEOUT_VAR
+from distenv.timing import MIN_POLL_S, VERDICT_GRACE_S
 
 __all__ = ["check_in", "fill_layout", "make_checkin", "meet", "roll_call"]
 
 # Extra claims rank 0 reads: beyond this many, the verdict already says enough.
 MAX_EXTRA = 64
+#: What rank 0 writes under an absent rank's key when it stops waiting (never a record: JSON).
+CLOSED = b"closed"
 
 
 def meet(boot: Bootstrap, checkin: CheckIn, phase: str, *, check: bool = True) -> Verdict:
@@ -118,7 +123,16 @@ def roll_call(
         RendezvousError: The verdict found problems, or was not written by this job's rank 0.
     """
     info, timeout = boot.session.info, boot.timeout
-    check_in(store, checkin)
+    held = check_in(store, checkin)
+    if held == CLOSED:
+        raise RendezvousTimeoutError(
+            info.launcher,
+            f"rank {info.rank} of {info.world_size} reached the roll call at {checkin.master} "
+            f"after rank 0 had stopped waiting for the ranks ({timeout:g} s from its own start), "
+            "or a process outside this job closed this rank's key",
+            hint="start every rank within the rendezvous timeout of rank 0 (raise it with "
+            f"rendezvous_timeout= or ${TIMEOUT_VAR}); rank 0's log names every missing rank",
+        )
     if scope_check is not None:
         scope_check.wrote = True
     if info.rank == 0:
@@ -127,12 +141,12 @@ def roll_call(
         # N - 1 ranks, would make rank 0's store serve O(N^2) bytes.
         published = verdict.to_json()
         if store.compare_set("verdict", "", published) != published.encode():
+            own = "; ".join(verdict.describe(timeout)) if not verdict.ok else "all is well"
             raise RendezvousError(
                 info.launcher,
                 f"rank 0: a process outside this job wrote this job's roll-call verdict in the "
-                f"store at {checkin.master} before rank 0 did",
-                hint="something else on the network writes to this job's port: give the job "
-                "another MASTER_PORT, and see docs/security.md",
+                f"store at {checkin.master} before rank 0 did; rank 0's own verdict: {own}",
+                hint=FOREIGN_HINT,
             )
         if not verdict.ok or not check:
             # Rank 0 may exit next (a negative verdict, `distenv doctor`), and its store with
@@ -140,7 +154,7 @@ def roll_call(
             arrived = len(verdict.checkins) - 1
             wait_count(store, "read", arrived, boot.waits.within(VERDICT_GRACE_S))
     else:
-        verdict = _await_verdict(store, boot, checkin, scope_check)
+        verdict = _await_verdict(store, boot, checkin, scope_check, holds_key=held is None)
         if not verdict.ok or not check:
             store.add("read", 1)
     if check and not verdict.ok:
@@ -190,23 +204,38 @@ def fill_layout(info: RankInfo, verdict: Verdict, checkin: CheckIn) -> RankInfo:
     )
 
 
-def check_in(store: Any, checkin: CheckIn) -> None:
+def check_in(store: Any, checkin: CheckIn) -> bytes | None:
     """Write this rank's record under its rank's key (or, if taken, as an extra claim); count it.
 
     Two round trips: the claim (``compare_set``) and the count, made after the write so that rank 0
     never reads a missing key. A process that finds its rank's key taken (a second claimer, or a
     forger that came first) files its record under ``extra/<n>``, so rank 0 sees both claims.
+    Returns None when this rank holds its key, else what holds it (`CLOSED`: rank 0 stopped
+    waiting, and nothing is written).
     """
     record = checkin.to_json()
-    if bytes(store.compare_set(f"checkin/{checkin.rank}", "", record)) != record.encode():
+    held = bytes(store.compare_set(f"checkin/{checkin.rank}", "", record))
+    if held == record.encode():
+        store.add("written", 1)
+        return None
+    if held != CLOSED:
         store.set(f"extra/{int(store.add('extras', 1))}", record)
-    store.add("written", 1)
+        store.add("written", 1)
+    return held
 
 
 def _await_verdict(
-    store: Any, boot: Bootstrap, checkin: CheckIn, scope_check: ScopeCheck | None
+    store: Any,
+    boot: Bootstrap,
+    checkin: CheckIn,
+    scope_check: ScopeCheck | None,
+    *,
+    holds_key: bool,
 ) -> Verdict:
-    """Return rank 0's verdict, confirming the scope first where `scope_check` has not yet."""
+    """Return rank 0's verdict, confirming the scope first where `scope_check` has not yet.
+
+    A verdict that contradicts what this rank knows (`Verdict.contradicts`) is refused as forged.
+    """
     info = boot.session.info
     deadline = boot.waits.within(boot.timeout + VERDICT_GRACE_S)
     ready = None if scope_check is None else scope_check.poll
@@ -221,29 +250,79 @@ def _await_verdict(
             hint="rank 0 may have died or be stuck before init_dist; check its log",
         )
     try:
-        return parse_verdict("verdict", raw, scope=checkin.scope, world_size=info.world_size)
+        verdict = parse_verdict("verdict", raw, scope=checkin.scope, world_size=info.world_size)
+        why = verdict.contradicts(checkin, holds_key=holds_key)
+        if why is not None:
+            raise ForeignRecordError("verdict", why)
     except ForeignRecordError as exc:
         raise RendezvousError(
             info.launcher,
             f"rank {info.rank}: the roll-call verdict in the store at {checkin.master} was not "
             f"written by this job's distenv ({exc.why})",
-            hint="something else on the network writes to this job's port: give the job "
-            "another MASTER_PORT, and see docs/security.md",
+            hint=FOREIGN_HINT,
         ) from None
+    return verdict
 
 
 def _gather(store: Any, info: RankInfo, scope: str, deadline: Deadline) -> Verdict:
-    """Return rank 0's verdict on the check-ins written by `deadline` (naming missing ranks)."""
+    """Return rank 0's verdict on the check-ins written by `deadline` (naming missing ranks).
+
+    The "written" count says when to look; the records decide. Every rank writes its record
+    before it counts itself, so a count ahead of the records was raised by a process outside the
+    job (`ForeignCount`). Only honest claims may end the wait before every rank's key holds a
+    record (two processes claiming one rank: the verdict says so at once); after a foreign write
+    the absent ranks are awaited until `deadline`. Ranks still absent then have their keys
+    closed (`CLOSED`) before they are named missing, so that a rank that checks in afterwards
+    learns it came too late, and a rank that holds its own key knows that a verdict naming it
+    missing is forged.
+    """
     world = info.world_size
     wait_count(store, "written", world, deadline)
-    complete = int(store.add("written", 0)) >= world
-    keys = [f"checkin/{rank}" for rank in range(world)]
+    counted = int(store.add("written", 0))
     extras = min(int(store.add("extras", 0)), MAX_EXTRA)
+    keys = [f"checkin/{rank}" for rank in range(world)]
     keys += [f"extra/{n}" for n in range(1, extras + 1)]
+    raws = read_many(store, keys)
+    present = len(raws) - raws.count(None)
+    ahead = (counted, present) if counted > present else None
+    checkins, foreign = _records(keys, raws, scope, world)
+    absent = [key for key, raw in zip(keys, raws[:world], strict=False) if raw is None]
+    if absent and (ahead or foreign):
+        wait_keys(store, absent, deadline, MIN_POLL_S)
+        raws = read_many(store, keys)
+        checkins, foreign = _records(keys, raws, scope, world)
+    honest = counted >= world and ahead is None and not foreign
+    closed: set[str] = set()
+    if None in raws[:world] and not honest:
+        raws[:world] = _close(store, keys[:world], raws[:world], closed)
+        checkins, foreign = _records(keys, raws, scope, world, closed)
+    complete = honest or all(
+        raw is not None and key not in closed for key, raw in zip(keys, raws[:world], strict=False)
+    )
+    found = tuple(checkins)
+    if complete and not foreign and ahead is None:
+        problems = validate(found, world)
+        nodes = () if problems else node_hosts(found, layout_known=info.layout_known)
+        sizes = host_sizes(found, nodes)
+        return Verdict(not problems, tuple(problems), found, scope, nodes, sizes)
+    return refusal(found, info, scope, foreign, complete=complete, ahead=ahead)
+
+
+def _records(
+    keys: list[str],
+    raws: list[bytes | None],
+    scope: str,
+    world: int,
+    closed: AbstractSet[str] = frozenset(),
+) -> tuple[list[CheckIn], list[str]]:
+    """Return the valid check-ins among `raws`, and the keys of those this job did not write.
+
+    Keys rank 0 `closed` hold no record; any other value, `CLOSED` included, is a record.
+    """
     checkins: list[CheckIn] = []
     foreign: list[str] = []
-    for rank, (key, raw) in enumerate(zip(keys, read_many(store, keys), strict=True)):
-        if raw is None:
+    for rank, (key, raw) in enumerate(zip(keys, raws, strict=True)):
+        if raw is None or key in closed:
             continue
         try:
             record = parse_checkin(key, raw)
@@ -258,13 +337,29 @@ def _gather(store: Any, info: RankInfo, scope: str, deadline: Deadline) -> Verdi
             foreign.append(key)
             continue
         checkins.append(record)
-    found = tuple(checkins)
-    if complete and not foreign:
-        problems = validate(found, world)
-        nodes = () if problems else node_hosts(found, layout_known=info.layout_known)
-        sizes = host_sizes(found, nodes)
-        return Verdict(not problems, tuple(problems), found, scope, nodes, sizes)
-    return refusal(found, info, scope, foreign, complete=complete)
+    return checkins, foreign
+
+
+def _close(
+    store: Any, keys: list[str], raws: list[bytes | None], closed: set[str]
+) -> list[bytes | None]:
+    """Close the absent ranks' keys that the verdict will name (`MAX_SHOWN`), adding them to
+    `closed`; return the records, with those that won the race to their key.
+
+    ``compare_set`` is the cut: a key rank 0 closed is missing for good. Keys past the named ones
+    stay open (they are only counted).
+    """
+    out = list(raws)
+    for i, (key, raw) in enumerate(zip(keys, raws, strict=True)):
+        if raw is not None:
+            continue
+        if len(closed) >= MAX_SHOWN:
+            break
+        value = bytes(store.compare_set(key, "", CLOSED))
+        if value == CLOSED:
+            closed.add(key)
+        out[i] = value
+    return out
 
 
 def make_checkin(

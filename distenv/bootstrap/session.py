@@ -12,13 +12,14 @@ run their phases (`distenv.bootstrap.rollcall.meet`, `distenv.bootstrap.group.jo
 from __future__ import annotations
 
 import contextlib
+import re
 import socket
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from distenv.bootstrap.records import matches
 from distenv.bootstrap.scope import ScopeCheck, claim_scope, job_scope, prefix, scope_key
-from distenv.bootstrap.store import first_line, master_address, peek
+from distenv.bootstrap.store import first_line, master_address, peek, read_many
 from distenv.deadline import Deadline, Watch, bounded, interruptible, watched
 from distenv.errors import DistEnvError, RendezvousError, RendezvousTimeoutError
 from distenv.rankinfo import RankInfo
@@ -28,12 +29,20 @@ from distenv.timing import GRACE_S, MARGIN_S, SIGNAL_MARK_S
 if TYPE_CHECKING:
     from distenv.detection.pipeline import Detection
 
-__all__ = ["STATES", "Bootstrap", "Session"]
+__all__ = ["FOREIGN_HINT", "STATES", "Bootstrap", "Session"]
 
 T = TypeVar("T")
 
 #: A rank's states, in order; a signal's name replaces the state of a rank that was stopped.
 STATES = ("joining", "up", "SIGINT", "SIGTERM", "failed")
+#: The fix for every value in the store that this job's ranks did not write.
+FOREIGN_HINT = (
+    "something else on the network writes to this job's port: give the job another "
+    "MASTER_PORT, and see docs/security.md"
+)
+# A state record: the state, ``@`` a host name, and for "up" ``#`` a token of hex digits.
+MAX_STATE_BYTES = 512
+_TOKEN = re.compile(r"(?:[0-9a-f]{16})?")
 
 
 class Session:
@@ -98,9 +107,13 @@ class Session:
     def _state_key(self, rank: int) -> str:
         return f"{self.keys('up')}/state/{rank}"
 
-    def mark(self, state: str, *, wait: float = 0.0) -> None:
-        """Record this rank's state (`STATES`) with its host; with `wait`, best effort within it."""
-        value = f"{state}@{socket.gethostname()}"
+    def mark(self, state: str, *, wait: float = 0.0, token: str = "") -> None:
+        """Record this rank's state (`STATES`) with its host; with `wait`, best effort within it.
+
+        `token` (the group-up check's) is a fresh random string that rank 0 echoes back to this
+        rank alone, so that no value written in advance under a fixed key can stand for it.
+        """
+        value = f"{state}@{socket.gethostname()}" + (f"#{token}" if token else "")
         key = self._state_key(self.info.rank)
         if not wait:
             self.store.set(key, value)
@@ -111,15 +124,34 @@ class Session:
 
     def read_states(self, ranks: Sequence[int]) -> dict[int, tuple[str, str] | None]:
         """Return each rank's recorded ``(state, host)``, None where it wrote none (or garbage)."""
-        states: dict[int, tuple[str, str] | None] = {}
-        for rank in ranks:
-            raw = peek(self.store, self._state_key(rank))
-            if raw is None:
-                states[rank] = None
+        return {
+            rank: None if state is None else state[:2]
+            for rank, state in zip(ranks, self._states(ranks, many=False), strict=True)
+        }
+
+    def up_tokens(self, ranks: Sequence[int]) -> dict[int, str | None]:
+        """Return the token of each rank that recorded itself up, None for the others.
+
+        Read in chunks (`read_many`): rank 0 reads every rank's record in the group-up check.
+        """
+        return {
+            rank: state[2] if state is not None and state[0] == "up" and state[2] else None
+            for rank, state in zip(ranks, self._states(ranks, many=True), strict=True)
+        }
+
+    def _states(self, ranks: Sequence[int], *, many: bool) -> list[tuple[str, str, str] | None]:
+        """Return each rank's ``(state, host, token)``, validated; None where absent or garbage."""
+        keys = [self._state_key(rank) for rank in ranks]
+        raws = read_many(self.store, keys) if many else [peek(self.store, k) for k in keys]
+        states: list[tuple[str, str, str] | None] = []
+        for raw in raws:
+            if raw is None or len(raw) > MAX_STATE_BYTES:
+                states.append(None)
                 continue
-            state, _, host = raw.decode("ascii", "replace").partition("@")
-            valid = state in STATES and matches("hostname", host)
-            states[rank] = (state, host) if valid else None
+            state, _, rest = raw.decode("ascii", "replace").partition("@")
+            host, _, token = rest.partition("#")
+            valid = state in STATES and matches("hostname", host) and _TOKEN.fullmatch(token)
+            states.append((state, host, token) if valid else None)
         return states
 
     def lost(self, during: str, exc: BaseException) -> RendezvousError:

@@ -50,7 +50,7 @@ __all__ = [
     "poll_cap",
     "read_many",
     "wait_count",
-    "wait_key",
+    "wait_keys",
     "wait_value",
 ]
 
@@ -93,11 +93,11 @@ def poll_cap(world_size: int) -> float:
     return min(max(world_size / POLLS_PER_S, MIN_POLL_S), POLL_S)
 
 
-def wait_key(store: Any, key: str, deadline: Deadline, cap: float) -> bool:
-    """Poll until `key` exists (True) or `deadline` passes (False)."""
+def wait_keys(store: Any, keys: list[str], deadline: Deadline, cap: float) -> bool:
+    """Poll until every one of `keys` exists (True) or `deadline` passes (False)."""
     pauses = _pauses(cap)
     while True:
-        if store.check([key]):
+        if all(store.check(keys[i : i + CHUNK]) for i in range(0, len(keys), CHUNK)):
             return True
         if deadline.passed():
             return False

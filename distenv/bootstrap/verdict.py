@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, NamedTuple
 
 from distenv.bootstrap.records import (
     AGREED,
+    MAX_SHOWN,
     MIXED_FIELDS,
     CheckIn,
     Fields,
@@ -90,6 +91,34 @@ class Verdict(NamedTuple):
     def describe(self, timeout: float) -> list[str]:
         """Return one message per problem, from this rank's own templates."""
         return [p.describe(timeout) for p in self.problems]
+
+    def contradicts(self, checkin: CheckIn, *, holds_key: bool) -> str | None:
+        """Return how this verdict contradicts what the rank of `checkin` knows, or None.
+
+        Proof that rank 0 did not write it: rank 0 closes a missing rank's key before naming it
+        (`distenv.bootstrap.rollcall`), so it never names a rank that holds its own key; and it
+        lists every claimer of a rank up to `MAX_SHOWN`, so a shorter list without this process
+        is not rank 0's.
+        """
+        problems = _problems()
+        for problem in self.problems:
+            if (
+                isinstance(problem, problems.Missing)
+                and holds_key
+                and checkin.rank in problem.ranks
+            ):
+                return "it names this rank missing, but this rank checked in under its own key"
+            if (
+                isinstance(problem, problems.ClaimedTwice)
+                and problem.rank == checkin.rank
+                and len(problem.pids) < MAX_SHOWN
+                and checkin.pid not in problem.pids
+            ):
+                return (
+                    f"it lists the processes that claimed rank {checkin.rank} without this one "
+                    f"(pid {checkin.pid})"
+                )
+        return None
 
     @property
     def missing(self) -> bool:
@@ -242,14 +271,19 @@ def refusal(
     foreign: Sequence[str],
     *,
     complete: bool,
+    ahead: tuple[int, int] | None = None,
 ) -> Verdict:
-    """Return rank 0's negative verdict on records under `foreign` keys, or on missing ranks.
+    """Return rank 0's negative verdict on foreign writes, or on missing ranks.
 
+    `foreign` are the keys of records this job did not write (one problem names a few and counts
+    them all); `ahead` is ``(count, records)`` where the check-in count ran ahead of the records.
     With `complete`, every rank checked in and the valid records are also validated; otherwise
     the ranks that did not are named, placed on nodes by rank 0's (`info`) local world size.
     """
     problems = _problems()
-    named: list[Problem] = [problems.ForeignCheckIn(key) for key in foreign]
+    named: list[Problem] = [problems.foreign_records(foreign)] if foreign else []
+    if ahead is not None:
+        named.append(problems.ForeignCount(*ahead))
     if not complete:
         named.append(problems.missing_ranks(info.world_size, info.local_world_size, checkins))
     else:

@@ -102,7 +102,7 @@ def test_sigterm_to_two_ranks_in_the_roll_call_ends_the_other_two(launches: Laun
         assert errors[rank]["t"] - o.fault_t <= SIGNAL_BOUND_S, o.text()
     host = o.first(1, "start")["host"]  # type: ignore[index]
     assert (
-        f"rank 1 on {host} (stopped by SIGTERM), rank 2 on {host} (stopped by SIGTERM)"
+        f"rank 1 on {host!r} (stopped by SIGTERM), rank 2 on {host!r} (stopped by SIGTERM)"
         in (errors[0]["message"])
     ), o.text()
     # Rank 3 arrived late, so its deadline is after rank 0's: rank 0's exit takes the store
@@ -119,7 +119,9 @@ def test_rank_stopped_after_init_is_named_by_the_group_up_check(launches: Launch
     errors = o.errors()
     assert 2 not in errors, o.text()
     host = o.first(2, "start")["host"]  # type: ignore[index]
-    named = [r for r, e in errors.items() if f"rank 2 on {host} (still at joining)" in e["message"]]
+    named = [
+        r for r, e in errors.items() if f"rank 2 on {host!r} (still at joining)" in e["message"]
+    ]
     # mpirun stops the others once one fails: the first to fail names rank 2, the rest may be
     # killed by mpirun before they print.
     assert named, o.text()
@@ -127,6 +129,26 @@ def test_rank_stopped_after_init_is_named_by_the_group_up_check(launches: Launch
     for rank in named:
         message = errors[rank]["message"]
         assert "the process group did not come up on every rank within 15 s" in message
+    assert o.result.returncode not in (0, None), o.text()
+
+
+def test_forged_group_up_keys_let_no_rank_pass_a_stopped_one(launches: Launches) -> None:
+    """Rank 2 writes the "all up" key and 1000 on the up count, then SIGSTOPs itself (Open MPI
+    mpirun). 0.2.0 trusted that key: the others passed init_dist and hung in their first
+    collective. Now no rank passes; rank 0 reads the ranks' own records at once, names the count
+    as a foreign write and rank 2 with its host, well before the deadline."""
+    o = outcome(launches, "forged-up-stopped")
+    errors = o.errors()
+    assert 0 in errors, o.text()
+    assert 2 not in errors, o.text()
+    assert all(o.first(rank, "ok") is None for rank in range(4)), o.text()
+    host = o.first(2, "start")["host"]  # type: ignore[index]
+    message = errors[0]["message"]
+    assert "the group-up count in the store at 127.0.0.1:" in message, o.text()
+    assert "a process outside this job wrote to it" in message, o.text()
+    assert f"not up: rank 2 on {host!r} (still at joining)" in message, o.text()
+    assert errors[0]["t"] - o.fault_t < o.bound - 5, o.text()  # not the deadline: at once
+    ended_in_time(o, (0,))
     assert o.result.returncode not in (0, None), o.text()
 
 

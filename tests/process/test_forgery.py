@@ -146,3 +146,99 @@ def test_forged_record_is_named_never_parsed(value: str) -> None:
         assert "did not check in" in out
         assert "rank 2" in out
     assert elapsed < TIMEOUT + GRACE_S + SLACK
+
+
+def _missing_verdict(scope: str, rank: int, host: str) -> str:
+    """Return a well-formed failing verdict that names `rank` missing, expected on `host`."""
+    from distenv.bootstrap.problems import Missing, problem_json
+
+    problem = problem_json(Missing(1, 3, (rank,), ((host,),), (None,)))
+    return json.dumps({"scope": scope, "ok": False, "problems": [problem], "nodes": []})
+
+
+def test_a_verdict_naming_a_rank_that_checked_in_missing_is_named_as_forged() -> None:
+    """Issue #25: a forged verdict made rank 1 report itself missing, "expected on" a host name
+    the forger chose. Now rank 1 knows it holds its key and calls the verdict forged, and rank 0
+    names the rank really missing (2), not the forger's."""
+    host = "YOUR-NODE-IS-COMPROMISED.run-curl-evil.example-sh"
+
+    def forge(store: Any, scope: str) -> None:
+        _checked_in(store, 2)
+        store.set("verdict", _missing_verdict(scope, 1, host))
+
+    results, elapsed = _run(forge)
+    _no_forged_text(results)
+    (_, rank0), (_, rank1) = results
+    assert host not in rank0 + rank1
+    assert "rank 0's own verdict: 1 of 3 ranks did not check in within 4 s: rank 2" in rank0
+    assert (
+        "was not written by this job's distenv (it names this rank missing, but this rank "
+        "checked in under its own key)" in rank1
+    ), rank1
+    assert elapsed < TIMEOUT + GRACE_S + SLACK
+
+
+def test_a_verdict_listing_other_claimers_of_a_rank_is_named_as_forged() -> None:
+    """A forged "rank 1 was claimed by 2 processes" that does not list rank 1's own pid."""
+    from distenv.bootstrap.problems import ClaimedTwice, problem_json
+
+    def forge(store: Any, scope: str) -> None:
+        _checked_in(store, 2)
+        problem = problem_json(ClaimedTwice(1, (11, 12), ("a", "b")))
+        verdict = {"scope": scope, "ok": False, "problems": [problem], "nodes": []}
+        store.set("verdict", json.dumps(verdict))
+
+    results, _ = _run(forge)
+    _no_forged_text(results)
+    rank1 = results[1][1]
+    assert "it lists the processes that claimed rank 1 without this one (pid " in rank1, rank1
+
+
+def test_a_forged_check_in_count_blames_no_rank() -> None:
+    """Issue #25: one ``add(written, 1000)`` ended a job's roll call at once, blaming rank 2,
+    which had not had time to start. Now the records decide: rank 0 waits for rank 2's record,
+    and every rank, rank 2 included, names the count as a foreign write, long before the
+    deadline."""
+    port = free_port()
+    envs, scope = _job(port)
+    procs = [start(envs[rank], 30.0) for rank in (0, 1)]
+    ready(procs)
+    try:
+        store = _outsider(port, scope)
+        _checked_in(store, 2)
+        store.add("written", 1000)
+        time.sleep(1.0)  # rank 0 has seen the count by now: 0.2.0 gave up here
+        procs.append(start(envs[2], 30.0))
+        began = ready(procs[2:])
+    except Exception:
+        for proc in procs:
+            proc.kill()
+        raise
+    results = finish(procs, 60)
+    elapsed = time.monotonic() - began
+    for code, out in results:
+        assert code == 1, out
+        assert "the check-in count in rank 0's store read 1002 while 2 check-in records" in out
+        assert "did not check in" not in out, out
+    assert elapsed < 10, elapsed  # rank 2's check-in ends it, not the 30 s wait
+
+
+def test_many_foreign_records_are_summarised_in_one_short_line() -> None:
+    """64 forged extra claims and a forged record for rank 2: one problem names four keys and
+    counts the rest (0.2.0: a 13 721-character line on every rank)."""
+
+    def forge(store: Any, scope: str) -> None:
+        for n in range(1, 65):
+            store.set(f"extra/{n}", "{" + EVIL)
+        store.add("extras", 64)
+        _forge_record(store, "{" + EVIL)
+        store.add("written", 64)
+
+    results, _ = _run(forge)
+    _no_forged_text(results)
+    for _, out in results:
+        line = next(line for line in out.splitlines() if line.startswith("ERROR "))
+        assert (
+            "65 check-in records (under checkin/2, extra/1, extra/2, extra/3 and 61 more)" in line
+        )
+        assert len(line) < 1000, len(line)

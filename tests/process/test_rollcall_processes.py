@@ -114,7 +114,7 @@ def test_flux_tasks_whose_local_ranks_contradict_their_host_fail_every_process()
     results = finish(procs, 60)
     for code, out in results:
         assert code == 1, out
-        assert f"flux: roll call failed: 2 ranks on {host} share local rank 0" in out, out
+        assert f"flux: roll call failed: 2 ranks on {host!r} share local rank 0" in out, out
 
 
 def test_master_never_started_names_host_and_port() -> None:

@@ -18,15 +18,18 @@ from distenv.bootstrap.problems import (
     ClaimedTwice,
     Disagreement,
     ForeignCheckIn,
+    ForeignCount,
     LocalLayout,
     Missing,
     MixedLayout,
     Placement,
     SharedGpu,
     SharedLocalRank,
+    foreign_records,
 )
 from distenv.bootstrap.records import (
     MAX_CHECKIN_BYTES,
+    MAX_SHOWN,
     CheckIn,
     ForeignRecordError,
     parse_checkin,
@@ -190,13 +193,14 @@ def test_verdicts_round_trip_and_render_the_same_on_every_rank() -> None:
         Placement(0, ("a", "b")),
         SharedGpu("gpu000", "GPU-5a3e", (0, 1), 2),
         SharedLocalRank("gpu000", 0, 0, 2),
-        ForeignCheckIn("checkin/5"),
+        ForeignCheckIn(("checkin/5", "extra/1"), 9),
+        ForeignCount(1002, 2),
         MixedLayout("node_rank", (0, 1), 2, ("gpu000",), (2, 3), 2, ("gpu001",)),
         LocalLayout("gpu001", None, 2, (2, 3), (0, 3), (4,)),
     )
     kinds = {type(p) for p in problems}
     assert {Disagreement, ClaimedTwice, Missing, Placement, SharedGpu, ForeignCheckIn} <= kinds
-    assert {MixedLayout, LocalLayout} <= kinds
+    assert {MixedLayout, LocalLayout, ForeignCount} <= kinds
     published = Verdict(False, problems, (), SCOPE).to_json()
     parsed = parse_verdict("verdict", published, scope=SCOPE, world_size=4)
     assert parsed.problems == problems
@@ -215,7 +219,11 @@ def test_verdicts_round_trip_and_render_the_same_on_every_rank() -> None:
             "unknown code",
         ),
         (
-            {"scope": SCOPE, "ok": True, "problems": [{"code": "foreign", "key": "checkin/1"}]},
+            {
+                "scope": SCOPE,
+                "ok": True,
+                "problems": [{"code": "foreign", "keys": ["checkin/1"], "total": 1}],
+            },
             "contradicts",
         ),
         ({"scope": SCOPE, "ok": False, "problems": []}, "contradicts"),
@@ -396,3 +404,45 @@ def test_forged_layout_problems_are_refused(problem: dict[str, Any], why: str) -
     valid = {**verdict, "problems": [MIXED, LOCAL]}
     parsed = parse_verdict("verdict", json.dumps(valid), scope=SCOPE, world_size=4)
     assert [type(p) for p in parsed.problems] == [MixedLayout, LocalLayout]
+
+
+def test_foreign_records_are_one_short_problem_however_many() -> None:
+    """A thousand foreign keys: four named, the rest counted, in one line of bounded length."""
+    keys = [f"extra/{n}" for n in range(1, 1001)]
+    text = foreign_records(keys).describe(30)
+    assert text.startswith(
+        "1000 check-in records (under extra/1, extra/2, extra/3, extra/4 and 996 more)"
+    )
+    assert len(text) < 400
+    assert (
+        foreign_records(["checkin/2"])
+        .describe(30)
+        .startswith("the check-in record under checkin/2 was not written by this job's distenv")
+    )
+
+
+def test_host_names_from_the_store_are_quoted_as_data() -> None:
+    """A host name is shown quoted, never as part of distenv's own sentence."""
+    host = "YOUR-NODE-IS-COMPROMISED.run-curl-evil.example-sh"
+    text = Missing(1, 4, (2,), ((host,),), (None,)).describe(30)
+    assert f"rank 2 (expected on {host!r})" in text
+
+
+def _claimed(rank: int, pids: tuple[int, ...]) -> Verdict:
+    return Verdict(False, (ClaimedTwice(rank, pids, ("h",) * len(pids)),), (), SCOPE)
+
+
+def test_a_verdict_that_contradicts_what_a_rank_knows_is_forged() -> None:
+    """Missing while holding its key, or claimed twice without its own pid: proof of forgery."""
+    me = checkin(1)._replace(pid=4242)
+    missing = Verdict(False, (Missing(1, 4, (1,), ((),), (None,)),), (), SCOPE)
+    assert "names this rank missing" in str(missing.contradicts(me, holds_key=True))
+    # A second claimer's key was taken: rank 0 may well have named rank 1 missing (its record
+    # was foreign): no contradiction.
+    assert missing.contradicts(me, holds_key=False) is None
+    assert "without this one (pid 4242)" in str(_claimed(1, (7, 8)).contradicts(me, holds_key=True))
+    assert _claimed(1, (7, 4242)).contradicts(me, holds_key=True) is None
+    assert _claimed(2, (7, 8)).contradicts(me, holds_key=True) is None
+    # At MAX_SHOWN claimers the list is cut: this one may be beyond it.
+    many = tuple(range(100, 100 + MAX_SHOWN))
+    assert _claimed(1, many).contradicts(me, holds_key=True) is None

@@ -57,12 +57,12 @@ def test_validate_accepts_a_healthy_job() -> None:
         ({0: {"torch_version": "2.12.0"}}, "ranks disagree on torch_version"),
         (
             {3: {"rank": 2, "pid": 77}},
-            "rank 2 was claimed by 2 processes (pid 1002 on n2, pid 77 on n2)",
+            "rank 2 was claimed by 2 processes (pid 1002 on 'n2', pid 77 on 'n2')",
         ),
-        ({1: {"local_rank": 0}}, "2 ranks on n1 (node 0) share local rank 0"),
+        ({1: {"local_rank": 0}}, "2 ranks on 'n1' (node 0) share local rank 0"),
         (
             {0: {"device": "GPU-5a3e"}, 1: {"device": "GPU-5a3e"}},
-            "ranks 0, 1 on n1 drive the same GPU (GPU-5a3e)",
+            "ranks 0, 1 on 'n1' drive the same GPU (GPU-5a3e)",
         ),
     ],
 )
@@ -78,22 +78,22 @@ def test_validate_names_each_problem(mutate: dict[int, dict[str, object]], expec
     [
         (
             {2: {"node_rank": None}, 3: {"node_rank": None}},
-            "ranks 0, 1 (on n1) have a node_rank from their launcher's variables but ranks 2, 3 "
-            "(on n2) have none: the ranks were not started alike",
+            "ranks 0, 1 (on 'n1') have a node_rank from their launcher's variables but ranks 2, 3 "
+            "(on 'n2') have none: the ranks were not started alike",
         ),
         (
             {0: {"local_world_size": None}},
-            "ranks 1, 2, 3 (on n1, n2) have a local_world_size from their launcher's variables "
-            "but ranks 0 (on n1) have none",
+            "ranks 1, 2, 3 (on 'n1', 'n2') have a local_world_size from their launcher's variables "
+            "but ranks 0 (on 'n1') have none",
         ),
         (
             {0: {"local_world_size": 3}, 1: {"local_world_size": 3}},
-            "2 ranks of this job run on n1 (node 0) (ranks 0, 1), but their launcher gave them "
+            "2 ranks of this job run on 'n1' (node 0) (ranks 0, 1), but their launcher gave them "
             "local_world_size 3 and local ranks 0, 1, not local ranks 0..1 of 2",
         ),
         (
             {1: {"local_rank": 3, "local_world_size": 4}},
-            "2 ranks of this job run on n1 (node 0) (ranks 0, 1), but their launcher gave them "
+            "2 ranks of this job run on 'n1' (node 0) (ranks 0, 1), but their launcher gave them "
             "local_world_size 2, 4 and local ranks 0, 3, not local ranks 0..1 of 2",
         ),
         (
@@ -123,13 +123,13 @@ def test_flux_local_ranks_are_checked_against_the_hosts_counted() -> None:
     assert validate(flux_like, 4) == []
     # Two tasks of one host claiming local rank 0: named, not numbered.
     twice = [*flux_like[:3], flux_like[3]._replace(local_rank=0)]
-    assert [p.describe(0) for p in validate(twice, 4)] == ["2 ranks on fluke2 share local rank 0"]
+    assert [p.describe(0) for p in validate(twice, 4)] == ["2 ranks on 'fluke2' share local rank 0"]
     # A local rank past the ranks of its host: named with the host, the ranks and the fix
     # (docs/troubleshooting.md shows this message).
     beyond = [*flux_like[:3], flux_like[3]._replace(local_rank=2)]
     (problem,) = validate(beyond, 4)
     assert problem.describe(0) == (
-        "2 ranks of this job run on fluke2 (ranks 2, 3), but their launcher gave them local ranks "
+        "2 ranks of this job run on 'fluke2' (ranks 2, 3), but their launcher gave them local ranks "
         "0, 2, not local ranks 0..1 of 2: its local variables do not describe these ranks; let "
         "the launcher set them (unset any inherited from another job or set by hand)"
     )
@@ -341,7 +341,7 @@ def test_missing_rank_is_named_with_its_host_within_the_timeout() -> None:
     elapsed = time.monotonic() - start
     error = results[0]
     assert isinstance(error, RendezvousTimeoutError)
-    assert "1 of 4 ranks did not check in within 2 s: rank 3 (expected on n2)" in str(error)
+    assert "1 of 4 ranks did not check in within 2 s: rank 3 (expected on 'n2')" in str(error)
     assert elapsed < 2.0 + 10
     assert all(isinstance(results[r], RendezvousTimeoutError) for r in (1, 2))
 
@@ -401,6 +401,10 @@ def test_store_round_trips_per_rank() -> None:
             self.ops["multi_get"] += 1
             return [bytes(v) for v in self.inner.multi_get(keys)]
 
+        def multi_set(self, keys: list[str], values: list[object]) -> None:
+            self.ops["multi_set"] += 1
+            self.inner.multi_set(keys, values)
+
     world, port = 4, free_port("127.0.0.1")
     timeout = datetime.timedelta(seconds=30)
     server = TCPStore("127.0.0.1", port, world, True, timeout=timeout, wait_for_workers=False)
@@ -444,26 +448,36 @@ def test_store_round_trips_per_rank() -> None:
         t.join(60)
     assert all(isinstance(v, Verdict) and v.ok for v in verdicts.values()), verdicts
     for rank in range(1, world):
-        ops = stores[rank].ops
+        ops, rollcall = stores[rank].ops, rollcall_ops[rank]
+        group = ops - rollcall
         # Roll call: peek(scope), claim, count, peek(verdict); the peeks repeat while rank 0 is
-        # behind. Group-up: set(joining), set(up), add(count), then check(all) until the last.
-        peeks, polls = ops["compare_set"] - 1, ops["check"]
+        # behind.
+        peeks = rollcall["compare_set"] - 1
         assert peeks >= 2
-        assert (polls >= 1) != (ops["set"] == 3)  # the last one up sets "all" and need not look
-        assert ops["add"] == 2
-        assert ops["set"] in (2, 3)
-        assert set(ops) <= {"compare_set", "add", "set", "check"}
+        assert rollcall["add"] == 1
+        assert set(rollcall) == {"compare_set", "add"}
         # 0.1.0: 5 round trips + its polls of the verdict (>= 1), so 6 at least, for the roll
-        # call, and no group-up check. Now 4 at least for the roll call, 8 with the group-up
-        # check: 2 more than 0.1.0 in all.
-        assert rollcall_ops[rank].total() - (peeks - 2) == 4
-        assert sum(ops.values()) - (peeks - 2) - max(polls - 1, 0) <= 8
+        # call, and no group-up check. Now 4 at least for the roll call.
+        assert rollcall.total() - (peeks - 2) == 4
+        # Group-up: set(joining), set(up with its token), add(count), then peek at its own
+        # acknowledgement until rank 0 has written it: 4 at least, 8 in all, 2 more than 0.1.0.
+        polls = group["compare_set"]
+        assert polls >= 1
+        assert group["set"] == 2
+        assert group["add"] == 1
+        assert set(group) == {"compare_set", "add", "set"}
+        assert group.total() - (polls - 1) == 4
     rank0 = rollcall_ops[0]
     # The scope claim, its own check-in's claim and the verdict (0.1.0: add, set, set).
     assert rank0["compare_set"] == 3
     assert rank0["set"] == 0
     assert rank0["check"] == 1  # before the multi_get, which would wait for a missing key
     assert rank0["multi_get"] == 1
+    # Rank 0's group-up check reads every rank's record in one multi_get and acknowledges the
+    # others in one multi_set: O(1) requests per rank at rank 0's store, whatever the world.
+    group0 = stores[0].ops - rank0
+    assert group0["multi_get"] == 1
+    assert group0["multi_set"] == 1
 
 
 def _scoped_stores(world: int) -> tuple[object, dict[int, object], int]:
@@ -564,3 +578,43 @@ def test_roll_call_counts_the_nodes_when_only_the_node_count_is_unknown() -> Non
     hosts = ["x1000c0s0b0n0", "x1000c0s0b0n0", "x1000c0s0b0n1", "x1000c0s0b0n1"]
     layouts = _filled_layouts(hosts, [0, 1, 0, 1], [0, 0, 1, 1])
     assert layouts == {0: (0, 2), 1: (0, 2), 2: (1, 2), 3: (1, 2)}
+
+
+def test_a_rank_that_checks_in_after_rank_0_gave_up_is_told_it_came_late() -> None:
+    """World 3, rank 2 absent: rank 0 closes rank 2's key before naming it missing, so rank 2,
+    arriving afterwards, learns at once that it came late instead of waiting for a verdict."""
+    from torch.distributed import PrefixStore, TCPStore
+
+    world, port = 3, free_port("127.0.0.1")
+    master = TCPStore("127.0.0.1", port, world, True, wait_for_workers=False)
+    results: dict[int, object] = {}
+
+    def rank_main(rank: int, timeout: float) -> None:
+        store = master if rank == 0 else TCPStore("127.0.0.1", port, world, False)
+        info = RankInfo(
+            launcher="slurm", rank=rank, world_size=world, local_rank=rank % 2,
+            local_world_size=2, node_rank=rank // 2, num_nodes=2,
+            master_addr="127.0.0.1", master_port=port,
+        )  # fmt: skip
+        try:
+            results[rank] = roll_call(
+                PrefixStore("distenv/test", store), boot(info, timeout, timeout + 10),
+                checkin(rank, world),
+            )  # fmt: skip
+        except RendezvousError as exc:
+            results[rank] = exc
+
+    first = [threading.Thread(target=rank_main, args=(r, 1.0)) for r in (0, 1)]
+    for t in first:
+        t.start()
+    for t in first:
+        t.join(30)
+    assert "1 of 3 ranks did not check in within 1 s: rank 2" in str(results[0])
+    start = time.monotonic()
+    rank_main(2, 10.0)
+    error = results[2]
+    assert isinstance(error, RendezvousTimeoutError)
+    assert "rank 2 of 3 reached the roll call at n1:12345 after rank 0 had stopped waiting" in str(
+        error
+    )
+    assert time.monotonic() - start < 5  # at once, not after its own 10 s wait

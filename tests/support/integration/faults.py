@@ -329,10 +329,16 @@ def stopped_after_init(harness: Harness) -> Outcome:
     The others' init returns too; the group-up check must name rank 2. The test SIGKILLs it once
     every other rank has ended.
     """
-    run, timeout = Run(harness, "stopped-after-init"), 5.0
+    return _stopped_in_group_up(harness, "stopped-after-init", "2:stop-after-init",
+                                "a rank SIGSTOPped after init_process_group returned")  # fmt: skip
+
+
+def _stopped_in_group_up(harness: Harness, name: str, fault: str, what: str) -> Outcome:
+    """Launch 4 ranks under mpirun whose rank 2 stops itself by `fault`; kill it at the end."""
+    run, timeout = Run(harness, name), 5.0
     port = free_port()
     launch = harness.start(
-        [*OMPI, "-np", "4", *run.rank_argv("2:stop-after-init")],
+        [*OMPI, "-np", "4", *run.rank_argv(fault)],
         env=_env(run, timeout, MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port)),
         timeout=150,
     )
@@ -347,8 +353,18 @@ def stopped_after_init(harness: Harness) -> Outcome:
         time.sleep(0.05)
     with contextlib.suppress(ProcessLookupError):
         os.kill(pid, signal.SIGKILL)
-    return _finish(run, launch, "a rank SIGSTOPped after init_process_group returned",
-                   "mpirun (Open MPI) -np 4", timeout, fault_t, stopped_pid=pid)  # fmt: skip
+    return _finish(run, launch, what, "mpirun (Open MPI) -np 4", timeout, fault_t,
+                   stopped_pid=pid)  # fmt: skip
+
+
+def forged_up_then_stopped(harness: Harness) -> Outcome:
+    """Rank 2 writes the forged "all up" key and count, then SIGSTOPs itself (mpirun -np 4).
+
+    0.2.0's group-up check trusted that key: the other ranks passed init_dist and hung in their
+    first collective. The test SIGKILLs rank 2 once every other rank has ended.
+    """
+    return _stopped_in_group_up(harness, "forged-up-stopped", "2:forge-up-then-stop",
+                                "a rank SIGSTOPped after forging the group-up keys")  # fmt: skip
 
 
 def rank0_killed_in_init(harness: Harness) -> Outcome:
@@ -486,6 +502,7 @@ FAULTS: dict[str, Callable[[Harness], Outcome]] = {
     "killed-after-checkin": killed_after_checkin,
     "sigterm-two-in-roll-call": sigterm_two_in_roll_call,
     "stopped-after-init": stopped_after_init,
+    "forged-up-stopped": forged_up_then_stopped,
     "rank0-killed-in-init": rank0_killed_in_init,
     "killed-in-init-torchrun": killed_in_init_torchrun,
     "silent-master-port": silent_master_port,

@@ -17,6 +17,8 @@ launcher or the store), one ``--fault RANK:WHAT[:SECONDS]`` each:
 - ``kill-in-init``: SIGKILL itself on entering init_process_group (after the roll call);
 - ``stop-after-init``: SIGSTOP itself once its init_process_group returned (before the group-up
   check);
+- ``forge-up-then-stop``: as ``stop-after-init``, after writing what a forger on the network would
+  to pass the group-up check of 0.2.0 and earlier: the "all up" key, and 1000 on the up count;
 - ``hold-start``, ``hold-init``, ``hold-groupup``: stay until killed before init_dist, inside the bounded
   init_process_group call, or before the group-up check.
 
@@ -115,6 +117,18 @@ def inject(what: str, events: Events) -> None:
         before(dist, "init_process_group", die(signal.SIGKILL, "in init_process_group"))
     elif what == "stop-after-init":
         before(distenv.bootstrap.group, "group_up", die(signal.SIGSTOP, "after init_process_group"))
+    elif what == "forge-up-then-stop":
+        group_up = distenv.bootstrap.group.group_up
+        stop = die(signal.SIGSTOP, "after forging the group-up keys")
+
+        def forged(boot: Any, *args: Any, **kwargs: Any) -> Any:
+            keys = boot.session.keys("up")
+            boot.session.store.set(f"{keys}/all", "1")
+            boot.session.store.add(f"{keys}/count", 1000)
+            stop()
+            return group_up(boot, *args, **kwargs)
+
+        distenv.bootstrap.group.group_up = forged
     elif what == "hold-init":
         before(dist, "init_process_group", hold("init_process_group"))
     elif what == "hold-groupup":
