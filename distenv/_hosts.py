@@ -26,8 +26,9 @@ MAX_HOSTS = 100_000
 
 _HOST_CHARS = re.compile(r"[A-Za-z0-9._-]+")
 _LIST_CHARS = re.compile(r"[A-Za-z0-9._\-\[\],]+")
-_RANGE = re.compile(r"(\d+)(?:-(\d+))?")
-_TASKS_ITEM = re.compile(r"(\d{1,7})(?:\(x(\d{1,7})\))?")
+# Bounded: a node number of more digits is no host's, and int() refuses past 4300 digits.
+_RANGE = re.compile(r"([0-9]{1,18})(?:-([0-9]{1,18}))?")
+_TASKS_ITEM = re.compile(r"([0-9]{1,7})(?:\(x([0-9]{1,7})\))?")
 
 
 # A scheduler's host file (LSF's rank and host files, PBS's node file) lists one host per slot; a
@@ -58,16 +59,55 @@ def read_host_file(launcher: str, variable: str, path: str, kind: str) -> list[s
     return hosts
 
 
+# RFC 1123 (section 2.1) and RFC 1035 (section 2.3.4): a host name has at most 253 characters
+# (without the root's trailing dot), each dot-separated label 1 to 63.
+MAX_NAME_CHARS = 253
+MAX_LABEL_CHARS = 63
+
+
+def _name_fits(name: str) -> bool:
+    """Return whether `name` keeps RFC 1123's limits: 253 characters, labels of 1 to 63."""
+    name = name[:-1] if name.endswith(".") else name
+    return 0 < len(name) <= MAX_NAME_CHARS and all(
+        0 < len(label) <= MAX_LABEL_CHARS for label in name.split(".")
+    )
+
+
+def _is_ipv6(text: str) -> bool:
+    """Return whether `text` is an IPv6 address, with or without a zone (``fe80::1%eth0``)."""
+    if not re.fullmatch(r"[0-9A-Fa-f:.]+(%[A-Za-z0-9._-]{1,64})?", text):
+        return False
+    import ipaddress  # only for an address with colons: detection seldom sees one
+
+    try:
+        ipaddress.IPv6Address(text)
+    except ValueError:
+        return False
+    return True
+
+
 def check_hostname(launcher: str, variable: str, value: str, *, hint: str | None = None) -> str:
     """Return `value` if it is a plain host name or address, else raise `InvalidVariableError`.
 
-    Accepts names, IPv4 and IPv6 addresses (``[`` ``]`` stripped); refuses spaces, shell
-    metacharacters and anything else that has no business in a host name.
+    Accepts names within RFC 1123's limits (253 characters, labels of 1 to 63), IPv4 and IPv6
+    addresses (``[`` ``]`` stripped); refuses spaces, shell metacharacters, ``host:port`` and
+    anything else that has no business in a host name. Every launcher's host names pass here.
     """
     bare = value[1:-1] if value.startswith("[") and value.endswith("]") else value
-    if _HOST_CHARS.fullmatch(bare) or (":" in bare and re.fullmatch(r"[0-9A-Fa-f:.%]+", bare)):
-        return bare
-    raise InvalidVariableError(launcher, variable, value, "a host name or address", hint=hint)
+    if ":" in bare:
+        if _is_ipv6(bare):
+            return bare
+        expected = "a host name or address (an IPv6 address, if it has colons; no port)"
+    elif _HOST_CHARS.fullmatch(bare):
+        if _name_fits(bare):
+            return bare
+        expected = (
+            f"a host name of at most {MAX_NAME_CHARS} characters, each dot-separated label "
+            f"1 to {MAX_LABEL_CHARS} (RFC 1123)"
+        )
+    else:
+        expected = "a host name or address"
+    raise InvalidVariableError(launcher, variable, value, expected, hint=hint)
 
 
 def _split_top_level(text: str) -> list[str] | None:
@@ -146,6 +186,11 @@ def expand_nodelist(launcher: str, variable: str, value: str) -> list[str]:
         hosts: list[str] = hostlist.expand_hostlist(value)
     except hostlist.BadHostlist as exc:
         raise InvalidVariableError(launcher, variable, value, f"{expected} ({exc})") from None
+    # An expanded name is never longer than the list that made it: short lists need no check.
+    if len(value) > MAX_LABEL_CHARS:
+        for host in hosts:
+            if not _name_fits(host):
+                check_hostname(launcher, variable, host)  # raises, naming the host
     return hosts
 
 

@@ -30,6 +30,21 @@ __all__ = [
     "WorkerFailedError",
 ]
 
+# How many characters of a value a message quotes: a corrupt or hostile variable may hold megabytes,
+# and an error is one line of a job log.
+SHOWN_CHARS = 120
+
+
+def shown(value: str) -> str:
+    """Return `value` quoted for a message (``!r``), its middle elided past `SHOWN_CHARS`.
+
+    For distenv's own messages (not in `__all__`, which lists the public error classes).
+    """
+    if len(value) <= SHOWN_CHARS:
+        return repr(value)
+    half = SHOWN_CHARS // 2
+    return f"{value[:half]!r}...{value[-half:]!r} ({len(value)} characters)"
+
 
 class DistEnvError(Exception):
     """Base of every error distenv raises on purpose.
@@ -84,7 +99,7 @@ class InvalidVariableError(DistEnvError):
     ) -> None:
         super().__init__(
             source,
-            f"${variable} is {value!r}, expected {expected}",
+            f"${variable} is {shown(value)}, expected {expected}",
             hint=hint,
             variable=variable,
             value=value,

@@ -33,7 +33,7 @@ from collections.abc import Callable, Mapping
 from typing import NamedTuple
 
 from distenv._hosts import check_hostname
-from distenv.errors import ConfigurationError, InvalidVariableError, MissingVariableError
+from distenv.errors import ConfigurationError, InvalidVariableError, MissingVariableError, shown
 from distenv.notice import warn
 from distenv.variables import Reader, Var
 
@@ -108,7 +108,11 @@ PORT_STRIDE = 9_755
 
 
 def _as_number(text: str) -> int:
-    return int(text) if text.isascii() and text.isdigit() else zlib.crc32(text.encode())
+    # A job id of more than 20 digits is no scheduler's (and int() refuses past 4300 digits);
+    # surrogatepass: os.environ holds undecodable bytes as lone surrogates.
+    if text.isascii() and text.isdigit() and len(text) <= 20:
+        return int(text)
+    return zlib.crc32(text.encode("utf-8", "surrogatepass"))
 
 
 def scheduler_port(job_id: str, step: str = "0") -> int:
@@ -157,7 +161,7 @@ def map_master_host(source: str, env: Mapping[str, str], host: str) -> str:
     if "{host}" not in template:
         raise ConfigurationError(
             source,
-            f"${FORMAT_VAR} is {template!r}, expected a template containing '{{host}}'",
+            f"${FORMAT_VAR} is {shown(template)}, expected a template containing '{{host}}'",
             hint="e.g. DISTENV_MASTER_ADDR_FORMAT='{host}-ib'",
             variable=FORMAT_VAR,
             value=template,

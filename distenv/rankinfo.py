@@ -63,7 +63,10 @@ def check_fields(
         # The node layout may be unknown (None) until the roll call fills it (`LAYOUT_FIELDS`).
         if type(fields[name]) is not int and not (name in LAYOUT_FIELDS and fields[name] is None):
             fail(f"{label(name)} is not an int")
-    pairs = (("node_rank", "num_nodes"), ("rank", "world_size"), ("local_rank", "local_world_size"))
+    # The global pair first: a launcher may derive the node fields from the rank (rank //
+    # local size), and an out-of-range rank is then the cause to name, with its variable; the
+    # node before the local pair, whose size may be read at the node's index.
+    pairs = (("rank", "world_size"), ("node_rank", "num_nodes"), ("local_rank", "local_world_size"))
     for low, high in pairs:
         top = fields[high] if fields[high] is not None else fields["world_size"]
         if fields[high] is not None and fields[high] < 1:

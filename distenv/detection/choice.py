@@ -18,7 +18,7 @@ from typing import NamedTuple
 
 from distenv.detection.agreement import agrees, describe, refuse_leftovers
 from distenv.detection.layer import Layer, Layers
-from distenv.errors import DistEnvError, LauncherMismatchError, LauncherNotFoundError
+from distenv.errors import DistEnvError, LauncherMismatchError, LauncherNotFoundError, shown
 from distenv.launchers import (
     NONE,
     AllocationLauncher,
@@ -61,8 +61,8 @@ class Choice(NamedTuple):
 
 def _seen(launcher: Launcher, env: Mapping[str, str], limit: int = 6) -> str:
     names = [v.name for v in launcher.variables if env.get(v.name)]
-    shown = ", ".join(f"{n}={env[n]!r}" for n in names[:limit])
-    return shown + (f", ... ({len(names) - limit} more)" if len(names) > limit else "")
+    listed = ", ".join(f"{n}={shown(env[n])}" for n in names[:limit])
+    return listed + (f", ... ({len(names) - limit} more)" if len(names) > limit else "")
 
 
 def _alone(layer: Layer, notes: list[tuple[str, str]]) -> Choice:

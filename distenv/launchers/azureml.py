@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 
 from distenv._hosts import check_hostname
-from distenv.errors import InvalidVariableError, NotLaunchedError
+from distenv.errors import InvalidVariableError, NotLaunchedError, shown
 from distenv.launchers.base import Nodes, Scheduler
 from distenv.master import LOCAL_HOST, MASTER_VARS, Default, scheduler_port, scope_tag
 from distenv.rankinfo import RankInfo
@@ -69,24 +69,36 @@ class AzuremlLauncher(Scheduler):
         run = reader.get("AZUREML_RUN_ID") or "0"
         both = reader.get(MULTI)
         if both is not None:
-            host, _, port_text = both.rpartition(":")
-            if not host or not (port_text.isascii() and port_text.isdigit()):
-                raise InvalidVariableError(self.name, MULTI, both, "'host:port'")
-            port = int(port_text)
-            if not 1 <= port <= 65535:
-                raise InvalidVariableError(self.name, MULTI, both, "a port in [1, 65535]")
-            try:
-                host = check_hostname(self.name, MULTI, host)
-            except InvalidVariableError:
-                raise InvalidVariableError(
-                    self.name, MULTI, both, "'host:port' with a host name or address"
-                ) from None
-            return Default(host, port, source=self.name, variable=MULTI)
+            return Default(*self._host_port(both), source=self.name, variable=MULTI)
         single = reader.get(SINGLE)
         if single is None:
             return None
         host = check_hostname(self.name, SINGLE, single)
         return Default(host, scheduler_port(run, "mpi"), source=self.name, variable=SINGLE)
+
+    def _host_port(self, value: str) -> tuple[str, int]:
+        """Parse AZ_BATCH_MASTER_NODE: ``ip:port`` (an IPv6 address in brackets), nothing more."""
+        expected = "'host:port' (an IPv6 host in brackets: '[fe80::1]:6105')"
+        host, _, port_text = value.rpartition(":")
+        # A colon left in an unbracketed host is a second port or a mangled value, not IPv6.
+        if not host or (":" in host and not host.startswith("[")):
+            raise InvalidVariableError(self.name, MULTI, value, expected)
+        if not (port_text.isascii() and port_text.isdigit()) or len(port_text) > 5:
+            raise InvalidVariableError(self.name, MULTI, value, expected)
+        port = int(port_text)
+        if not 1 <= port <= 65535:
+            raise InvalidVariableError(self.name, MULTI, value, "a port in [1, 65535]")
+        try:
+            host = check_hostname(self.name, MULTI, host)
+        except InvalidVariableError:
+            raise InvalidVariableError(
+                self.name,
+                MULTI,
+                value,
+                "'host:port' whose host is an IP address or a host name (at most 253 "
+                "characters, labels of 1 to 63)",
+            ) from None
+        return host, port
 
     def allocation_master(self, env: Mapping[str, str]) -> Default | None:
         return self._master(self.reader(env))
@@ -101,10 +113,11 @@ class AzuremlLauncher(Scheduler):
         reader = self.reader(env)
         master = reader.get(MULTI)
         if master is not None:
+            self._host_port(master)  # a malformed value is reported as such first
             raise NotLaunchedError(
                 self.name,
-                f"${MULTI} is {master!r}: a job of several nodes, but no MPI launcher numbered "
-                "this process (no OMPI_COMM_WORLD_RANK), so it would run as rank 0 of 1 beside "
+                f"${MULTI} is {shown(master)}: a job of several nodes, but no MPI launcher "
+                "numbered this process (no OMPI_COMM_WORLD_RANK), so it would run as rank 0 of 1 beside "
                 "the other nodes",
                 hint=START_HINT,
                 variable=MULTI,

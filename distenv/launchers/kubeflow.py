@@ -9,10 +9,17 @@ these variables in a pod is tested for real, with two ``distenv run`` as the two
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping
 
 from distenv._hosts import check_hostname
-from distenv.errors import InconsistentEnvironmentError, MissingVariableError, NotLaunchedError
+from distenv.errors import (
+    InconsistentEnvironmentError,
+    InvalidVariableError,
+    MissingVariableError,
+    NotLaunchedError,
+    shown,
+)
 from distenv.launchers.base import Default, Nodes, Scheduler, World
 from distenv.master import scope_tag
 from distenv.rankinfo import RankInfo
@@ -20,6 +27,13 @@ from distenv.variables import Reader, Var
 
 __all__ = ["KubeflowLauncher"]
 
+# torchrun's --nproc-per-node words (torch.distributed.run, determine_local_world_size: auto, cpu,
+# gpu, xpu, or the PrivateUse1 device's name, e.g. npu), which the operators pass through verbatim;
+# anything else but a positive number is malformed.
+NPROC_WORDS = ("auto", "cpu", "gpu", "xpu")
+NPROC_DEVICE = re.compile(r"[a-z][a-z0-9_]{1,31}")
+# An elastic PyTorchJob's PET_NNODES (minReplicas:maxReplicas).
+ELASTIC_RANGE = re.compile(r"[0-9]{1,7}:[0-9]{1,7}")
 START_HINT = (
     "make the container's command `torchrun train.py ...` (it reads the PET_* variables) or "
     "`distenv run --nproc-per-node {nproc} train.py ...`, or set nprocPerNode to 1"
@@ -68,10 +82,15 @@ class KubeflowLauncher(Scheduler):
         """Return ``(node_rank, num_nodes)``, refusing an elastic range and a missing index."""
         text = reader.get("PET_NNODES") or ""
         if ":" in text:
+            # Only a well-formed range 'min:max' is an elastic job; anything else is malformed.
+            if not ELASTIC_RANGE.fullmatch(text.strip()):
+                raise InvalidVariableError(
+                    self.name, "PET_NNODES", text, "a node count, or an elastic range 'min:max'"
+                )
             raise NotLaunchedError(
                 self.name,
-                f"$PET_NNODES is {text!r}: an elastic PyTorchJob, whose node count and ranks only "
-                "torchrun's rendezvous decides",
+                f"$PET_NNODES is {shown(text)}: an elastic PyTorchJob, whose node count and ranks "
+                "only torchrun's rendezvous decides",
                 hint="make the container's command `torchrun train.py ...`",
                 variable="PET_NNODES",
                 value=text,
@@ -98,9 +117,27 @@ class KubeflowLauncher(Scheduler):
         port = reader.integer("PET_MASTER_PORT", hint=hint, minimum=1, maximum=65535)
         return check_hostname(self.name, "PET_MASTER_ADDR", addr), port
 
+    def _nproc(self, reader: Reader) -> str | None:
+        """Return PET_NPROC_PER_NODE, stripped: a positive number or a word torchrun accepts."""
+        value = reader.get("PET_NPROC_PER_NODE")
+        if value is None:
+            return None
+        text = value.strip()
+        if text.isascii() and text.isdigit():
+            return str(reader.parse_int("PET_NPROC_PER_NODE", value, minimum=1))
+        if not NPROC_DEVICE.fullmatch(text):
+            raise InvalidVariableError(
+                self.name,
+                "PET_NPROC_PER_NODE",
+                value,
+                f"a positive number of processes or a device word ({', '.join(NPROC_WORDS)})",
+                hint="set the job's nprocPerNode to a positive number or 'auto'",
+            )
+        return text
+
     def _one_per_pod(self, reader: Reader, num_nodes: int) -> bool:
         """Return whether the job runs one process per pod, refusing a contradicting WORLD_SIZE."""
-        nproc = (reader.get("PET_NPROC_PER_NODE") or "1").strip()
+        nproc = self._nproc(reader) or "1"
         world = reader.optional_int("WORLD_SIZE", minimum=1)
         if nproc.isdigit() and world is not None and world != num_nodes * int(nproc):
             raise InconsistentEnvironmentError(
@@ -138,8 +175,8 @@ class KubeflowLauncher(Scheduler):
         return self._info(reader, node_rank, num_nodes)
 
     def processes_per_node(self, env: Mapping[str, str]) -> tuple[str, str] | None:
-        value = self.reader(env).get("PET_NPROC_PER_NODE")
-        return None if value is None else ("PET_NPROC_PER_NODE", value.strip())
+        value = self._nproc(self.reader(env))
+        return None if value is None else ("PET_NPROC_PER_NODE", value)
 
     def _info(self, reader: Reader, node_rank: int, num_nodes: int) -> RankInfo:
         addr, port = self._master(reader)
@@ -157,11 +194,12 @@ class KubeflowLauncher(Scheduler):
         reader = self.reader(env)
         node_rank, num_nodes = self._nodes(reader)
         if not self._one_per_pod(reader, num_nodes):
-            nproc = reader.get("PET_NPROC_PER_NODE") or "?"
+            nproc = self._nproc(reader) or "?"
             world = reader.get("WORLD_SIZE")
             raise NotLaunchedError(
                 self.name,
-                f"this process was started directly in pod {node_rank} of {num_nodes}, but "
+                f"this process was started directly in pod {node_rank} of {num_nodes} "
+                f"($PET_NNODES), but "
                 f"$PET_NPROC_PER_NODE is {nproc!r}"
                 + (f" ($WORLD_SIZE={world})" if world else "")
                 + ": the job expects the pod to start its processes, so this one would run as "

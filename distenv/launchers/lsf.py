@@ -10,12 +10,17 @@ from __future__ import annotations
 from collections.abc import Mapping
 
 from distenv._hosts import check_hostname, read_host_file
-from distenv.errors import InconsistentEnvironmentError, InvalidVariableError, NotLaunchedError
+from distenv.errors import (
+    InconsistentEnvironmentError,
+    InvalidVariableError,
+    MissingVariableError,
+    NotLaunchedError,
+)
 from distenv.launchers.base import Nodes, Scheduler, World
 from distenv.master import LOCAL_HOST, MASTER_VARS, Default, scheduler_port, scope_tag
 from distenv.notice import warn
 from distenv.rankinfo import RankInfo
-from distenv.variables import Reader, Var
+from distenv.variables import MAX_COUNT, Reader, Var
 
 __all__ = ["LsfLauncher"]
 
@@ -31,6 +36,7 @@ BLAUNCH_HINT = (
 JSRUN_SLOTS = ("LSB_DJOB_RANKFILE", "LSB_MCPU_HOSTS", "LSB_HOSTS")
 BLAUNCH_SLOTS = ("LSB_DJOB_HOSTFILE", "LSB_DJOB_RANKFILE", "LSB_MCPU_HOSTS", "LSB_HOSTS")
 FILE_VARS = ("LSB_DJOB_RANKFILE", "LSB_DJOB_HOSTFILE")
+LSF_SETS = "LSF sets it; never set it by hand"
 
 
 class LsfLauncher(Scheduler):
@@ -101,14 +107,25 @@ class LsfLauncher(Scheduler):
 
     def scope(self, env: Mapping[str, str]) -> str:
         reader = self.reader(env)
-        job, index = reader.get("LSB_JOBID"), reader.get("LSB_JOBINDEX")
+        job, index = self._job(reader), self._index(reader)
         # jsrun is PMIx based: its namespace tells two jsrun steps of one job apart.
         step = reader.get("PMIX_NAMESPACE") or "-"
-        return scope_tag(self.name, job and f"{job}[{index or 0}]", step)
+        return scope_tag(self.name, job and f"{job}[{index}]", step)
+
+    def _job(self, reader: Reader) -> str | None:
+        """Return LSB_JOBID, None outside a job; a job id is a number (bjobs(1))."""
+        job = reader.get("LSB_JOBID")
+        if job is not None:
+            reader.parse_int("LSB_JOBID", job, hint=LSF_SETS, maximum=2**31)
+        return job
+
+    def _index(self, reader: Reader) -> int:
+        """Return the array element's index (LSB_JOBINDEX; 0 outside arrays)."""
+        return reader.optional_int("LSB_JOBINDEX", hint=LSF_SETS) or 0
 
     def _port(self, reader: Reader) -> int:
         # Elements of a job array share LSB_JOBID; LSB_JOBINDEX tells them apart.
-        return scheduler_port(reader.get("LSB_JOBID") or "0", reader.get("LSB_JOBINDEX") or "0")
+        return scheduler_port(self._job(reader) or "0", str(self._index(reader)))
 
     def _slots(self, reader: Reader, order: tuple[str, ...] = JSRUN_SLOTS) -> list[tuple[str, int]]:
         """Return the job's hosts with their slot counts, in LSF's order."""
@@ -126,10 +143,13 @@ class LsfLauncher(Scheduler):
             words = value.split()
             if len(words) % 2 or not words:
                 raise InvalidVariableError(self.name, var, value, "pairs of 'host slots'")
-            return [
+            slots = [
                 (check_hostname(self.name, var, host), reader.parse_int(var, count, minimum=1))
                 for host, count in zip(words[::2], words[1::2], strict=True)
             ]
+            if sum(count for _, count in slots) > MAX_COUNT:
+                raise InvalidVariableError(self.name, var, value, f"at most {MAX_COUNT} slots")
+            return slots
         if var in FILE_VARS:
             kind = "rank file" if var == "LSB_DJOB_RANKFILE" else "host file"
             words = read_host_file(self.name, var, value, kind)
@@ -182,7 +202,9 @@ class LsfLauncher(Scheduler):
 
     def rank_info(self, env: Mapping[str, str]) -> RankInfo:
         reader = self.reader(env)
-        job_id = reader.require("LSB_JOBID", hint="run inside an LSF job (bsub)")[1]
+        job_id = self._job(reader)
+        if job_id is None:
+            raise MissingVariableError(self.name, "LSB_JOBID", hint="run inside an LSF job (bsub)")
         if not reader.has("JSM_NAMESPACE_RANK"):
             if reader.has("LSF_PM_TASKID"):
                 return self._blaunch_task(reader, job_id)
@@ -222,52 +244,62 @@ class LsfLauncher(Scheduler):
     def restart_count(self, env: Mapping[str, str]) -> int:
         # LSB_RESTART is a flag, not a count (LSF "Environment variables reference"): "Y" in a
         # job restarted by brequeue or as rerunnable.
-        return 1 if self.reader(env).get("LSB_RESTART") == "Y" else 0
+        flag = self.reader(env).get("LSB_RESTART")
+        if flag not in (None, "Y", "N"):
+            raise InvalidVariableError(self.name, "LSB_RESTART", flag, "'Y' or 'N'", hint=LSF_SETS)
+        return 1 if flag == "Y" else 0
 
     def requeue_command(self, env: Mapping[str, str]) -> list[str] | None:
         reader = self.reader(env)
-        job = reader.get("LSB_JOBID")
+        # A job id is a number; anything else would be read as one of brequeue's options.
+        job = self._job(reader)
         if job is None:
             return None
         # An array element is JOBID[INDEX]; the bare id would requeue every element (brequeue(1)).
-        index = reader.get("LSB_JOBINDEX")
-        return ["brequeue", f"{job}[{index}]" if index not in (None, "0") else job]
+        index = self._index(reader)
+        return ["brequeue", f"{job.strip()}[{index}]" if index else job.strip()]
 
     def _blaunch_task(self, reader: Reader, job_id: str) -> RankInfo:
         """A task of ``blaunch`` without a host list: one per slot of LSB_DJOB_HOSTFILE."""
         task = reader.integer("LSF_PM_TASKID", hint=BLAUNCH_HINT, minimum=1)
         slots = self._slots(reader, BLAUNCH_SLOTS)
         slot_var = (reader.first(*BLAUNCH_SLOTS) or BLAUNCH_SLOTS)[0]
-        hosts = [host for host, count in slots for _ in range(count)]
+        total = sum(count for _, count in slots)
         numproc = reader.optional_int("LSB_DJOB_NUMPROC", minimum=1)
-        if numproc is not None and numproc != len(hosts):
+        if numproc is not None and numproc != total:
             raise InconsistentEnvironmentError(
                 self.name,
-                f"$LSB_DJOB_NUMPROC={numproc} but the job's host file lists {len(hosts)} slots",
+                f"$LSB_DJOB_NUMPROC={numproc} but the job's host file lists {total} slots",
                 hint="let LSF set LSB_DJOB_NUMPROC and LSB_DJOB_HOSTFILE; never override them",
                 variable="LSB_DJOB_NUMPROC",
                 value=str(numproc),
             )
-        if task > len(hosts):
+        if task > total:
             raise InvalidVariableError(
                 self.name,
                 "LSF_PM_TASKID",
                 str(task),
-                f"a task id in [1, {len(hosts)}]: blaunch without a host list runs one task per "
-                f"slot, and the job has {len(hosts)}",
+                f"a task id in [1, {total}]: blaunch without a host list runs one task per "
+                f"slot, and the job has {total}",
                 hint=BLAUNCH_HINT + "; with a host list (-z, -u) set RANK, WORLD_SIZE, "
                 "LOCAL_RANK, LOCAL_WORLD_SIZE and MASTER_* yourself and use --launcher pytorch",
             )
         rank = task - 1
-        host = hosts[rank]
-        nodes = list(dict.fromkeys(hosts))  # in order of their first slot
+        # The slot of task `task`, counted over the runs of slots without expanding them.
+        start, at = 0, 0
+        while start + slots[at][1] <= rank:
+            start += slots[at][1]
+            at += 1
+        host = slots[at][0]
+        local_rank = rank - start + sum(count for name, count in slots[:at] if name == host)
+        nodes = list(dict.fromkeys(name for name, _ in slots))  # in order of their first slot
         return RankInfo.checked(
             self.name,
             {"rank": "LSF_PM_TASKID", "world_size": slot_var, "node_rank": slot_var},
             rank=rank,
-            world_size=len(hosts),
-            local_rank=hosts[:rank].count(host),
-            local_world_size=hosts.count(host),
+            world_size=total,
+            local_rank=local_rank,
+            local_world_size=sum(count for name, count in slots if name == host),
             node_rank=nodes.index(host),
             num_nodes=len(nodes),
             master_addr=None,

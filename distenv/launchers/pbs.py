@@ -7,18 +7,22 @@ from the documentation of Cray PALS sites (ALCF Polaris and Aurora), and the doc
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping
 
 from distenv._hosts import read_host_file
-from distenv.errors import NotLaunchedError
+from distenv.errors import InvalidVariableError, NotLaunchedError
 from distenv.launchers.base import Nodes, Scheduler, World
 from distenv.master import LOCAL_HOST, MASTER_VARS, Default, scheduler_port, scope_tag
 from distenv.notice import warn
 from distenv.rankinfo import RankInfo
-from distenv.variables import Var
+from distenv.variables import Reader, Var
 
 __all__ = ["PbsLauncher"]
 
+# OpenPBS's job ids (qsub(1B), "Job Identifier"): a sequence number, an array's brackets with
+# or without an index, then the server's name.
+JOB_ID = re.compile(r"[0-9]{1,20}(?:\[[0-9]{0,20}\])?(?:\.[A-Za-z0-9._-]{1,255})?")
 LAUNCH_HINT = (
     "start the ranks with the MPI launcher inside the job: `mpiexec -n 8 --ppn 4 python "
     "train.py` (Cray PALS, MPICH) or `mpirun -np 8 python train.py` (Open MPI)"
@@ -64,14 +68,28 @@ class PbsLauncher(Scheduler):
     def world(self, env: Mapping[str, str]) -> World | None:
         return None  # PBS states no rank of its own: the script is not a rank
 
+    def _job(self, reader: Reader) -> str | None:
+        """Return PBS_JOBID (``1234.server``, an array's ``1234[].server``), None if unset."""
+        job = reader.get("PBS_JOBID")
+        if job is not None and not JOB_ID.fullmatch(job):
+            raise InvalidVariableError(
+                self.name,
+                "PBS_JOBID",
+                job,
+                "a PBS job id such as '1234.server' or '1234[5].server'",
+                hint="PBS sets it in the job; never set it by hand",
+            )
+        return job
+
     def scope(self, env: Mapping[str, str]) -> str:
-        return scope_tag(self.name, self.reader(env).get("PBS_JOBID"), None)
+        return scope_tag(self.name, self._job(self.reader(env)), None)
 
     def rank_info(self, env: Mapping[str, str]) -> RankInfo:
         # Read here, when PBS itself answers: the script runs on the mother superior, which
         # always holds the node file (src/resmom/start_exec.c, generate_pbs_nodefile).
         reader = self.reader(env)
-        job_id = reader.require("PBS_JOBID", hint="run inside a PBS job (qsub)")[1]
+        hint = "run inside a PBS job (qsub)"
+        job_id = self._job(reader) or reader.require("PBS_JOBID", hint=hint)[1]
         path = reader.require("PBS_NODEFILE", hint="run inside a PBS job (qsub)")[1]
         slots = len(read_host_file(self.name, "PBS_NODEFILE", path, "node file"))
         if slots > 1:
@@ -88,7 +106,7 @@ class PbsLauncher(Scheduler):
         return RankInfo.single(self.name, master_addr=None, job_id=job_id)
 
     def default_master(self, env: Mapping[str, str]) -> Default | None:
-        job = self.reader(env).get("PBS_JOBID")
+        job = self._job(self.reader(env))
         if job is None:
             return None
         return Default(LOCAL_HOST, scheduler_port(job, "script"), source=self.name)

@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 
 from distenv._hosts import check_hostname
-from distenv.errors import InconsistentEnvironmentError, InvalidVariableError
+from distenv.errors import InconsistentEnvironmentError, InvalidVariableError, shown
 from distenv.launchers.base import Nodes, Scheduler
 from distenv.master import MASTER_VARS, Default, scheduler_port, scope_tag
 from distenv.rankinfo import RankInfo
@@ -20,6 +20,8 @@ from distenv.variables import Reader, Var
 __all__ = ["SagemakerLauncher"]
 
 HOSTS_HINT = "SageMaker sets it in every training container; do not set it yourself"
+# SM_HOSTS of the largest job SageMaker runs is a few kilobytes; past this it is corrupt.
+MAX_HOSTS_CHARS = 1_000_000
 
 
 class SagemakerLauncher(Scheduler):
@@ -57,16 +59,25 @@ class SagemakerLauncher(Scheduler):
 
     def _hosts(self, reader: Reader) -> list[str]:
         _, text = reader.require("SM_HOSTS", hint=HOSTS_HINT)
+        expected = 'a JSON list of host names, e.g. ["algo-1","algo-2"]'
+        # A list of host names nests nothing: a bracket inside it is no host name, and a deeply
+        # nested value would exhaust the parser's recursion. Bounded before it is parsed.
+        body = text.strip()[1:]
+        if len(text) > MAX_HOSTS_CHARS or "[" in body or "{" in body:
+            raise InvalidVariableError(
+                self.name,
+                "SM_HOSTS",
+                text,
+                f"{expected}: one flat list of at most {MAX_HOSTS_CHARS} characters",
+            )
         import json  # only here: detection of every other launcher never parses JSON
 
         try:
             hosts = json.loads(text)
-        except ValueError:
+        except (ValueError, RecursionError):
             hosts = None
         if not isinstance(hosts, list) or not hosts or not all(isinstance(h, str) for h in hosts):
-            raise InvalidVariableError(
-                self.name, "SM_HOSTS", text, 'a JSON list of host names, e.g. ["algo-1","algo-2"]'
-            )
+            raise InvalidVariableError(self.name, "SM_HOSTS", text, expected)
         if len(set(hosts)) != len(hosts):
             raise InvalidVariableError(self.name, "SM_HOSTS", text, "distinct host names")
         return [check_hostname(self.name, "SM_HOSTS", host) for host in hosts]
@@ -74,14 +85,26 @@ class SagemakerLauncher(Scheduler):
     def _index(self, reader: Reader, hosts: list[str]) -> int:
         _, current = reader.require("SM_CURRENT_HOST", hint=HOSTS_HINT)
         if current not in hosts:
+            listed = reader.get("SM_HOSTS") or ""
             raise InconsistentEnvironmentError(
                 self.name,
-                f"$SM_CURRENT_HOST={current!r} is not in $SM_HOSTS={hosts}",
+                f"$SM_CURRENT_HOST={shown(current)} is not in $SM_HOSTS={shown(listed)}",
                 hint=HOSTS_HINT,
                 variable="SM_CURRENT_HOST",
                 value=current,
             )
         return hosts.index(current)
+
+    def _hetero(self, reader: Reader) -> bool:
+        """Return SM_IS_HETERO as a boolean (the toolkit writes JSON's true/false)."""
+        value = reader.get("SM_IS_HETERO")
+        if value is None or value.strip().lower() == "false":
+            return False
+        if value.strip().lower() == "true":
+            return True
+        raise InvalidVariableError(
+            self.name, "SM_IS_HETERO", value, "'true' or 'false'", hint=HOSTS_HINT
+        )
 
     def _job(self, reader: Reader) -> str:
         return reader.get("TRAINING_JOB_NAME") or "0"
@@ -102,7 +125,7 @@ class SagemakerLauncher(Scheduler):
         )
 
     def _first_host(self, reader: Reader, step: str) -> Default:
-        if reader.get("SM_IS_HETERO") == "true":
+        if self._hetero(reader):
             # get_master_hostname takes the first host of the distribution's instance groups,
             # which SM_HOSTS' order does not show.
             return Default(

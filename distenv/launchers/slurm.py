@@ -2,10 +2,16 @@
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping
 
 from distenv._hosts import expand_nodelist, expand_tasks_per_node
-from distenv.errors import InconsistentEnvironmentError, NotLaunchedError
+from distenv.errors import (
+    InconsistentEnvironmentError,
+    InvalidVariableError,
+    NotLaunchedError,
+    shown,
+)
 from distenv.launchers.base import Nodes, Scheduler, World
 from distenv.master import LOCAL_HOST, MASTER_VARS, Default, scheduler_port, scope_tag
 from distenv.notice import warn
@@ -36,6 +42,11 @@ JOB_ID = ("SLURM_JOB_ID", "SLURM_JOBID")
 HET_SIZE = "SLURM_HET_SIZE"
 HET_GROUP_0_NODELIST = ("SLURM_JOB_NODELIST_HET_GROUP_0", "SLURM_JOB_NODELIST_PACK_GROUP_0")
 NODE_NAME = "SLURMD_NODENAME"
+# srun(1) --distribution: the node level, then optional socket and core levels, then Pack/NoPack;
+# '*' is the default at a level. Slurm writes it back in the same form.
+_NODE_LEVEL = r"(?:block|cyclic|arbitrary|plane(?:=\d{1,7})?|unknown|\*)"
+_LEVEL = r"(?:block|cyclic|fcyclic|\*)"
+DISTRIBUTION = re.compile(rf"{_NODE_LEVEL}(?::{_LEVEL}){{0,2}}(?:,(?:Pack|NoPack))?")
 HET_HINT = "start the step with `srun --het-group=0,1 ...` and let srun set the SLURM_* variables"
 
 
@@ -136,6 +147,13 @@ class SlurmLauncher(Scheduler):
     def detect(self, env: Mapping[str, str]) -> bool:
         return self.reader(env).first(*JOB_ID) is not None
 
+    def _job(self, reader: Reader) -> tuple[str, str] | None:
+        """Return ``(variable, job id)``, None outside a job; a job id is a number (squeue(1))."""
+        found = reader.first(*JOB_ID)
+        if found is not None:
+            reader.parse_int(*found, hint="Slurm sets it; never set it by hand", maximum=0xFFFFFFFF)
+        return found
+
     def _step_id(self, reader: Reader) -> int | None:
         """Return the srun step id, or None in a batch script, salloc shell or special step."""
         step = reader.optional_int("SLURM_STEP_ID", maximum=0xFFFFFFFF)
@@ -170,7 +188,7 @@ class SlurmLauncher(Scheduler):
                 return ours[0], found[0]
             if het_size == 2:
                 return hosts[0], list_var
-            why = f"no host of ${found[0]}={found[1]!r} is in ${list_var}={nodelist!r}"
+            why = f"no host of ${found[0]}={shown(found[1])} is in ${list_var}={shown(nodelist)}"
         else:
             why = f"$SLURM_JOB_NODELIST_HET_GROUP_0 is not set (${HET_SIZE}={het_size})"
         return None, (
@@ -193,28 +211,49 @@ class SlurmLauncher(Scheduler):
         if node not in hosts:
             raise InconsistentEnvironmentError(
                 self.name,
-                f"${NODE_NAME}={node!r} is not in ${list_var}={nodelist!r}, so this node's "
-                f"task count in ${tpn_var} is unknown (heterogeneous job: ${HET_SIZE} is set)",
+                f"${NODE_NAME}={shown(node)} is not in ${list_var}={shown(nodelist)}, so this "
+                f"node's task count in ${tpn_var} is unknown (heterogeneous job: ${HET_SIZE} is "
+                "set)",
                 hint=HET_HINT,
                 variable=NODE_NAME,
                 value=node,
             )
         return tasks[hosts.index(node)]
 
+    def _distribution(self, reader: Reader) -> str:
+        """Return the first level of SLURM_DISTRIBUTION (``block``, ``plane=4``...; '' if unset)."""
+        value = reader.get("SLURM_DISTRIBUTION")
+        if value is None:
+            return ""
+        if not DISTRIBUTION.fullmatch(value):
+            raise InvalidVariableError(
+                self.name,
+                "SLURM_DISTRIBUTION",
+                value,
+                "a task distribution such as 'block', 'cyclic:block', 'plane=4' or 'arbitrary' "
+                "(srun(1), --distribution)",
+                hint="let srun set it from --distribution; never set it by hand",
+            )
+        return value.split(",")[0].split(":")[0]
+
     def restart_count(self, env: Mapping[str, str]) -> int:
         return self.reader(env).optional_int("SLURM_RESTART_COUNT") or 0
 
     def requeue_command(self, env: Mapping[str, str]) -> list[str] | None:
         reader = self.reader(env)
-        job = reader.first(*JOB_ID)
+        job = self._job(reader)
         if job is None:
             return None
         # One array element's SLURM_JOB_ID equals SLURM_ARRAY_JOB_ID, and `scontrol requeue`
         # given that id requeues the whole array (measured: its sibling was cancelled "DUE TO JOB
         # REQUEUE"). ARRAY_ID_TASK_ID names the element alone (scontrol(1), "JOB ARRAYS").
-        array, task = reader.get("SLURM_ARRAY_JOB_ID"), reader.get("SLURM_ARRAY_TASK_ID")
-        target = f"{array}_{task}" if array and task else job[1]
-        return ["scontrol", "requeue", target]
+        # Ids are numbers (scontrol(1)); anything else would be read as one of its options.
+        hint = "Slurm sets it; never set it by hand"
+        array = reader.optional_int("SLURM_ARRAY_JOB_ID", hint=hint)
+        task = reader.optional_int("SLURM_ARRAY_TASK_ID", hint=hint)
+        if array is not None and task is not None:
+            return ["scontrol", "requeue", f"{array}_{task}"]
+        return ["scontrol", "requeue", job[1].strip()]
 
     def world(self, env: Mapping[str, str]) -> World | None:
         reader = self.reader(env)
@@ -225,7 +264,7 @@ class SlurmLauncher(Scheduler):
 
     def scope(self, env: Mapping[str, str]) -> str:
         reader = self.reader(env)
-        job = reader.first(*JOB_ID)
+        job = self._job(reader)
         return scope_tag(self.name, job and job[1], reader.get("SLURM_STEP_ID"))
 
     def daemon_nodes(self, env: Mapping[str, str]) -> Nodes | None:
@@ -244,7 +283,7 @@ class SlurmLauncher(Scheduler):
 
     def allocation_master(self, env: Mapping[str, str]) -> Default | None:
         reader = self.reader(env)
-        job = reader.first(*JOB_ID)
+        job = self._job(reader)
         nodelist = reader.first("SLURM_JOB_NODELIST", "SLURM_NODELIST")
         if job is None or nodelist is None:
             return None
@@ -255,14 +294,14 @@ class SlurmLauncher(Scheduler):
 
     def default_master(self, env: Mapping[str, str]) -> Default | None:
         reader = self.reader(env)
-        job = reader.first(*JOB_ID)
+        job = self._job(reader)
         if job is None:
             return None
         step = self._step_id(reader)
         if step is None:  # a 1-task batch script or salloc shell (a larger one is refused)
             return Default(LOCAL_HOST, scheduler_port(job[1], "batch"), source=self.name)
         port = scheduler_port(job[1], str(step))
-        distribution = (reader.get("SLURM_DISTRIBUTION") or "").split(",")[0]
+        distribution = self._distribution(reader)
         if distribution.startswith(("arbitrary", "plane")):
             # Rank 0 is not known to sit on the first host of the step.
             return Default(
@@ -286,7 +325,8 @@ class SlurmLauncher(Scheduler):
 
     def rank_info(self, env: Mapping[str, str]) -> RankInfo:
         reader = self.reader(env)
-        _, job_id = reader.require(*JOB_ID, hint="run inside a Slurm job (srun/sbatch)")
+        found = self._job(reader)
+        _, job_id = found or reader.require(*JOB_ID, hint="run inside a Slurm job (srun/sbatch)")
         step = self._step_id(reader)
         if step is None:
             return self._outside_step(reader, job_id)
@@ -306,7 +346,7 @@ class SlurmLauncher(Scheduler):
         if len(tasks_per_node) != num_nodes or sum(tasks_per_node) != world:
             raise InconsistentEnvironmentError(
                 self.name,
-                f"${tpn_var}={tpn_text!r} lists {sum(tasks_per_node)} tasks on "
+                f"${tpn_var}={shown(tpn_text)} lists {sum(tasks_per_node)} tasks on "
                 f"{len(tasks_per_node)} nodes, but ${world_var}={world_size!r} and "
                 f"${nodes_var}={nodes_text!r}",
                 hint="do not override SLURM_* variables by hand; let srun set them",
@@ -314,7 +354,7 @@ class SlurmLauncher(Scheduler):
         if len(hosts) != num_nodes:
             raise InconsistentEnvironmentError(
                 self.name,
-                f"${list_var}={nodelist!r} names {len(hosts)} hosts, but "
+                f"${list_var}={shown(nodelist)} names {len(hosts)} hosts, but "
                 f"${nodes_var}={nodes_text!r}",
                 hint="do not override SLURM_* variables by hand; let srun set them",
             )
@@ -357,8 +397,8 @@ class SlurmLauncher(Scheduler):
             raise NotLaunchedError(
                 self.name,
                 f"this process is job {job_id}'s batch script or salloc shell ($SLURM_STEP_ID is "
-                f"not set) but ${var} is {value!r}: it would run as rank 0 of {ntasks} and wait "
-                "forever for the others",
+                f"not set) but ${var} is {shown(value)}: it would run as rank 0 of {ntasks} and "
+                "wait forever for the others",
                 hint=SRUN_HINT,
                 variable=var,
                 value=value,

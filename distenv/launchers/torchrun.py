@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping
 
-from distenv.errors import InconsistentEnvironmentError, MissingVariableError
+from distenv.errors import InconsistentEnvironmentError, InvalidVariableError, MissingVariableError
 from distenv.launchers.base import Launcher, World
 from distenv.master import RUN_ID_VAR, SCOPE_VAR, explicit_master, scope_tag
 from distenv.rankinfo import RankInfo
@@ -12,6 +13,9 @@ from distenv.variables import Reader, Var
 
 __all__ = ["TorchrunLauncher"]
 
+# DISTENV_RUN_ID as `distenv run` hands it on: --run-id (`distenv.master.RUN_ID_PATTERN`) or an
+# enclosing scheduler's job tag (`lsf/4242[0]/-`, a Kubernetes host name of up to 253 characters).
+RUN_ID = re.compile(r"[\x21-\x7e]{1,512}")
 HINT = "start with torchrun (or distenv run), which sets RANK, WORLD_SIZE, LOCAL_RANK, ..."
 FULL_SET = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")
 KUBEFLOW_SET = ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
@@ -105,9 +109,18 @@ class TorchrunLauncher(Launcher):
         return None if rank is None else (rank, reader.optional_int("WORLD_SIZE", minimum=1))
 
     def _run_id(self, reader: Reader) -> str | None:
+        own = reader.get(RUN_ID_VAR)
+        if own is not None and not RUN_ID.fullmatch(own):
+            raise InvalidVariableError(
+                self.name,
+                RUN_ID_VAR,
+                own,
+                "a run id: --run-id's, or a scheduler's job tag (printable, no spaces)",
+                hint="distenv run sets it from --run-id; never set it by hand",
+            )
         run_id = reader.get("TORCHELASTIC_RUN_ID")
         # torchrun's default --rdzv-id is the word "none": no identity at all.
-        return reader.get(RUN_ID_VAR) if run_id in (None, "none") else run_id
+        return own if run_id in (None, "none") else run_id
 
     def scope(self, env: Mapping[str, str]) -> str:
         reader = self.reader(env)

@@ -10,11 +10,12 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-from distenv.errors import NotLaunchedError
+from distenv._hosts import MAX_HOSTS, check_hostname
+from distenv.errors import InvalidVariableError, NotLaunchedError
 from distenv.launchers.base import Nodes, Scheduler
 from distenv.master import Default
 from distenv.rankinfo import RankInfo
-from distenv.variables import Var
+from distenv.variables import Reader, Var
 
 __all__ = ["VolcanoLauncher"]
 
@@ -64,7 +65,7 @@ class VolcanoLauncher(Scheduler):
         reader = self.reader(env)
         index = reader.integer(INDEX, hint=START_HINT)
         tasks = [name for name in HOST_LISTS if reader.has(name)]
-        pods = sum(len((reader.get(name) or "").split(",")) for name in tasks)
+        pods = sum(len(self._pods(reader, name)) for name in tasks)
         if index == 0 and pods <= 1:
             # A one-pod job (as far as the default tasks' lists show): a single process.
             return RankInfo.single(self.name)
@@ -78,6 +79,20 @@ class VolcanoLauncher(Scheduler):
             variable=INDEX,
             value=str(index),
         )
+
+    def _pods(self, reader: Reader, name: str) -> list[str]:
+        """Return the pods of one task's host list (svc.go joins their host names with ',')."""
+        value = reader.get(name) or ""
+        pods = value.split(",")
+        if len(pods) > MAX_HOSTS or not all(pods):
+            raise InvalidVariableError(
+                self.name,
+                name,
+                value,
+                f"a comma-separated list of at most {MAX_HOSTS} pod host names, none empty",
+                hint="Volcano's svc plugin sets it; do not set it yourself",
+            )
+        return [check_hostname(self.name, name, pod) for pod in pods]
 
     def daemon_nodes(self, env: Mapping[str, str]) -> Nodes | None:
         return None

@@ -149,7 +149,19 @@ def test_azureml_one_node_process_without_mpi_is_rank_0_of_1() -> None:
     assert info.master_addr == "127.0.0.1"
 
 
-@pytest.mark.parametrize("value", ["10.0.0.4", "10.0.0.4:port", ":6105", "10.0.0.4:70000", "a b:1"])
+@pytest.mark.parametrize(
+    "value",
+    [
+        "10.0.0.4",
+        "10.0.0.4:port",
+        ":6105",
+        "10.0.0.4:70000",
+        "a b:1",
+        "10.0.0.4:6105:7",  # issue #25: was host '10.0.0.4:6105', port 7
+        "[10.0.0.4:6105]:7",
+        "fe80::1:6105",  # an IPv6 host needs brackets: which colon ends it is unknown
+    ],
+)
 def test_azureml_malformed_master_node_is_named(value: str) -> None:
     """AZ_BATCH_MASTER_NODE must be 'host:port'; anything else is refused with its value."""
     env = {**AML_MPI_2X2_RANK3, "AZ_BATCH_MASTER_NODE": value}
@@ -167,3 +179,44 @@ def test_azureml_pytorch_distribution_asks_for_local_world_size() -> None:
     info = locate("auto", {**AML_PYTORCH_2X2_RANK3, "LOCAL_WORLD_SIZE": "2"}, runtime=False).info
     assert _layout(info) == ("pytorch", 3, 4, 1, 2, 1, 2)
     assert (info.master_addr, info.master_port) == ("10.0.0.4", 6105)
+
+
+def test_azureml_master_node_host_over_253_characters_is_refused() -> None:
+    """The host part of AZ_BATCH_MASTER_NODE keeps RFC 1123's limits (issue #25: it did not)."""
+    value = ".".join(["a" * 60] * 5) + ":6105"
+    with pytest.raises(InvalidVariableError, match="at most 253") as caught:
+        AZUREML.allocation_master({**AML_MPI_2X2_RANK3, "AZ_BATCH_MASTER_NODE": value})
+    assert (caught.value.variable, caught.value.value) == ("AZ_BATCH_MASTER_NODE", value)
+
+
+def test_azureml_ipv6_master_node_in_brackets() -> None:
+    """'[ip]:port' is the one way to give an IPv6 primary node with its port."""
+    env = {**AML_MPI_2X2_RANK3, "AZ_BATCH_MASTER_NODE": "[fe80::1]:6105"}
+    master = AZUREML.allocation_master(env)
+    assert master is not None
+    assert (master.host, master.port) == ("fe80::1", 6105)
+
+
+def test_azureml_process_without_mpi_reports_a_malformed_master_node_first() -> None:
+    """A malformed AZ_BATCH_MASTER_NODE is named as malformed, not as a missing MPI launch."""
+    with pytest.raises(InvalidVariableError) as caught:
+        AZUREML.rank_info({**AML_NO_MPI_2, "AZ_BATCH_MASTER_NODE": "10.0.0.4:6105:7"})
+    assert caught.value.variable == "AZ_BATCH_MASTER_NODE"
+
+
+def test_sagemaker_deeply_nested_hosts_are_refused_in_one_line() -> None:
+    """SM_HOSTS of 100 000 '[' (a RecursionError in the JSON parser) is refused, briefly."""
+    bomb = "[" * 100_000
+    with pytest.raises(InvalidVariableError, match="a JSON list of host names") as caught:
+        SAGEMAKER.rank_info({**SM_PLAIN_HOST2, "SM_HOSTS": bomb})
+    assert (caught.value.variable, caught.value.value) == ("SM_HOSTS", bomb)
+    assert len(str(caught.value)) < 400
+    assert "(100000 characters)" in str(caught.value)
+
+
+@pytest.mark.parametrize("value", ["yes", "1", "truth", "\n"])
+def test_sagemaker_is_hetero_must_be_a_boolean(value: str) -> None:
+    """SM_IS_HETERO other than true/false is refused, not read as 'not heterogeneous'."""
+    with pytest.raises(InvalidVariableError) as caught:
+        SAGEMAKER.default_master({**SM_PLAIN_HOST2, "SM_IS_HETERO": value})
+    assert (caught.value.variable, caught.value.value) == ("SM_IS_HETERO", value)

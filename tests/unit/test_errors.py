@@ -5,7 +5,12 @@ from __future__ import annotations
 import pytest
 
 from distenv import DistEnvError, detect
-from distenv.errors import ConfigurationError, MissingVariableError, WorkerFailedError
+from distenv.errors import (
+    ConfigurationError,
+    InvalidVariableError,
+    MissingVariableError,
+    WorkerFailedError,
+)
 
 
 @pytest.mark.parametrize(
@@ -32,3 +37,15 @@ def test_a_launchers_error_names_it_as_source() -> None:
         detect("slurm", {"SLURM_JOB_ID": "1", "SLURM_STEP_ID": "0", "SLURM_PROCID": "x"})
     assert info.value.source == "slurm"
     assert info.value.variable == "SLURM_PROCID"
+
+
+def test_a_long_value_is_quoted_short_and_kept_whole() -> None:
+    """A megabyte-long value makes a one-line message of a few hundred characters; the error's
+    `value` keeps it whole, for programs."""
+    value = "[" * 1_000_000
+    exc = InvalidVariableError("sagemaker", "SM_HOSTS", value, "a JSON list")
+    assert len(str(exc)) < 300
+    assert "(1000000 characters)" in str(exc)
+    assert exc.value == value
+    short = InvalidVariableError("slurm", "SLURM_PROCID", "x", "an integer")
+    assert str(short) == "slurm: $SLURM_PROCID is 'x', expected an integer"

@@ -29,7 +29,11 @@ from distenv.errors import MasterResolutionError, RendezvousError, RendezvousTim
 from distenv.rankinfo import RankInfo
 from distenv.settings import Settings
 
-HOSTS = st.text(alphabet="abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789.-_")
+# Host names within RFC 1123's limits (`distenv._hosts.check_hostname`): labels of 1 to 63.
+LABELS = st.text(alphabet="abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789-_")
+HOSTS = st.lists(LABELS.filter(lambda label: 0 < len(label) <= 63), min_size=1, max_size=5).map(
+    ".".join
+)
 
 
 def rank(r: int, world: int = 4) -> RankInfo:
@@ -106,7 +110,7 @@ def never_called() -> tuple[str, int]:
 
 
 @given(
-    host=HOSTS.filter(lambda h: 0 < len(h) <= 255),
+    host=HOSTS.filter(lambda h: len(h) <= 253),
     port=st.integers(1, 65535),
     token=st.binary(min_size=TOKEN_BYTES, max_size=TOKEN_BYTES),
 )

@@ -10,7 +10,13 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from distenv._hosts import MAX_HOSTS, count_hosts, expand_nodelist, expand_tasks_per_node
+from distenv._hosts import (
+    MAX_HOSTS,
+    check_hostname,
+    count_hosts,
+    expand_nodelist,
+    expand_tasks_per_node,
+)
 from distenv.errors import InvalidVariableError
 
 
@@ -56,6 +62,67 @@ def test_malformed_nodelists_raise(bad: str) -> None:
     assert caught.value.variable == "SLURM_STEP_NODELIST"
     assert caught.value.value == bad
     assert str(caught.value).startswith("slurm: $SLURM_STEP_NODELIST is ")
+
+
+@pytest.mark.parametrize(
+    ("value", "host"),
+    [
+        ("a" * 63, "a" * 63),  # RFC 1123's longest label
+        (".".join(["a" * 63] * 3 + ["a" * 61]), ".".join(["a" * 63] * 3 + ["a" * 61])),  # 253
+        ("node.cluster.org.", "node.cluster.org."),  # fully qualified, with the root's dot
+        ("10.0.0.4", "10.0.0.4"),
+        ("fe80::1", "fe80::1"),
+        ("[fe80::1]", "fe80::1"),
+        ("fe80::1%eth0", "fe80::1%eth0"),
+        ("::ffff:10.0.0.1", "::ffff:10.0.0.1"),
+    ],
+)
+def test_check_hostname_accepts_names_and_addresses(value: str, host: str) -> None:
+    """Host names within RFC 1123's limits and IP addresses pass, IPv6 brackets stripped."""
+    assert check_hostname("pytorch", "MASTER_ADDR", value) == host
+
+
+@pytest.mark.parametrize(
+    "bad",
+    [
+        "a" * 254,  # issue #25: names over 253 characters were accepted
+        ".".join(["a" * 63] * 4),  # 255 characters in labels of 63
+        "a" * 64,  # one label over 63
+        "node." + "b" * 64,
+        ".",
+        "a..b",
+        ".node",
+        "10.0.0.4:6105",  # issue #25: a host with a port is no IPv6 address
+        "10.0.0.4:6105:7",
+        ":::::",
+        "fe80::1%",
+        "host name",
+        "[]",
+    ],
+)
+def test_check_hostname_refuses_what_no_host_is_named(bad: str) -> None:
+    """Over-long names and labels, empty labels and host:port are refused, naming the variable."""
+    with pytest.raises(InvalidVariableError) as caught:
+        check_hostname("kubeflow", "PET_MASTER_ADDR", bad)
+    assert (caught.value.source, caught.value.variable, caught.value.value) == (
+        "kubeflow",
+        "PET_MASTER_ADDR",
+        bad,
+    )
+
+
+@pytest.mark.parametrize("bad", ["n" * 254, "n[1-2]," + "a" * 64, "rack" + "x" * 70 + "[1-3]"])
+def test_nodelist_hosts_keep_rfc_1123_limits(bad: str) -> None:
+    """A nodelist naming a host over 253 characters (or a label over 63) is refused."""
+    with pytest.raises(InvalidVariableError, match="RFC 1123") as caught:
+        expand_nodelist("slurm", "SLURM_STEP_NODELIST", bad)
+    assert caught.value.variable == "SLURM_STEP_NODELIST"
+
+
+def test_nodelist_with_a_huge_node_number_is_refused() -> None:
+    """A node number of thousands of digits is malformed, not a ValueError from int()."""
+    with pytest.raises(InvalidVariableError):
+        expand_nodelist("slurm", "SLURM_STEP_NODELIST", "n[" + "1" * 5000 + "]")
 
 
 def test_huge_nodelist_is_counted_not_expanded() -> None:

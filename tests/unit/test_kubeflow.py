@@ -9,6 +9,7 @@ from distenv.detection.pipeline import locate
 from distenv.errors import (
     DistEnvError,
     InconsistentEnvironmentError,
+    InvalidVariableError,
     LauncherNotFoundError,
     MissingVariableError,
     NotLaunchedError,
@@ -86,7 +87,9 @@ def test_a_direct_start_in_a_multi_process_pod_is_refused(env: dict[str, str]) -
 
 def test_v1_refusal_names_world_size_and_the_number() -> None:
     """The message quotes what the operator set: nprocPerNode 2, WORLD_SIZE 4."""
-    with pytest.raises(NotLaunchedError, match=r"pod 1 of 2, but \$PET_NPROC_PER_NODE is '2' "):
+    with pytest.raises(
+        NotLaunchedError, match=r"pod 1 of 2 \(\$PET_NNODES\), but \$PET_NPROC_PER_NODE is '2' "
+    ):
         KUBEFLOW.rank_info(POD_V1_2X2_WORKER0)
     with pytest.raises(NotLaunchedError, match=r"\(\$WORLD_SIZE=4\).*--nproc-per-node 2 train"):
         KUBEFLOW.rank_info(POD_V1_2X2_WORKER0)
@@ -161,8 +164,25 @@ def test_missing_required_variable(missing: str, how: str) -> None:
         ({"PET_MASTER_ADDR": "a b"}, DistEnvError, "PET_MASTER_ADDR"),
         ({"PET_MASTER_PORT": "70000"}, DistEnvError, "PET_MASTER_PORT"),
         ({"PET_NNODES": "two"}, DistEnvError, "PET_NNODES"),
+        ({"PET_NNODES": "1:x"}, InvalidVariableError, "PET_NNODES"),
+        ({"PET_MASTER_ADDR": "a" * 254}, InvalidVariableError, "PET_MASTER_ADDR"),
+        ({"PET_NPROC_PER_NODE": "-1"}, InvalidVariableError, "PET_NPROC_PER_NODE"),
+        ({"PET_NPROC_PER_NODE": "0"}, InvalidVariableError, "PET_NPROC_PER_NODE"),
+        ({"PET_NPROC_PER_NODE": "2 gpus"}, InvalidVariableError, "PET_NPROC_PER_NODE"),
     ],
-    ids=["world", "rank", "node-rank", "addr", "port", "nnodes"],
+    ids=[
+        "world",
+        "rank",
+        "node-rank",
+        "addr",
+        "port",
+        "nnodes",
+        "nnodes-range",
+        "addr-254",
+        "nproc-negative",
+        "nproc-zero",
+        "nproc-words",
+    ],
 )
 def test_contradictions_and_bad_values_are_named(
     change: dict[str, str], error: type[DistEnvError], variable: str
@@ -238,3 +258,13 @@ def test_distenv_run_with_the_jobs_nproc_starts_its_ranks(
 
     args = build_parser().parse_args(["run", "-n", nproc, "train.py"])
     assert [child.rank for child in build_children(args, env)] == ranks
+
+
+@pytest.mark.parametrize("value", ["-1", "0", "x" * 40])
+def test_malformed_nproc_per_node_is_refused_by_every_hook(value: str) -> None:
+    """PET_NPROC_PER_NODE=-1 was silently read as 'not one process per pod': now it is named."""
+    env = {**TRAINJOB_2X1_NODE1, "PET_NPROC_PER_NODE": value}
+    for hook in (KUBEFLOW.rank_info, KUBEFLOW.processes_per_node, KUBEFLOW.world):
+        with pytest.raises(InvalidVariableError) as caught:
+            hook(env)
+        assert (caught.value.variable, caught.value.value) == ("PET_NPROC_PER_NODE", value)

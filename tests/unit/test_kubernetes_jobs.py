@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from distenv.detection.pipeline import locate
-from distenv.errors import MissingVariableError, NotLaunchedError
+from distenv.errors import InvalidVariableError, MissingVariableError, NotLaunchedError
 from tests.support.envs.indexed_job import INDEXED_BARE_POD1, JOBSET_EXAMPLE_POD2, JOBSET_WORLD_POD2
 from tests.support.envs.kubeflow import TRAINJOB_2X1_NODE1
 from tests.support.envs.volcano import VOLCANO_SINGLE, VOLCANO_WORKER0_PYTORCH, VOLCANO_WORKER0_SVC
@@ -82,3 +82,12 @@ def test_volcano_one_pod_job_is_a_single_process() -> None:
     """A one-pod Volcano job without the plugin runs as rank 0 of 1."""
     info = locate("auto", VOLCANO_SINGLE, runtime=False).info
     assert (info.launcher, info.rank, info.world_size) == ("volcano", 0, 1)
+
+
+@pytest.mark.parametrize("value", [",,,", "pt-worker-0.pt,,pt-worker-1.pt", "pt-worker-0.pt,a b"])
+def test_volcano_host_list_with_empty_or_bad_items_is_refused(value: str) -> None:
+    """VC_WORKER_HOSTS=',,,' was counted as 4 pods: empty and malformed items are refused."""
+    env = {**VOLCANO_SINGLE, "VC_WORKER_HOSTS": value}
+    with pytest.raises(InvalidVariableError) as caught:
+        locate("auto", env, runtime=False)
+    assert (caught.value.source, caught.value.variable) == ("volcano", "VC_WORKER_HOSTS")

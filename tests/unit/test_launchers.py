@@ -15,8 +15,9 @@ from distenv.errors import (
     MissingVariableError,
     NotLaunchedError,
 )
+from distenv.launchers import get_launcher
 from distenv.master import SCOPE_VAR, scheduler_port
-from tests.support.envs import lsf, mpi, slurm, torchrun
+from tests.support.envs import lsf, mpi, pbs, slurm, torchrun
 
 SRUN_STEP = {
     "SLURM_JOB_ID": "4242",
@@ -435,3 +436,138 @@ def test_every_launcher_names_its_launch_in_the_scope() -> None:
     assert explain("pytorch", env).scope == "pytorch/exp/-"
     restarted = {**env, "TORCHELASTIC_RESTART_COUNT": "1"}
     assert explain("pytorch", restarted).scope == "pytorch/exp/1"
+
+
+@pytest.mark.parametrize(
+    ("launcher", "env", "match"),
+    [
+        pytest.param(
+            "lsf",
+            {**lsf.JSRUN_PLAIN_RANK5, "JSM_NAMESPACE_RANK": "4", "JSM_NAMESPACE_SIZE": "4"},
+            r"rank=4 \(\$JSM_NAMESPACE_RANK\) is outside \[0, world_size=4 "
+            r"\(\$JSM_NAMESPACE_SIZE\)\)",
+            id="jsrun-rank-4-of-4",
+        ),
+        pytest.param(
+            "lsf",
+            {**lsf.JSRUN_PLAIN_RANK5, "JSM_NAMESPACE_RANK": "8"},
+            r"rank=8 \(\$JSM_NAMESPACE_RANK\) is outside",
+            id="jsrun-rank-8-of-8",
+        ),
+        pytest.param(
+            "pytorch",
+            {**torchrun.TORCHRUN_4[1], "RANK": "4"},
+            r"rank=4 \(\$RANK\) is outside",
+            id="torchrun-rank-4-of-4",
+        ),
+    ],
+)
+def test_a_rank_past_the_world_names_its_variable(
+    launcher: str, env: dict[str, str], match: str
+) -> None:
+    """A rank past the world is reported as such, naming the variable, not as a derived node
+    index out of range (issue #25: jsrun's 'rank 4 of 4' named no variable)."""
+    with pytest.raises(InconsistentEnvironmentError, match=match):
+        detect(launcher, env)
+
+
+@pytest.mark.parametrize(
+    ("launcher", "hook", "env", "variable"),
+    [
+        pytest.param(
+            "slurm",
+            "default_master",
+            {**SRUN_STEP, "SLURM_DISTRIBUTION": "blocky"},
+            "SLURM_DISTRIBUTION",
+            id="slurm-distribution",
+        ),
+        pytest.param(
+            "slurm",
+            "requeue_command",
+            {**SRUN_STEP, "SLURM_ARRAY_JOB_ID": "--all", "SLURM_ARRAY_TASK_ID": "1"},
+            "SLURM_ARRAY_JOB_ID",
+            id="slurm-array-id-option",
+        ),
+        pytest.param(
+            "slurm",
+            "requeue_command",
+            {**SRUN_STEP, "SLURM_JOB_ID": "-h"},
+            "SLURM_JOB_ID",
+            id="slurm-job-id-option",
+        ),
+        pytest.param(
+            "lsf",
+            "restart_count",
+            {**lsf.JSRUN_PLAIN_RANK5, "LSB_RESTART": "yes"},
+            "LSB_RESTART",
+            id="lsf-restart-flag",
+        ),
+        pytest.param(
+            "lsf",
+            "scope",
+            {**lsf.JSRUN_PLAIN_RANK5, "LSB_JOBINDEX": "x"},
+            "LSB_JOBINDEX",
+            id="lsf-job-index",
+        ),
+        pytest.param(
+            "lsf",
+            "requeue_command",
+            {**lsf.JSRUN_PLAIN_RANK5, "LSB_JOBID": "-h"},
+            "LSB_JOBID",
+            id="lsf-job-id-option",
+        ),
+        pytest.param(
+            "lsf",
+            "rank_info",
+            {**lsf.BLAUNCH_2X2[0], "LSB_DJOB_HOSTFILE": "", "LSB_MCPU_HOSTS": "c01 9999999 c02 9"},
+            "LSB_MCPU_HOSTS",
+            id="lsf-slots-past-the-limit",
+        ),
+        pytest.param(
+            "slurm",
+            "rank_info",
+            {**SRUN_STEP, "SLURM_JOB_ID": "4242\nx"},
+            "SLURM_JOB_ID",
+            id="slurm-job-id-newline",
+        ),
+        pytest.param(
+            "lsf",
+            "rank_info",
+            {**lsf.JSRUN_PLAIN_RANK5, "LSB_JOBID": "4242 x"},
+            "LSB_JOBID",
+            id="lsf-job-id-space",
+        ),
+        pytest.param(
+            "pbs",
+            "scope",
+            {**pbs.PBS_SCRIPT, "PBS_JOBID": "7.srv;id"},
+            "PBS_JOBID",
+            id="pbs-job-id",
+        ),
+        pytest.param(
+            "pytorch",
+            "scope",
+            {**torchrun.TORCHRUN_4[1], "DISTENV_RUN_ID": "a run"},
+            "DISTENV_RUN_ID",
+            id="distenv-run-id",
+        ),
+    ],
+)
+def test_present_but_malformed_values_are_refused(
+    launcher: str, hook: str, env: dict[str, str], variable: str
+) -> None:
+    """A value a launcher read and silently ignored (or passed on) is refused, naming it."""
+    with pytest.raises(InvalidVariableError) as caught:
+        getattr(get_launcher(launcher), hook)(env)
+    assert (caught.value.source, caught.value.variable) == (launcher, variable)
+    assert caught.value.value == env[variable]
+
+
+@pytest.mark.parametrize(
+    "distribution",
+    ["block", "cyclic", "cyclic:block", "block:cyclic:fcyclic,Pack", "*:*", "plane=4"],
+)
+def test_slurm_distributions_srun_writes_are_accepted(distribution: str) -> None:
+    """Every form of srun(1)'s --distribution is accepted; only arbitrary/plane need MASTER_ADDR."""
+    env = {**SRUN_STEP, "SLURM_DISTRIBUTION": distribution, "MASTER_ADDR": "node001"}
+    assert detect("slurm", env).rank == 6
