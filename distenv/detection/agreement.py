@@ -70,25 +70,6 @@ def _world(layer: Layer) -> World | None:
         return None
 
 
-def _named(layer: Layer, world: World) -> str:
-    """Return ``VAR=value`` for the declared variables that hold `world`'s rank and size."""
-    launcher, env = layer.launcher, layer.env
-    parts = []
-    for field, value in zip(("rank", "world_size"), world, strict=True):
-        if value is None:
-            continue
-        name = next(
-            (
-                v.name
-                for v in launcher.variables
-                if v.field == field and (env.get(v.name) or "").strip() == str(value)
-            ),
-            field,
-        )
-        parts.append(f"{name}={value}")
-    return " ".join(parts)
-
-
 def describe(world: World | None) -> str:
     """Return how a layer numbers this process, for reasons and errors (``rank 3 of 8``)."""
     if world is None:
@@ -145,8 +126,8 @@ def _contract_leftover(
     named = " (or pass --launcher pytorch if a launcher inside the step set them on purpose)"
     raise InconsistentEnvironmentError(
         TORCHRUN.name,
-        f"{_named(torchrun, contract)} contradict {layer.name}, which started this process "
-        f"as {_named(layer, world)}, and no launcher inside the step marked them as its own "
+        f"{torchrun.named(contract)} contradict {layer.name}, which started this process "
+        f"as {layer.named(world)}, and no launcher inside the step marked them as its own "
         f"({marks}): they were likely exported by an earlier job or a shell profile",
         hint=f"unset {' '.join(names)} where they are exported (job script, ~/.bashrc)"
         + (named if torchrun.detected() else ""),
@@ -186,8 +167,8 @@ def _mpi_leftover(detected: Sequence[Layer], notes: list[tuple[str, str]]) -> No
     )
     raise InconsistentEnvironmentError(
         inner.name,
-        f"{_named(inner, inner_world)} contradict {scheduler.name}, which started this "
-        f"process as {_named(scheduler, world)}, one of {local} tasks on this node; an MPI "
+        f"{inner.named(inner_world)} contradict {scheduler.name}, which started this "
+        f"process as {scheduler.named(world)}, one of {local} tasks on this node; an MPI "
         "launcher's daemons run one task per node, so no MPI launcher started it: these MPI "
         "variables were likely inherited from an outer mpirun or mpiexec, or exported by an "
         "earlier job or a shell profile",

@@ -15,7 +15,7 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from typing import TypeVar, cast
 
-from distenv.errors import DistEnvError
+from distenv.errors import DistEnvError, InconsistentEnvironmentError
 from distenv.launchers import AllocationLauncher, Default, Launcher, Nodes, Scheduler, World
 from distenv.rankinfo import RankInfo
 
@@ -64,8 +64,44 @@ class Layer:
         return self._once("detect", lambda: self.launcher.detect(self.env))
 
     def world(self) -> World | None:
-        """``(rank, size)`` as this layer states them (`Launcher.world`)."""
-        return self._once("world", lambda: self.launcher.world(self.env))
+        """``(rank, size)`` as this layer states them (`Launcher.world`).
+
+        Raises:
+            InconsistentEnvironmentError: The rank is not below the size (naming both variables):
+                a layer that contradicts itself cannot tell nested launchers apart.
+        """
+        return self._once("world", self._checked_world)
+
+    def _checked_world(self) -> World | None:
+        world = self.launcher.world(self.env)
+        if world is not None and world[1] is not None and not 0 <= world[0] < world[1]:
+            raise InconsistentEnvironmentError(
+                self.name,
+                f"{self.named(world)} number this process rank {world[0]} of {world[1]}, "
+                "outside its world",
+                hint="let the launcher set its variables; unset any inherited from another job "
+                "or set by hand",
+                variable=self.named(world).split("=", 1)[0],
+                value=str(world[0]),
+            )
+        return world
+
+    def named(self, world: World) -> str:
+        """Return ``VAR=value`` for the declared variables that hold `world`'s rank and size."""
+        parts = []
+        for field, value in zip(("rank", "world_size"), world, strict=True):
+            if value is None:
+                continue
+            name = next(
+                (
+                    v.name
+                    for v in self.launcher.variables
+                    if v.field == field and (self.env.get(v.name) or "").strip() == str(value)
+                ),
+                field,
+            )
+            parts.append(f"{name}={value}")
+        return " ".join(parts)
 
     def rank_info(self) -> RankInfo:
         """This layer's layout (`Launcher.rank_info`)."""
