@@ -4,13 +4,20 @@ Nodelists (``node[001-003,005]``, ``rack[1-2]-node[3-4]``) are expanded by pytho
 only here and only when a list is read. Before anything is expanded the string is checked against the
 hostlist alphabet and its host count is computed from the brackets, so a 30-byte value that names a
 billion hosts is refused instead of eating the node's memory.
+
+Host files (`read_host_file`) are read only if they are regular files, and under a bound: a FIFO
+with no writer, a device, or a file on a hung network file system must not stall detection.
 """
 
 from __future__ import annotations
 
+import os
 import re
+import stat
 
+from distenv.deadline import Deadline, bounded
 from distenv.errors import InvalidVariableError
+from distenv.timing import HOST_FILE_S
 
 __all__ = [
     "MAX_HOSTS",
@@ -35,18 +42,62 @@ _TASKS_ITEM = re.compile(r"([0-9]{1,7})(?:\(x([0-9]{1,7})\))?")
 # file larger than this is not a host list.
 MAX_HOST_FILE_BYTES = 16 * 1024 * 1024
 
+_CHUNK = 64 * 1024  # read in pieces: os.read allocates all it is asked for, first
 
-def read_host_file(launcher: str, variable: str, path: str, kind: str) -> list[str]:
+# What a host file's path may name instead of a regular file (stat(2)'s S_IFMT), for errors.
+_NOT_REGULAR = {
+    stat.S_IFDIR: "a directory",
+    stat.S_IFIFO: "a FIFO (named pipe), which would block until something writes to it",
+    stat.S_IFCHR: "a character device",
+    stat.S_IFBLK: "a block device",
+    stat.S_IFSOCK: "a socket",
+}
+
+
+class _NotRegularError(Exception):
+    """The path names something other than a regular file; the text says what."""
+
+
+def read_host_file(
+    launcher: str, variable: str, path: str, kind: str, *, within: float = HOST_FILE_S
+) -> list[str]:
     """Return the host names of the file `path` (named by `variable`), one per slot, in order.
 
-    Reads at most 16 MiB and checks every name; `kind` names the file in errors ("node file").
+    Reads at most 16 MiB of a regular file and checks every name; `kind` names the file in errors
+    ("node file"). The whole read, from the path's lookup on, runs in a thread abandoned after
+    `within` seconds (`distenv.timing.HOST_FILE_S`; tests shorten it): on a network file system
+    whose server does not answer, even a stat blocks, and no signal ends it.
 
     Raises:
-        InvalidVariableError: If the file cannot be read, is too large, or holds no host names.
+        InvalidVariableError: If the path names no regular file (a FIFO, a device, a directory,
+            a socket), the file cannot be read, is too large, holds no host names, or its read
+            has not returned within `within` seconds.
     """
+
+    def expired() -> InvalidVariableError:
+        return InvalidVariableError(
+            launcher,
+            variable,
+            path,
+            f"a {kind} that can be read within {within:g} s; reading it did not return, as on a "
+            "hung network file system",
+            hint="check the file system that holds it on this node (a `stat` of the path hangs "
+            f"too when its server does not answer), or point ${variable} at a copy on a local disk",
+        )
+
     try:
-        with open(path, "rb") as file:
-            data = file.read(MAX_HOST_FILE_BYTES + 1)
+        data = bounded(
+            lambda: _read_regular(path, MAX_HOST_FILE_BYTES + 1), Deadline.after(within), expired
+        )
+    except _NotRegularError as exc:
+        raise InvalidVariableError(
+            launcher,
+            variable,
+            path,
+            f"a {kind}: a regular file, one host per slot, not {exc}",
+            hint=f"the scheduler sets ${variable} to the {kind} it writes: correct or remove "
+            "whatever overrides it",
+        ) from None
     except OSError as exc:
         raise InvalidVariableError(
             launcher, variable, path, f"a readable {kind} ({exc.strerror})"
@@ -57,6 +108,37 @@ def read_host_file(launcher: str, variable: str, path: str, kind: str) -> list[s
     if not hosts:
         raise InvalidVariableError(launcher, variable, path, f"a {kind} naming at least one host")
     return hosts
+
+
+def _read_regular(path: str, limit: int) -> bytes:
+    """Return up to `limit` bytes of the regular file `path`.
+
+    The path is first opened with ``O_PATH``, which opens nothing: opening a FIFO for reading
+    would wait for a writer, and opening a device runs its driver (a tape drive rewinds). Only a
+    regular file is then opened for reading, through ``/proc/self/fd``, which reopens the very
+    file checked even if the path has been replaced since.
+
+    Raises:
+        _NotRegularError: If `path` names something else; the text says what.
+        OSError: If it cannot be opened or read.
+    """
+    anchor = os.open(path, os.O_PATH | os.O_CLOEXEC)
+    try:
+        mode = os.fstat(anchor).st_mode
+        if not stat.S_ISREG(mode):
+            raise _NotRegularError(_NOT_REGULAR.get(stat.S_IFMT(mode), "a special file"))
+        fd = os.open(f"/proc/self/fd/{anchor}", os.O_RDONLY | os.O_CLOEXEC)
+    finally:
+        os.close(anchor)
+    try:
+        chunks: list[bytes] = []
+        size = 0
+        while size < limit and (chunk := os.read(fd, min(limit - size, _CHUNK))):
+            chunks.append(chunk)
+            size += len(chunk)
+        return b"".join(chunks)
+    finally:
+        os.close(fd)
 
 
 # RFC 1123 (section 2.1) and RFC 1035 (section 2.3.4): a host name has at most 253 characters

@@ -7,7 +7,8 @@ in one daemon thread (`watched`) while the main thread waits in short slices. Th
 `Watch` which phase it is in, by when that phase must end and what to say if it does not; at that
 time the main thread gives up with the phase's message, and a SIGINT or SIGTERM is handled within
 the slice (`interruptible`), whatever the thread is blocked in. One thread serves every phase
-(`bounded` remains for the rare one-off call). An abandoned thread stays blocked until the process
+(`bounded` remains for the rare one-off call: detection's read of a host file,
+`distenv._hosts.read_host_file`). An abandoned thread stays blocked until the process
 ends; the native calls release the GIL, so nothing else waits for it. A call that is only
 waiting between store operations is told to stop instead (`pause` raises `Cancelled` in it), and
 is given `distenv.timing.STOP_S` to do so, so that it is not left inside a native call while the interpreter

@@ -10,6 +10,7 @@ __all__ = [
     "FAILED_MARK_S",
     "FIRST_POLL_S",
     "GRACE_S",
+    "HOST_FILE_S",
     "KILL_DELAY_S",
     "LOOKUP_S",
     "MARGIN_S",
@@ -40,6 +41,13 @@ SLICE_S = 0.05
 #: twice (the abandoned call, then the attempt to tell the others) plus `SIGNAL_MARK_S`: together
 #: well inside the 2 s a signal may take to end a rank.
 STOP_S = 0.2
+
+# ---- files detection reads (distenv._hosts) ---------------------------------------------------
+#: How long reading one host file (PBS's node file, LSF's host and rank files) may take before it
+#: is abandoned: on a network file system whose server does not answer, even its open and stat
+#: block, for ever. Detection is `init_dist`'s first step, so this fits inside every bootstrap
+#: deadline (the rendezvous timeout plus `GRACE_S`, which alone is as long).
+HOST_FILE_S = 10.0
 
 # ---- rank states (distenv.bootstrap.session, distenv.bootstrap.group) -----------------------------------------------
 #: How long a rank stopped by a signal tries to record that in the store for the others.

@@ -1,17 +1,23 @@
 """Whether an inner launcher's variables were set by a launch or left over from another job.
 
 Two launcher layers agree when they number this process alike (`agrees`). Where an inner layer's
-variables disagree with the scheduler step or MPI launch around them, either a launcher inside the
-step started this process on purpose, or the variables are leftovers: exported by an earlier job or
-a shell profile, or inherited from an outer launcher. Detection (`distenv.detection.choice`) asks
+variables sit inside a scheduler step or MPI launch (torchrun's, whatever their numbering; MPI's,
+where they disagree with the step), either a launcher inside the step started this process on
+purpose, or the variables are leftovers: exported by an earlier job or a shell profile, or
+inherited from an outer launcher. Detection (`distenv.detection.choice`) asks
 `refuse_leftovers` before it chooses, over the same `distenv.detection.layer.Layers` it chooses from. The
 rules:
 
 1. **torchrun's contract.** ``RANK`` and ``WORLD_SIZE`` inside a step (an srun task, a jsrun rank,
-   an MPI rank) that states another rank or world size are refused, unless the launcher that set
-   them marked them (`LAUNCH_MARKS`). ``DISTENV_SCOPE`` (the export tag) marks distenv's own
-   export of another launcher's answer: no launch, judged by the export rules of
-   `distenv.master` instead.
+   an MPI rank) are refused unless the launcher that set them marked them (`LAUNCH_MARKS`),
+   whether they contradict the step's numbering or match it. Matching proves nothing: an earlier
+   job's export matches one task of every later step of that size by chance, and sent that task
+   to the old job's master while the others were refused. Only a step whose own launcher declares
+   them sets them itself (a Kubeflow v1 pod's ``RANK`` is the pod's index), and only where they
+   match. MPI launches count as steps: mpirun and mpiexec hand their ranks the environment they
+   were started in, so a stale export reaches them just as it reaches srun's tasks, and distenv
+   reads their ranks itself. ``DISTENV_SCOPE`` (the export tag) marks distenv's own export of
+   another launcher's answer: no launch, judged by the export rules of `distenv.master` instead.
 2. **MPI inside a task step.** MPI ranks that disagree with the scheduler step around them are the
    ranks of an MPI launcher whose daemons are that step's tasks, one per node (measured: mpirun and
    Hydra inside salloc, tests/support/envs/mpi.py). A step that runs several tasks on this node is no such
@@ -97,10 +103,16 @@ def _step(detected: Sequence[Layer]) -> tuple[Layer, World] | None:
     return layers[0] if layers else None
 
 
+def _sets_contract(layer: Layer) -> bool:
+    """Return whether `layer`'s launcher declares torchrun's rank and size variables as its own."""
+    contract = {v.name for v in TORCHRUN.variables if v.field in ("rank", "world_size")}
+    return contract <= {v.name for v in layer.launcher.variables}
+
+
 def _contract_leftover(
     layers: Layers, detected: Sequence[Layer], notes: list[tuple[str, str]]
 ) -> None:
-    """Rule 1: torchrun's RANK/WORLD_SIZE, unmarked, contradicting the step around them."""
+    """Rule 1: torchrun's RANK/WORLD_SIZE inside a step, set by no launcher that marks its ranks."""
     reader = Reader(TORCHRUN.name, layers.env, MARK_VARS)
     tag = reader.get(SCOPE_VAR)
     if tag is not None and not tag.startswith(f"{TORCHRUN.name}/"):
@@ -110,27 +122,35 @@ def _contract_leftover(
     torchrun = layers[TORCHRUN]
     contract = _world(torchrun)
     step = _step(detected)
-    if contract is None or contract[1] is None or step is None or agrees(contract, step[1]):
+    if contract is None or contract[1] is None or step is None:
         return
     layer, world = step
+    matches = agrees(contract, world)
+    if matches and _sets_contract(layer):
+        return
     names = _present(torchrun, _CONTRACT)
     marks = ", ".join(" ".join(vs) for _, vs in LAUNCH_MARKS)
-    notes.append(
-        (
-            TORCHRUN.name,
-            f"refused: {describe(contract)} vs {layer.name}'s {describe(world)} and no "
-            "launcher's mark: left over from another job",
+    if matches:
+        verb = "match"
+        chance = (
+            "; that they match this task proves nothing: an earlier job's export matches one "
+            "task of every step of its size"
         )
-    )
+        note = f"{describe(contract)} as {layer.name}'s, but no launcher's mark"
+    else:
+        verb, chance = "contradict", ""
+        note = f"{describe(contract)} vs {layer.name}'s {describe(world)} and no launcher's mark"
+    notes.append((TORCHRUN.name, f"refused: {note}: left over from another job"))
     # --launcher pytorch is a way out only where its variables are complete enough to detect.
-    named = " (or pass --launcher pytorch if a launcher inside the step set them on purpose)"
+    named = " (or pass --launcher pytorch if a wrapper inside the step sets them on purpose)"
     raise InconsistentEnvironmentError(
         TORCHRUN.name,
-        f"{torchrun.named(contract)} contradict {layer.name}, which started this process "
-        f"as {layer.named(world)}, and no launcher inside the step marked them as its own "
-        f"({marks}): they were likely exported by an earlier job or a shell profile",
-        hint=f"unset {' '.join(names)} where they are exported (job script, ~/.bashrc)"
-        + (named if torchrun.detected() else ""),
+        f"{torchrun.named(contract)} {verb} {layer.name}, which started this process as "
+        f"{layer.named(world)}, and were not set by any launcher inside the step (none marked "
+        f"them as its own: {marks}): they were likely exported by an earlier job or a shell "
+        f"profile{chance}",
+        hint=f"unset {' '.join(names)} where they are exported (job script, ~/.bashrc): distenv "
+        f"reads {layer.name}'s numbering itself" + (named if torchrun.detected() else ""),
         variable="RANK",
         value=str(contract[0]),
     )

@@ -4,8 +4,8 @@
 master is, is `distenv.master`'s question (`distenv.detection.pipeline` asks both). Detection asks the
 launchers' types, never their names: a `Scheduler` is an outer layer, and an
 `AllocationLauncher` (MPI) consults every scheduler that encloses it. Before it chooses,
-`distenv.detection.agreement` refuses launcher variables left over from another job that contradict the
-step this process belongs to. Every launcher is asked through its `distenv.detection.layer.Layer`, so each
+`distenv.detection.agreement` refuses launcher variables left over from another job inside the step
+this process belongs to. Every launcher is asked through its `distenv.detection.layer.Layer`, so each
 answer is computed once and handed on in the `Choice`.
 
 Reads the environment only: no torch, no mpi4py, no subprocess.

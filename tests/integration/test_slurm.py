@@ -8,9 +8,11 @@ not compete for the same GPUs run concurrently: 2 cores make that the only way t
 from __future__ import annotations
 
 import socket
+import uuid
 
 import pytest
 
+from tests.support.integration.faults import survivors
 from tests.support.integration.helpers import (
     FOUR_NODES,
     JOB_NAME,
@@ -158,6 +160,18 @@ STALE_OMPI = {
     "OMPI_COMM_WORLD_LOCAL_SIZE": "1",
     "PMIX_RANK": "0",
 }
+# What `distenv export` printed in task 1 of an earlier `srun -n 2`, less its DISTENV_SCOPE (0.1.0
+# printed none), with that job's master now gone (TEST-NET-1: never routed).
+STALE_EXPORT = {
+    "RANK": "1",
+    "WORLD_SIZE": "2",
+    "LOCAL_RANK": "1",
+    "LOCAL_WORLD_SIZE": "2",
+    "GROUP_RANK": "0",
+    "GROUP_WORLD_SIZE": "1",
+    "MASTER_ADDR": "192.0.2.1",
+    "MASTER_PORT": "29598",
+}
 BOUND = {"DISTENV_TIMEOUT": "10"}  # should the refusal regress, no rank waits long
 INIT_ONLY = [PYTHON, "-c", "import distenv; distenv.init_dist()"]
 # 0.1.0 waited 22 s for rank 0's store, then blamed the network. The bound is one torch import
@@ -167,8 +181,12 @@ REFUSAL_S = 20.0
 
 def test_stale_launcher_variables_are_refused_on_every_task(harness: Harness) -> None:
     """Exported RANK/WORLD_SIZE/MASTER_* or an outer mpirun's OMPI_* in `srun -n 2`: every task
-    exits 1 at once with a message naming both sets; `srun -n 1 distenv run -n 2` still works."""
-    torch_vars, ompi_vars, local = wait_all(
+    exits 1 at once with a message naming both sets; `srun -n 1 distenv run -n 2` still works.
+    A stale `distenv export` without DISTENV_SCOPE that matches task 1 is refused on task 1 too,
+    and no process of that launch survives (issue #25: task 1 went to the old job's master and
+    waited its whole timeout)."""
+    tag = f"stale-export-{uuid.uuid4().hex[:8]}"  # in every task's argv, to find survivors
+    torch_vars, ompi_vars, local, matching = wait_all(
         [
             harness.start(
                 [*SRUN, "-n", "2", *INIT_ONLY],
@@ -182,6 +200,10 @@ def test_stale_launcher_variables_are_refused_on_every_task(harness: Harness) ->
             harness.start(
                 [*SRUN, "-n", "1", PYTHON, "-m", "distenv", "run", "-n", "2", *rank_check()[1:]],
                 cluster="one",
+            ),
+            harness.start(
+                [*SRUN, "-n", "2", *INIT_ONLY, tag],
+                env=harness.env("one", extra={**STALE_EXPORT, **BOUND}), cluster="one",
             ),
         ]
     )  # fmt: skip
@@ -203,6 +225,17 @@ def test_stale_launcher_variables_are_refused_on_every_task(harness: Harness) ->
     assert "different MPI library" not in ompi_vars.stderr
     layouts = [(r, 2, r, 2, 0, 1) for r in range(2)]
     check_world(local, launcher="pytorch", layouts=layouts, master="127.0.0.1")
+    assert matching.returncode == 1, matching.text
+    assert matching.seconds < REFUSAL_S, matching.text
+    for task, verb in ((0, "contradict"), (1, "match")):
+        head = (
+            f"pytorch: RANK=1 WORLD_SIZE=2 {verb} slurm, which started this process as "
+            f"SLURM_PROCID={task} SLURM_STEP_NUM_TASKS=2, and were not set by any launcher "
+            "inside the step"
+        )
+        assert sum(head in line for line in matching.stderr.splitlines()) == 1, matching.text
+    assert "(or pass --launcher pytorch if a wrapper inside the step sets them" in matching.stderr
+    assert survivors(tag) == []
 
 
 def test_unresolvable_node_name_names_the_node_list_and_both_fixes(harness: Harness) -> None:

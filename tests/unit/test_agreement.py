@@ -19,7 +19,7 @@ from distenv.errors import InconsistentEnvironmentError
 from distenv.launchers import auto_candidates
 from distenv.master import RUN_ID_VAR, SCOPE_VAR
 from tests.conftest import scrubbed_environ
-from tests.support.envs import lsf, mpi, slurm, torchrun
+from tests.support.envs import kubeflow, lsf, mpi, slurm, torchrun
 
 # What the 0.1.0 report had exported: every task of the step became "rank 3 of 4".
 STALE = {"RANK": "3", "WORLD_SIZE": "4", "MASTER_ADDR": "login7", "MASTER_PORT": "29500"}
@@ -62,9 +62,11 @@ def test_stale_torchrun_contract_in_an_srun_step_is_refused(
     message = str(error)
     assert message.startswith("pytorch: RANK=3 WORLD_SIZE=4 contradict slurm"), message
     assert f"started this process as {step}," in message
+    assert "were not set by any launcher inside the step" in message
     assert "exported by an earlier job or a shell profile" in message
     assert "Hint: unset RANK WORLD_SIZE" in message
     assert "MASTER_ADDR MASTER_PORT where they are exported" in message
+    assert "distenv reads slurm's numbering itself" in message
     assert (error.source, error.variable, error.value) == ("pytorch", "RANK", "3")
     # --launcher pytorch is offered only where it would detect (the full set).
     assert ("--launcher pytorch" in message) == ("LOCAL_RANK" in extra)
@@ -91,15 +93,81 @@ def test_stale_torchrun_contract_in_an_mpi_launch_or_jsrun_is_refused(
     assert f"started this process as {step}," in message
 
 
+def stale_export(rank: int, size: int) -> dict[str, str]:
+    """Return what `distenv export` printed for rank `rank` of `size` on one node, less
+    DISTENV_SCOPE (0.1.0 printed none; or edited by hand), with an unreachable master."""
+    return {"RANK": str(rank), "WORLD_SIZE": str(size), "LOCAL_RANK": str(rank),
+            "LOCAL_WORLD_SIZE": str(size), "MASTER_ADDR": "192.0.2.1", "MASTER_PORT": "29500"}  # fmt: skip
+
+
 @pytest.mark.parametrize("extra", [STALE, FULL_STALE], ids=["kubeflow-set", "full-set"])
-def test_contract_that_agrees_with_the_step_keeps_todays_answer(extra: dict[str, str]) -> None:
-    """`export RANK=$SLURM_PROCID WORLD_SIZE=$SLURM_NTASKS` in a wrapper: no refusal."""
-    env = {**slurm.SRUN_1N_4T[3], **extra}
-    info = detect("auto", env)
-    assert (info.rank, info.world_size) == (3, 4)
-    # As before: the full set is a launch (pytorch), Kubeflow's set inside a step is not.
-    assert info.launcher == ("pytorch" if "LOCAL_RANK" in extra else "slurm")
-    assert (info.master_addr, info.master_port) == ("login7", 29500)
+@pytest.mark.parametrize("launcher", ["auto", "slurm"])
+def test_contract_that_matches_the_step_is_refused_too(
+    launcher: str, extra: dict[str, str]
+) -> None:
+    """`export RANK=3 WORLD_SIZE=4 ...` in task 3 of a 4-task step: it matches by chance, and is
+    refused like on every other task (until issue #25 this task used the old job's master)."""
+    error = _refused(launcher, {**slurm.SRUN_1N_4T[3], **extra})
+    message = str(error)
+    assert message.startswith(
+        "pytorch: RANK=3 WORLD_SIZE=4 match slurm, which started this process as SLURM_PROCID=3 "
+        "SLURM_STEP_NUM_TASKS=4, and were not set by any launcher inside the step (none marked "
+        "them as its own: TORCHELASTIC_RUN_ID, DISTENV_RUN_ID, CROSS_RANK CROSS_SIZE LOCAL_SIZE): "
+        "they were likely exported by an earlier job or a shell profile; that they match this "
+        "task proves nothing"
+    ), message
+    assert "Hint: unset RANK WORLD_SIZE" in message
+    assert "distenv reads slurm's numbering itself" in message
+    assert ("--launcher pytorch if a wrapper inside the step sets them" in message) == (
+        "LOCAL_RANK" in extra
+    )
+    assert (error.source, error.variable, error.value) == ("pytorch", "RANK", "3")
+    assert error.considered[-1] == (
+        "pytorch",
+        "refused: rank 3 of 4 as slurm's, but no launcher's mark: left over from another job",
+    )
+
+
+@pytest.mark.parametrize(
+    ("envs", "step"),
+    [
+        pytest.param(slurm.SRUN_2N_4T, "SLURM_PROCID={} SLURM_STEP_NUM_TASKS=4", id="srun"),
+        pytest.param(slurm.SRUN_PMIX_4, "SLURM_PROCID={} SLURM_STEP_NUM_TASKS=4", id="srun-pmix"),
+        pytest.param(mpi.OMPI_4, "OMPI_COMM_WORLD_RANK={} OMPI_COMM_WORLD_SIZE=4", id="mpirun"),
+        pytest.param(mpi.HYDRA_4, "PMI_RANK={} PMI_SIZE=4", id="hydra"),
+    ],
+)
+def test_a_stale_export_is_refused_on_every_task_of_the_step(
+    envs: tuple[dict[str, str], ...], step: str
+) -> None:
+    """A stale `distenv export` of rank r (no DISTENV_SCOPE) in every task: each task is refused,
+    the one it matches as much as the others, under srun and under an MPI launch alike."""
+    for stale in range(4):
+        for rank, env in enumerate(envs):
+            message = str(_refused("auto", {**env, **stale_export(stale, 4)}))
+            verb = "match" if rank == stale else "contradict"
+            assert message.startswith(f"pytorch: RANK={stale} WORLD_SIZE=4 {verb} "), message
+            assert f"started this process as {step.format(rank)}," in message
+
+
+@pytest.mark.parametrize("envs", [slurm.SRUN_1N_4T, mpi.OMPI_4])
+def test_explicit_pytorch_takes_a_matching_contract_as_meant(
+    envs: tuple[dict[str, str], ...],
+) -> None:
+    """--launcher pytorch: a wrapper inside the step sets RANK=$SLURM_PROCID ... on purpose."""
+    info = detect("pytorch", {**envs[2], **stale_export(2, 4)})
+    assert (info.launcher, info.rank, info.world_size) == ("pytorch", 2, 4)
+    assert (info.master_addr, info.master_port) == ("192.0.2.1", 29500)
+
+
+def test_a_kubeflow_v1_pods_own_rank_is_not_a_leftover() -> None:
+    """A step whose launcher declares RANK and WORLD_SIZE as its own sets them: Kubeflow v1 sets
+    the pod's index as RANK; matching, it is the pod's (contradicting, still refused)."""
+    pod = kubeflow.POD_V1_2X1_WORKER0
+    assert (pod["RANK"], pod["WORLD_SIZE"]) == ("1", "2")
+    info = detect("auto", pod)
+    assert (info.launcher, info.rank, info.world_size) == ("kubeflow", 1, 2)
+    _refused("auto", {**pod, "RANK": "0"})
 
 
 @pytest.mark.parametrize(

@@ -183,11 +183,12 @@ def test_kubeflow_style_is_one_process_per_node() -> None:
 
 def test_kubeflow_style_is_not_detected_inside_a_scheduler_step() -> None:
     """Kubeflow's set inside an srun step never wins over the step: refused where it contradicts
-    the step (a leftover `export RANK=0 WORLD_SIZE=1`), the step's layout where it agrees."""
+    the step (a leftover `export RANK=0 WORLD_SIZE=1`), and where it matches it (issue #25)."""
     env = {**SRUN_STEP, "RANK": "0", "WORLD_SIZE": "1", "MASTER_ADDR": "h", "MASTER_PORT": "1"}
     with pytest.raises(InconsistentEnvironmentError, match="RANK=0 WORLD_SIZE=1 contradict slurm"):
         detect("auto", env)
-    assert detect("auto", {**env, "RANK": "6", "WORLD_SIZE": "7"}).launcher == "slurm"
+    with pytest.raises(InconsistentEnvironmentError, match="RANK=6 WORLD_SIZE=7 match slurm"):
+        detect("auto", {**env, "RANK": "6", "WORLD_SIZE": "7"})
 
 
 def test_torchrun_ipv6_master() -> None:
