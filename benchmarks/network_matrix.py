@@ -8,9 +8,11 @@ node. On each, the ranks run benchmarks/_netlab_rank.py twice, with RANK, WORLD_
 - ``bare``: ``init_process_group("gloo", init_method="env://", timeout=15 s)``;
 - ``distenv``: ``distenv.init_dist(launcher="pytorch")`` with DISTENV_TIMEOUT=10.
 
-Each run is killed at a hard bound (``--bound``, 30 s). Recorded per run: passed (every rank
-exited 0 with the right sum), the seconds until the last rank exited (or the bound), and per
-rank its exit status, seconds and the first line of its error ("killed at the bound" for a hang).
+Each run is killed at a hard bound (``--bound``, 45 s: above distenv's own deadlines, 10 s for
+the roll call and 20 s for ``init_process_group``, so that its errors are seen). Recorded per
+run: passed (every rank exited 0 with the right sum), the seconds until the last rank exited (or
+the bound), and per rank its exit status, seconds and the first line of its error ("killed at
+the bound" for a hang).
 
     .venv/bin/python benchmarks/network_matrix.py --out docs/benchmarks/network.json
 
@@ -107,7 +109,7 @@ def run_case(lab: Lab, topology: Topology, mode: str, bound: float, work: Path) 
 
 def main() -> int:
     p = parser(__doc__.splitlines()[0])
-    p.add_argument("--bound", type=float, default=30.0, help="kill a run after this many seconds")
+    p.add_argument("--bound", type=float, default=45.0, help="kill a run after this many seconds")
     p.add_argument("--only", help="comma-separated topology names (default: all)")
     args = p.parse_args()
     names = list(SMOKE) if args.smoke else (args.only.split(",") if args.only else list(TOPOLOGIES))
