@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import sys
 
 import pytest
 
@@ -66,7 +67,15 @@ def _hermetic_env(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
-    """Under DISTENV_STRICT_TESTS, a skipped or xfailed test fails the run (CI must see all)."""
+    """Remove network-lab leftovers; under DISTENV_STRICT_TESTS, fail on a skip or an xfail.
+
+    A lab tears itself down in ``finally``; the sweep is the net under that (a test interrupted
+    inside a teardown). It removes only this process's namespaces (netlab.RUN_PREFIX), and only
+    when a test imported the lab.
+    """
+    netlab = sys.modules.get("tests.support.netlab")
+    if netlab is not None:
+        netlab.sweep()
     if not os.environ.get("DISTENV_STRICT_TESTS"):
         return
     reporter = session.config.pluginmanager.get_plugin("terminalreporter")

@@ -101,6 +101,26 @@ def test_fault_matrix_records_the_silent_listener() -> None:
     assert rec["survivors"] == []
 
 
+@pytest.mark.netns
+def test_network_matrix_passes_the_control_bare_and_with_distenv() -> None:
+    """The network matrix's smoke run: the clean control's 3 namespaced nodes finish the
+    all_reduce bare and through distenv, every rank exits 0 with no error, and no namespace is left."""
+    from tests.support import netlab
+
+    data = smoke("network_matrix.py", timeout=120)
+    control = data["topologies"]["control"]
+    assert control["nodes"] == 3
+    for mode in ("bare", "distenv"):
+        ranks = control[mode]["ranks"]
+        assert control[mode]["passed"] is True, ranks
+        assert [(r["node"], r["exit"], r["sum"], r["error"]) for r in ranks] == [
+            (f"node{i}", 0, 6, None) for i in range(3)
+        ]
+        assert control[mode]["seconds"] <= data["bound_s"]
+    assert data["passed"] == {"bare": 1, "distenv": 1}
+    assert netlab.leftovers(data["netns_prefix"]) == []
+
+
 def test_preempt_benchmark_times_the_step_with_and_without_the_check() -> None:
     """Two ranks run train.py's step plain and with `stop_requested()`; no stop is ever seen."""
     data = smoke("bench_preempt.py")
