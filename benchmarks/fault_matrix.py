@@ -32,6 +32,7 @@ NAMED = {
     "killed-after-checkin": "rank 1 (checked in",
     "sigterm-two-in-roll-call": "rank 1 on",
     "stopped-after-init": "rank 2 on",
+    "forged-up-stopped": "a process outside this job wrote to it",
     "rank0-killed-in-init": "lost rank 0's store",
     "killed-in-init-torchrun": "interrupted by SIGTERM",
     "silent-master-port": "accepts connections but is not answering as a torch store",
