@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import datetime
 import os
+import re
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -24,7 +25,7 @@ from distenv.deadline import Deadline, bounded
 from distenv.errors import DistEnvError, InitError, RendezvousError, RendezvousTimeoutError
 from distenv.timing import FAILED_MARK_S, LOOKUP_S, MIN_CONNECT_S
 
-__all__ = ["group_up", "join_group", "torch_timeout"]
+__all__ = ["group_up", "init_failure", "join_group", "torch_timeout"]
 
 # Random bytes in a rank's group-up token (`distenv.bootstrap.session.Session.mark`).
 TOKEN_BYTES = 8
@@ -136,11 +137,7 @@ def join_group(
             raise session.lost("during init_process_group", exc) from None
         except (RuntimeError, ValueError) as exc:  # DistError is a RuntimeError
             session.mark("failed", wait=FAILED_MARK_S)
-            raise InitError(
-                info.launcher,
-                f"{where}: init_process_group(backend={backend!r}) failed: {first_line(exc)}",
-                hint="check that the backend is available in this torch build (nccl needs CUDA)",
-            ) from None
+            raise init_failure(info.launcher, where, backend, first_line(exc)) from None
 
     def not_joined() -> DistEnvError:
         return RendezvousTimeoutError(
@@ -159,6 +156,40 @@ def join_group(
     # From here on the store serves new_group and barriers: give it the group's patience, not the
     # check-in limit.
     store.set_timeout(collective)
+
+
+# How gloo names the peer it could not reach, an IPv4 or IPv6 address (with its zone):
+# "... SO_ERROR: Connection refused, remote=[127.0.1.1]:4350".
+_ADDRESS = r"[0-9A-Fa-f.:]{2,45}(?:%[A-Za-z0-9_.-]{1,32})?"
+_REMOTE = re.compile(rf"(?:SO_ERROR: |: )?([A-Za-z][A-Za-z ]{{2,40}}), remote=\[({_ADDRESS})\]")
+
+
+def init_failure(launcher: str, where: str, backend: str, text: str) -> InitError:
+    """Return the error of an ``init_process_group`` that raised `text` (its first line).
+
+    Where the backend names a peer it could not connect to, that address is what the peer
+    advertised for itself (gloo: the first address its host name resolves to there), the field's
+    most common multi-node failure: the message names it and the hint is the network's, not the
+    build's.
+    """
+    found = _REMOTE.search(text)
+    if found is None:
+        return InitError(
+            launcher,
+            f"{where}: init_process_group(backend={backend!r}) failed: {text}",
+            hint="check that the backend is available in this torch build (nccl needs CUDA)",
+        )
+    reason, remote = found.groups()
+    return InitError(
+        launcher,
+        f"{where}: init_process_group(backend={backend!r}) could not connect to another rank "
+        f"at {remote} ({reason.strip()}), the address that rank's backend advertised",
+        hint="a backend advertises what its node's host name resolves to there (127.0.1.1 from "
+        "a Debian-style /etc/hosts, a management or docker NIC): on every node, set "
+        "GLOO_SOCKET_IFNAME (NCCL_SOCKET_IFNAME for nccl) to the interface of the network the "
+        "nodes share, or make the host name resolve to that network's address "
+        "(docs/troubleshooting.md)",
+    )
 
 
 def torch_timeout(timeout: float | None) -> datetime.timedelta:
