@@ -8,6 +8,7 @@ import os
 import shlex
 import sys
 from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
 from distenv import __version__
 from distenv.args import add_launcher_option
@@ -19,6 +20,9 @@ from distenv.errors import DistEnvError, MasterResolutionError
 from distenv.local.run import add_run_parser
 from distenv.master import SCOPE_VAR
 from distenv.rankinfo import RankInfo
+
+if TYPE_CHECKING:  # distenv.netpath is imported only for --network
+    from distenv.netpath import Path
 
 __all__ = ["main"]
 
@@ -79,8 +83,15 @@ def _cmd_info(args: argparse.Namespace) -> int:
     detection = _detect(args, resolved=resolved)
     info = detection.info
     device, why = _device_fields(info, args.device)
+    network = None
+    if args.network:
+        from distenv.netpath import path
+
+        network = path(info.master_addr, info.master_port, os.environ)
     if args.json:
-        extra = {} if why is None else {"device_reason": why}
+        extra: dict[str, object] = {} if why is None else {"device_reason": why}
+        if network is not None:
+            extra["network"] = _network_json(network)
         _write_whole(json.dumps({**info.to_dict(), **device, **extra}) + "\n")
         return 0
     # Resolved at runtime and still unknown: only rank 0, over MPI, can say (find_master rule 7).
@@ -105,10 +116,48 @@ def _cmd_info(args: argparse.Namespace) -> int:
     width = max(len(name) for name, _ in rows)
     for name, value in rows:
         print(f"{name:<{width}}  {value}")
+    if network is not None:
+        _write_network(network)
     print("\nhow it was chosen:")
     device_row = () if why is None else (("device", why),)
     write_considered((*detection.considered, *device_row), sys.stdout)
     return 0
+
+
+def _network_json(found: Path) -> dict[str, object]:
+    """Return the network fields of `distenv info --network --json`."""
+    return {
+        "hostname": found.hostname,
+        "hostname_resolves_to": list(found.resolved),
+        "gloo_address": found.gloo[0],
+        "gloo_why": found.gloo[1],
+        "nccl_interface": found.nccl[0],
+        "nccl_why": found.nccl[1],
+        "route_to_master": None if found.route is None else found.route._asdict(),
+        "route_error": found.route_error,
+        "interfaces": [i._asdict() for i in found.interfaces],
+        "warnings": found.warnings(),
+    }
+
+
+def _write_network(found: Path) -> None:
+    """Print the network section of `distenv info --network`."""
+    if found.route is not None:
+        on = f" on {found.route.interface}" if found.route.interface else ""
+        reach = f"from {found.route.address}{on}"
+    else:
+        reach = f"unknown ({found.route_error or 'no master address yet'})"
+    rows = [
+        ("host name", f"{found.hostname} -> {', '.join(found.resolved) or 'nothing'}"),
+        ("gloo advertises", f"{found.gloo[0]} ({found.gloo[1]})"),
+        ("NCCL uses", f"{found.nccl[0] or '-'} ({found.nccl[1]})"),
+        ("master reached", reach),
+    ]
+    print("\nnetwork:")
+    for name, value in rows:
+        print(f"  {name:<16}{value}")
+    for warning in found.warnings():
+        print(f"  warning: {warning}")
 
 
 def _cmd_export(args: argparse.Namespace) -> int:
@@ -173,6 +222,12 @@ def build_parser() -> argparse.ArgumentParser:
     add_launcher_option(info)
     _add_format_option(info)
     info.add_argument("--json", action="store_true", help="print one JSON object")
+    info.add_argument(
+        "--network",
+        action="store_true",
+        help="also show this node's host name and addresses, the address gloo and the interface "
+        "NCCL would use by default, and the route to the master (resolves names)",
+    )
     info.add_argument(
         "--device",
         action="store_true",
