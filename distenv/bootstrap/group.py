@@ -267,7 +267,7 @@ def _acknowledge(
             info.launcher,
             f"rank 0 of {world}: the group-up count in the store at {session.master} reads "
             f"{count} while {len(up)} of {world} ranks have recorded themselves up: a process "
-            "outside this job wrote to it; not up: "
+            "outside this job wrote to it; not up yet: "
             f"{_absent(session, 'up', hosts) if len(up) < world else 'none'}",
             hint=FOREIGN_HINT,
         )
