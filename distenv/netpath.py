@@ -10,21 +10,41 @@ gloo and NCCL each advertise one address of this node to the others, chosen blin
 
 Against both stands the address the kernel itself would use to reach the master (a UDP
 ``connect``, which sends nothing): the interface that demonstrably routes to the job's store.
-`path` gathers the three for `distenv info --network`. Linux only (``ioctl`` on a socket,
-/proc/net/if_inet6); no subprocess, no ``ip``; imported only when asked.
+`path` gathers the three for `distenv info --network`; `predict` lists, for the roll call's probe,
+the addresses each backend would advertise and the one it could advertise instead (the first
+address of the interface toward the master, which is what the backend takes once told that
+interface's name). Linux only (``ioctl`` on a socket, /proc/net/if_inet6); no subprocess, no
+``ip``; imported only when asked.
 """
 
 from __future__ import annotations
 
 import contextlib
+import errno
 import fcntl
 import ipaddress
+import re
 import socket
 import struct
 from collections.abc import Mapping, Sequence
 from typing import NamedTuple
 
-__all__ = ["Interface", "Path", "Route", "gloo_default", "interfaces", "nccl_default", "path"]
+__all__ = [
+    "EXPORTED",
+    "USER_CHOICE",
+    "Candidate",
+    "Interface",
+    "Path",
+    "Prediction",
+    "Route",
+    "backends_to_probe",
+    "export",
+    "gloo_default",
+    "interfaces",
+    "nccl_default",
+    "path",
+    "predict",
+]
 
 # <linux/sockios.h>: the interface list (IPv4 addresses) and one interface's flags.
 _SIOCGIFCONF = 0x8912
@@ -35,6 +55,18 @@ _IFREQ = 40  # sizeof(struct ifreq) on 64-bit Linux
 _MAX_IFREQS = 1024
 _IF_INET6 = "/proc/net/if_inet6"
 _MAX_IF_INET6_BYTES = 1 << 20
+
+#: The variables by which a user chooses a backend's network path, per backend. Where any of a
+#: backend's is set, distenv neither probes that backend's default nor changes it. torch RPC's
+#: TP_SOCKET_IFNAME is never read or written either: distenv does not probe tensorpipe.
+USER_CHOICE: dict[str, tuple[str, ...]] = {
+    "gloo": ("GLOO_SOCKET_IFNAME",),
+    "nccl": ("NCCL_SOCKET_IFNAME", "NCCL_COMM_ID", "NCCL_SOCKET_FAMILY"),
+}
+#: What distenv sets where it moves a backend to another interface, one variable per backend.
+EXPORTED = {"gloo": "GLOO_SOCKET_IFNAME", "nccl": "NCCL_SOCKET_IFNAME"}
+# Interface names a record may carry (Linux allows more; such an interface is never offered).
+_IFNAME = re.compile(r"[A-Za-z0-9_.@-]{1,15}")
 
 
 class Interface(NamedTuple):
@@ -260,3 +292,110 @@ def path(master_addr: str | None, master_port: int | None, env: Mapping[str, str
         error,
         found,
     )
+
+
+def backends_to_probe(backend: str, env: Mapping[str, str]) -> tuple[str, ...]:
+    """Return the backends of torch's `backend` string whose path distenv checks: gloo and NCCL,
+    each unless the user chose its path (`USER_CHOICE`)."""
+    named = {part.rpartition(":")[2].strip().lower() for part in backend.split(",")}
+    return tuple(
+        name
+        for name in ("gloo", "nccl")
+        if name in named and not any(env.get(var) for var in USER_CHOICE[name])
+    )
+
+
+def export(backend: str, interface: str) -> tuple[str, str]:
+    """Return the variable and value that move `backend` to `interface`, in its own syntax.
+
+    gloo takes a plain name; NCCL reads a bare name as a prefix (``eth1`` also matches
+    ``eth10``), so it gets its exact-match form ``=eth1``.
+    """
+    return EXPORTED[backend], ("=" + interface if backend == "nccl" else interface)
+
+
+class Candidate(NamedTuple):
+    """An address this node could advertise, and its interface (None: no interface holds it,
+    such as Debian's 127.0.1.1, which lo answers without owning)."""
+
+    address: str
+    interface: str | None
+
+
+class Prediction(NamedTuple):
+    """What this node's backends would advertise, and what they could advertise instead.
+
+    `candidates` holds each backend's default first, then the first address of the interface
+    toward the master (`route`, its index; None where the kernel has no route or the master is
+    on no interface here), then, where asked (rank 0), the first address of every other up
+    interface. `defaults` pairs each backend with its default's index. `unreachable` is the
+    kernel's reason where it knows no route to the master at all.
+    """
+
+    hostname: str
+    candidates: tuple[Candidate, ...]
+    defaults: tuple[tuple[str, int], ...]
+    route: int | None
+    unreachable: str | None
+
+
+def _first_address(found: Sequence[Interface], name: str) -> str | None:
+    """Return the address a backend told to use interface `name` advertises: its first (IPv4
+    before IPv6, as ``getifaddrs`` lists them)."""
+    return next((i.addresses[0] for i in found if i.name == name and i.addresses), None)
+
+
+def predict(
+    master_addr: str,
+    master_port: int,
+    backends: Sequence[str],
+    env: Mapping[str, str],
+    *,
+    limit: int,
+    every_interface: bool = False,
+) -> Prediction:
+    """Return this node's candidates for the roll call's probe (see `Prediction`), at most
+    `limit` of them."""
+    hostname = socket.gethostname()
+    found = interfaces()
+    candidates: list[Candidate] = []
+
+    def add(address: str | None, interface: str | None) -> int | None:
+        if address is None or (interface is not None and not _IFNAME.fullmatch(interface)):
+            return None
+        for index, candidate in enumerate(candidates):
+            if candidate.address == address:
+                return index
+        if len(candidates) >= limit:
+            return None
+        candidates.append(Candidate(address, interface))
+        return len(candidates) - 1
+
+    def owner(address: str) -> str | None:
+        return next((i.name for i in found if address in i.addresses), None)
+
+    defaults: list[tuple[str, int]] = []
+    for backend in backends:
+        if backend == "gloo":
+            address, _ = gloo_default(hostname, _resolve(hostname), found, env)
+            index = add(address, owner(address))
+        else:
+            name, _ = nccl_default(found, env)
+            index = None if name is None else add(_first_address(found, name), name)
+        if index is not None:
+            defaults.append((backend, index))
+    toward: int | None = None
+    unreachable: str | None = None
+    try:
+        reached = route(master_addr, master_port, found)
+    except OSError as exc:
+        if exc.errno in (errno.ENETUNREACH, errno.EHOSTUNREACH):
+            unreachable = exc.strerror or str(exc)
+    else:
+        if reached.interface is not None:
+            toward = add(_first_address(found, reached.interface), reached.interface)
+    if every_interface:
+        up = [i for i in found if i.up and i.addresses]
+        for interface in sorted(up, key=lambda i: i.loopback):
+            add(interface.addresses[0], interface.name)
+    return Prediction(hostname, tuple(candidates), tuple(defaults), toward, unreachable)

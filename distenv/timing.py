@@ -16,6 +16,7 @@ __all__ = [
     "MARGIN_S",
     "MIN_CONNECT_S",
     "MIN_POLL_S",
+    "NET_PROBE_S",
     "POLLS_PER_S",
     "POLL_S",
     "PROBE_FIRST_S",
@@ -69,6 +70,9 @@ PROBE_TIMEOUT_S = 5.0
 #: The shortest timeout a TCPStore or init_process_group is given, however little time is left.
 MIN_CONNECT_S = 1.0
 
+#: How long the roll call's network probe waits for one node's addresses to answer (all are
+#: dialled at once): a refusal or a missing route answers at once, a dropped packet never does.
+NET_PROBE_S = 1.0
 # ---- polling rank 0's store (distenv.bootstrap.store, distenv.bootstrap.rollcall) -----------------------------------
 #: A wait's first pause between polls; it doubles up to the wait's cap (`poll_cap`).
 FIRST_POLL_S = 0.0002

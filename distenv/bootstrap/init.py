@@ -17,9 +17,10 @@ and `init_dist` goes on to
 5. under one deadline (the rendezvous timeout + `distenv.timing.GRACE_S`), run by one
    `distenv.bootstrap.session.Bootstrap`: reach rank 0's store, prove it is this job's and hold the roll
    call over it (`distenv.bootstrap.rollcall`: every rank checks in, rank 0 validates and names missing
-   ranks, and numbers the nodes where the launcher named none), then create the process group
-   with the same store and check that every rank came up (`distenv.bootstrap.group`); a node layout the
-   roll call filled is exported and remembered;
+   ranks, numbers the nodes where the launcher named none and probes the network path the
+   backends will take), export the interface the probe chose where a node's default cannot be
+   reached, then create the process group with the same store and check that every rank came
+   up (`distenv.bootstrap.group`); a node layout the roll call filled is exported and remembered;
 6. log one summary line on rank 0 (logger ``distenv``, INFO);
 7. seed every generator, if asked (`distenv.seeding`).
 
@@ -34,7 +35,7 @@ from typing import TYPE_CHECKING
 
 from distenv import state
 from distenv.bootstrap.group import join_group
-from distenv.bootstrap.rollcall import fill_layout, make_checkin, meet
+from distenv.bootstrap.rollcall import fill_layout, make_checkin, meet, network_exports
 from distenv.bootstrap.session import Bootstrap, Session
 from distenv.bootstrap.store import master_address
 from distenv.bootstrap.teardown import register as end_groups_at_exit
@@ -188,11 +189,27 @@ def _init_process_group(
         # for.
         verdict = meet(boot, checkin, "rollcall")
         placed = fill_layout(info, verdict, checkin)
+        _export_paths(network_exports(verdict, checkin), info)
         hosts = {c.rank: c.hostname for c in verdict.checkins}
         join_group(boot, backend=backend, device=device, timeout=timeout, hosts=hosts)
         return placed
 
     return boot.run(phases)
+
+
+def _export_paths(exports: dict[str, str], info: RankInfo) -> None:
+    """Export the interfaces the roll call's network probe chose for this node, and say so once
+    per node (its first rank)."""
+    if not exports:
+        return
+    os.environ.update(exports)
+    if info.local_rank == 0:
+        logger.warning(
+            "distenv: the network probe found that this node's default address for the process "
+            "group cannot be reached from the other nodes, and that another interface's can: "
+            "exported %s (docs/network.md)",
+            " ".join(f"{name}={value}" for name, value in sorted(exports.items())),
+        )
 
 
 def _placed(info: RankInfo, known: RankInfo) -> RankInfo:

@@ -12,6 +12,7 @@ from typing import Any, NamedTuple
 
 from distenv.bootstrap.records import (
     AGREED,
+    MAX_CANDIDATES,
     MAX_PID,
     MAX_RANK,
     MAX_SHOWN,
@@ -35,6 +36,7 @@ __all__ = [
     "Problem",
     "SharedGpu",
     "SharedLocalRank",
+    "Unreachable",
     "claimed_twice",
     "disagreement",
     "expected_hosts",
@@ -391,6 +393,65 @@ class ForeignCount(NamedTuple):
         return cls(fields.integer("counted", records + 1, 1 << 62), records)
 
 
+#: What a probe of one address found, as `Unreachable` says it (codes from the probe's results).
+WHY_NOT = {
+    "refused": "connection refused",
+    "timeout": "no answer within the probe's time",
+    "unreachable": "no route to it",
+    "foreign": "another process answered there",
+    "unbound": "the node cannot listen there",
+    "error": "the connection failed",
+    "unreached": "not reached",
+}
+
+
+class Unreachable(NamedTuple):
+    """A node whose backend would advertise an address the other nodes cannot reach, and no
+    alternative of which passed the probe either (`distenv.bootstrap.paths`)."""
+
+    host: str
+    rank: int
+    backend: str
+    tried: tuple[tuple[str, str | None, str], ...]
+    missed_by: tuple[str, ...]
+
+    def describe(self, timeout: float) -> str:
+        tried = "; ".join(
+            address + (f" on {interface}" if interface else "") + f": {WHY_NOT[why]}"
+            for address, interface, why in self.tried
+        )
+        by = f" from {_hosts_text(self.missed_by)}" if self.missed_by else ""
+        variable = "GLOO_SOCKET_IFNAME" if self.backend == "gloo" else "NCCL_SOCKET_IFNAME"
+        return (
+            f"{self.backend} on {self.host!r} (rank {self.rank}'s node) would advertise an "
+            f"address the other nodes cannot reach, and none of the node's addresses passed "
+            f"the network probe{by} ({tried}); on that node, export {variable}=<the interface "
+            "of the network the nodes share>, or give a MASTER_ADDR on that network "
+            "(DISTENV_MASTER_ADDR_FORMAT='{host}-ib' for -ib names): docs/network.md"
+        )
+
+    @classmethod
+    def parse(cls, fields: "Fields", world: int) -> "Unreachable":
+        tried = []
+        for entry in fields.items("tried", MAX_CANDIDATES):
+            if (
+                not isinstance(entry, list)
+                or len(entry) != 3
+                or not matches("address", entry[0])
+                or not (entry[1] is None or matches("interface", entry[1]))
+                or entry[2] not in WHY_NOT
+            ):
+                raise ForeignRecordError(fields.key, "field 'tried' is not a list of probes")
+            tried.append((entry[0], entry[1], entry[2]))
+        return cls(
+            fields.text("host", "hostname"),
+            fields.integer("rank", 0, world),
+            fields.text("backend", "probed_backend"),
+            tuple(tried),
+            _host_list(fields, "missed_by"),
+        )
+
+
 def foreign_records(keys: Sequence[str]) -> ForeignCheckIn:
     """Return the one problem that names (a few of) the foreign records under `keys`."""
     return ForeignCheckIn(tuple(keys[:MAX_FOREIGN_SHOWN]), len(keys))
@@ -407,6 +468,7 @@ Problem = (
     | SharedGpu
     | ForeignCheckIn
     | ForeignCount
+    | Unreachable
 )
 #: Each problem's code in the published verdict.
 CODES: dict[type, str] = {
@@ -420,6 +482,7 @@ CODES: dict[type, str] = {
     SharedGpu: "gpu",
     ForeignCheckIn: "foreign",
     ForeignCount: "foreign_count",
+    Unreachable: "unreachable",
 }
 _PROBLEMS: dict[str, Any] = {code: kind for kind, code in CODES.items()}
 

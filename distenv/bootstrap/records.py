@@ -21,15 +21,20 @@ __all__ = [
     "CheckIn",
     "Fields",
     "ForeignRecordError",
+    "NetRecord",
+    "claim",
     "load_json",
     "matches",
     "parse_checkin",
+    "parse_claim",
     "parse_scope",
 ]
 
 # Caps, checked after reading (TCPStore cannot tell a value's size before).
-MAX_CHECKIN_BYTES = 2048
+MAX_CHECKIN_BYTES = 4096
 MAX_SCOPE_BYTES = 300
+MAX_CLAIM_BYTES = 2048  # the scope, and rank 0's network record for the probe
+MAX_CANDIDATES = 8  # addresses one rank offers to the network probe (distenv.netpath)
 MAX_RANK = 1 << 24  # a world of 16 M ranks: far beyond any job, small enough to be sane
 MAX_PID = 1 << 22  # Linux's pid_max limit
 MAX_SHOWN = 16  # ranks, hosts or claims a problem names; the rest are counted
@@ -46,6 +51,10 @@ PATTERNS = {
     # scope_tag(launcher, job, step): see distenv.master.RUN_ID_PATTERN for the run ids inside.
     "scope": r"[A-Za-z0-9][A-Za-z0-9._:/@+\[\]-]{0,299}",
     "record_key": r"(?:checkin|extra)/[0-9]{1,8}",
+    "address": r"[0-9]{1,3}(?:\.[0-9]{1,3}){3}|[0-9A-Fa-f:.]{2,45}(?:%[A-Za-z0-9_.-]{1,32})?",
+    "interface": r"[A-Za-z0-9_.@-]{1,15}",
+    "token": r"[0-9a-f]{16}",
+    "probed_backend": r"gloo|nccl",
 }
 _COMPILED: dict[str, re.Pattern[str]] = {}  # compiled on first use: imports stay cheap
 # Values that matched, per pattern: rank 0 checks N records whose host names, versions and scope
@@ -145,20 +154,91 @@ def load_json(key: str, raw: str | bytes, cap: int) -> object:
 
 
 def parse_scope(key: str, raw: str | bytes) -> str:
-    """Return the scope written under `key`, validated (`ForeignRecordError` if not distenv's)."""
-    if len(raw) > MAX_SCOPE_BYTES:
-        raise ForeignRecordError(key, "longer than any scope")
+    """Return the scope written under `key`, validated (`ForeignRecordError` if not distenv's).
+
+    A claim (`parse_claim`) holds the scope on its first line.
+    """
     text = raw.decode("utf-8", "replace") if isinstance(raw, bytes) else raw
+    text = text.partition("\n")[0]
+    if len(text) > MAX_SCOPE_BYTES:
+        raise ForeignRecordError(key, "longer than any scope")
     if not matches("scope", text):
         raise ForeignRecordError(key, "not a scope written by distenv")
     return text
+
+
+class NetRecord(NamedTuple):
+    """What one rank offers to the roll call's network probe (docs/network.md).
+
+    `addresses` are ``(address, port, interface)``: each address this node's backends would
+    advertise by default or could advertise instead (`distenv.netpath.predict`), with the port
+    this rank listens on there for the probe (0: it could not listen) and the interface that
+    holds it (None: none does). `defaults` pairs each probed backend with its default's index,
+    `route` is the index of the address toward the master. `token` is what the listener answers,
+    so that a probe that reaches another process (a docker0 address every node has) fails.
+    `reached` is, on a rank that probed rank 0's node, the bit mask of rank 0's addresses it
+    reached; None where it did not probe.
+    """
+
+    token: str
+    addresses: tuple[tuple[str, int, str | None], ...]
+    defaults: tuple[tuple[str, int], ...]
+    route: int | None
+    reached: int | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "token": self.token,
+            "addresses": [list(a) for a in self.addresses],
+            "defaults": [list(d) for d in self.defaults],
+            "route": self.route,
+            "reached": self.reached,
+        }
+
+
+_NET_FIELDS = frozenset(NetRecord._fields)
+
+
+def _net(key: str, data: object) -> NetRecord:
+    fields = Fields(key, data, _NET_FIELDS)
+    addresses = []
+    for entry in fields.items("addresses", MAX_CANDIDATES):
+        if (
+            not isinstance(entry, list)
+            or len(entry) != 3
+            or not matches("address", entry[0])
+            or type(entry[1]) is not int
+            or not 0 <= entry[1] < 1 << 16
+            or not (entry[2] is None or matches("interface", entry[2]))
+        ):
+            raise ForeignRecordError(key, "field 'addresses' is not a list of network addresses")
+        addresses.append((entry[0], entry[1], entry[2]))
+    defaults = []
+    for entry in fields.items("defaults", 2):
+        if (
+            not isinstance(entry, list)
+            or len(entry) != 2
+            or not matches("probed_backend", entry[0])
+            or type(entry[1]) is not int
+            or not 0 <= entry[1] < len(addresses)
+        ):
+            raise ForeignRecordError(key, "field 'defaults' does not index its addresses")
+        defaults.append((entry[0], entry[1]))
+    return NetRecord(
+        token=fields.text("token"),
+        addresses=tuple(addresses),
+        defaults=tuple(defaults),
+        route=fields.optional_integer("route", 0, max(len(addresses), 1)),
+        reached=fields.optional_integer("reached", 0, 1 << MAX_CANDIDATES),
+    )
 
 
 class CheckIn(NamedTuple):
     """What one rank reports about itself.
 
     `node_rank` (or `local_world_size`) None: its launcher names no node index (no count of the
-    ranks on its node); the roll call fills them in from the ranks' host names.
+    ranks on its node); the roll call fills them in from the ranks' host names. `net`: what it
+    offers to the network probe, None where it takes no part in it.
     """
 
     rank: int
@@ -175,9 +255,12 @@ class CheckIn(NamedTuple):
     device: str | None = None
     allow_gpu_sharing: bool = False
     scope: str = "-/-/-"
+    net: NetRecord | None = None
 
     def to_json(self) -> str:
-        return json.dumps(self._asdict(), sort_keys=True)
+        record = self._asdict()
+        record["net"] = None if self.net is None else self.net.to_dict()
+        return json.dumps(record, sort_keys=True)
 
 
 _CHECKIN_FIELDS = frozenset(CheckIn._fields)
@@ -202,6 +285,7 @@ def _checkin(key: str, data: object) -> CheckIn:
         device=fields.optional_text("device", "device"),
         allow_gpu_sharing=fields.flag("allow_gpu_sharing"),
         scope=fields.text("scope"),
+        net=None if fields.data["net"] is None else _net(key, fields.data["net"]),
     )
 
 
@@ -213,3 +297,30 @@ def parse_checkin(key: str, raw: str | bytes) -> CheckIn:
             type, out of range or does not match its pattern.
     """
     return _checkin(key, load_json(key, raw, MAX_CHECKIN_BYTES))
+
+
+def parse_claim(key: str, raw: str | bytes) -> tuple[str, str | None, NetRecord | None]:
+    """Return the scope, rank 0's host name and its network record in a scope claim.
+
+    The claim is the scope, then, where rank 0 offers its node's addresses to the probe, a line
+    of JSON with its host name and `NetRecord`.
+
+    Raises:
+        ForeignRecordError: If it is too large or anything in it is not distenv's.
+    """
+    if len(raw) > MAX_CLAIM_BYTES:
+        raise ForeignRecordError(key, "longer than any claim")
+    text = raw.decode("utf-8", "replace") if isinstance(raw, bytes) else raw
+    scope = parse_scope(key, text)
+    rest = text.partition("\n")[2]
+    if not rest:
+        return scope, None, None
+    fields = Fields(key, load_json(key, rest, MAX_CLAIM_BYTES), frozenset(("hostname", "net")))
+    return scope, fields.text("hostname"), _net(key, fields.data["net"])
+
+
+def claim(scope: str, hostname: str | None = None, net: NetRecord | None = None) -> str:
+    """Return the value of a scope claim (`parse_claim`)."""
+    if net is None or hostname is None:
+        return scope
+    return scope + "\n" + json.dumps({"hostname": hostname, "net": net.to_dict()})

@@ -6,6 +6,12 @@ validates the records (`distenv.bootstrap.verdict`: nothing read from the store 
 verdict of structured problems, which every rank renders from its own templates. Where a launcher
 named no node layout, the verdict numbers the nodes and counts their ranks (`fill_layout`).
 
+Where the job may span several hosts, the roll call also proves the network path the backends
+will take (`distenv.bootstrap.paths`): rank 0's claim offers its node's addresses, each node's
+first rank dials them before it checks in and offers its own node's in its check-in, rank 0 dials
+those, and the verdict says which nodes move a backend to another interface (`network_exports`)
+or refuses the job. No round trip is added: what is offered travels in the claim and the records.
+
 Rank 0 reads N records (in chunks) and every rank reads one verdict: O(N) store traffic, not
 O(N^2). A rank other than 0 makes four round trips when nobody is late: peek at the scope, claim
 its key, count itself written, peek at the verdict.
@@ -16,9 +22,18 @@ from __future__ import annotations
 import os
 import socket
 from collections.abc import Set as AbstractSet
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from distenv.bootstrap.records import MAX_SHOWN, CheckIn, ForeignRecordError, parse_checkin
+from distenv.bootstrap.paths import judge, targets
+from distenv.bootstrap.probe import Listener, reach
+from distenv.bootstrap.records import (
+    MAX_CANDIDATES,
+    MAX_SHOWN,
+    CheckIn,
+    ForeignRecordError,
+    NetRecord,
+    parse_checkin,
+)
 from distenv.bootstrap.scope import ScopeCheck
 from distenv.bootstrap.session import FOREIGN_HINT, Bootstrap, Session
 from distenv.bootstrap.store import (
@@ -42,9 +57,20 @@ from distenv.device import device_identity
 from distenv.errors import DistEnvError, RendezvousError, RendezvousTimeoutError
 from distenv.rankinfo import RankInfo
 from distenv.settings import TIMEOUT_VAR
-from distenv.timing import MIN_POLL_S, VERDICT_GRACE_S
+from distenv.timing import MIN_POLL_S, NET_PROBE_S, VERDICT_GRACE_S
 
-__all__ = ["check_in", "fill_layout", "make_checkin", "meet", "roll_call"]
+if TYPE_CHECKING:
+    from distenv.netpath import Prediction
+
+__all__ = [
+    "check_in",
+    "fill_layout",
+    "make_checkin",
+    "meet",
+    "network_exports",
+    "probed_backends",
+    "roll_call",
+]
 
 # Extra claims rank 0 reads: beyond this many, the verdict already says enough.
 MAX_EXTRA = 64
@@ -65,6 +91,8 @@ def meet(boot: Bootstrap, checkin: CheckIn, phase: str, *, check: bool = True) -
     """
     session = boot.session
     info = session.info
+    backends = probed_backends(info, checkin.backend)
+    prediction = _predict(info, backends) if backends else None
     session.store = connect_store(
         info,
         boot.watch,
@@ -84,16 +112,142 @@ def meet(boot: Bootstrap, checkin: CheckIn, phase: str, *, check: bool = True) -
         )
 
     boot.enter("the roll call", boot.deadline, stalled)
+    listener = None
     try:
         scope_check = None
         if info.rank == 0:
-            session.claim()
+            if prediction is not None:
+                listener, checkin = _offer(prediction, checkin, None)
+            session.claim(checkin.hostname, checkin.net)
         else:
             scope_check = session.check(boot.waits.within(boot.timeout))
             scope_check.poll()  # another job's store: refused before writing anything
+            if prediction is not None:
+                # Rank 0's node's addresses are in its claim: dial them before checking in.
+                scope_check.wait(boot.waits.within(boot.timeout), poll_cap(info.world_size))
+                net0 = scope_check.net0
+                if net0 is not None and scope_check.host0 != checkin.hostname:
+                    listener, checkin = _offer(prediction, checkin, _dial(net0))
         return roll_call(session.scoped(phase), boot, checkin, check=check, scope_check=scope_check)
-    except RuntimeError as exc:  # torch's DistError: the store went away
+    except RuntimeError as exc:  # torch's DistError
         raise session.lost("during the roll call", exc) from None
+    finally:
+        if listener is not None:
+            listener.close()
+
+
+def probed_backends(info: RankInfo, backend: str) -> tuple[str, ...]:
+    """Return the backends whose network path this rank's roll call probes (none: no probe).
+
+    Only where the job may span hosts (its launcher does not say one node), only on rank 0 and
+    each node's first rank (every rank where the launcher names no layout), and never a backend
+    whose path the user chose (`distenv.netpath.USER_CHOICE`).
+    """
+    if info.world_size == 1 or info.num_nodes == 1:
+        return ()
+    if info.rank != 0 and info.layout_known and info.local_rank != 0:
+        return ()
+    from distenv.netpath import backends_to_probe
+
+    return backends_to_probe(backend, os.environ)
+
+
+def _predict(info: RankInfo, backends: tuple[str, ...]) -> Prediction:
+    """Return this node's candidates for the probe; refuse at once a node with no route at all.
+
+    Raises:
+        RendezvousError: The kernel knows no route to the master (ENETUNREACH): this node can
+            reach neither rank 0's store nor any rank, however long it waits.
+    """
+    from distenv.netpath import predict
+
+    master = str(info.master_addr)
+    prediction = predict(
+        master,
+        int(info.master_port or 0),
+        backends,
+        os.environ,
+        limit=MAX_CANDIDATES,
+        every_interface=info.rank == 0,
+    )
+    if prediction.unreachable is not None and info.rank != 0:
+        offered = ", ".join(
+            c.address + (f" on {c.interface}" if c.interface else "") for c in prediction.candidates
+        )
+        raise RendezvousError(
+            info.launcher,
+            f"rank {info.rank} of {info.world_size} on {prediction.hostname!r} has no route to "
+            f"the master {master!r} ({prediction.unreachable}); this node's addresses: "
+            f"{offered or 'none but loopback'}",
+            hint="this node shares no network with rank 0's node: check its interfaces "
+            "(`distenv info --network`), or give MASTER_ADDR an address on a network every node "
+            "reaches (DISTENV_MASTER_ADDR_FORMAT='{host}-ib' for -ib names)",
+            variable="MASTER_ADDR",
+            value=master,
+        )
+    return prediction
+
+
+def _offer(
+    prediction: Prediction, checkin: CheckIn, reached: int | None
+) -> tuple[Listener | None, CheckIn]:
+    """Listen on this node's candidates; return the listener and `checkin` offering them."""
+    if not prediction.defaults:
+        return None, checkin
+    token = os.urandom(8).hex()
+    listener = Listener([c.address for c in prediction.candidates], token.encode())
+    addresses = tuple(
+        (c.address, port, c.interface)
+        for c, port in zip(prediction.candidates, listener.ports, strict=True)
+    )
+    net = NetRecord(token, addresses, prediction.defaults, prediction.route, reached)
+    return listener, checkin._replace(net=net)
+
+
+def _dial(net: NetRecord) -> int:
+    """Dial each address `net` offers; return the bit mask of those its owner answered on."""
+    token = net.token.encode()
+    results = reach([(a, port, token) for a, port, _ in net.addresses], NET_PROBE_S)
+    return sum(1 << i for i, result in enumerate(results) if result is None)
+
+
+def _judged(verdict: Verdict, own: CheckIn) -> Verdict:
+    """Return rank 0's verdict with the network probe's decisions (`distenv.bootstrap.paths`)."""
+    dial = targets(verdict.checkins, own.hostname)
+    flat = [
+        (address, port, c.net.token.encode())
+        for c in dial
+        if c.net is not None
+        for address, port, _ in c.net.addresses
+    ]
+    results = reach(flat, NET_PROBE_S) if flat else []
+    dialled = []
+    start = 0
+    for c in dial:
+        assert c.net is not None
+        dialled.append((c, results[start : start + len(c.net.addresses)]))
+        start += len(c.net.addresses)
+    switches, problems = judge(verdict.checkins, own, dialled)
+    if problems:
+        return Verdict(False, tuple(problems), verdict.checkins, verdict.scope)
+    return verdict._replace(paths=tuple(switches))
+
+
+def network_exports(verdict: Verdict, checkin: CheckIn) -> dict[str, str]:
+    """Return the variables this rank exports for its node's switches in `verdict`.
+
+    Never a backend whose path the user chose: this rank's own environment is asked again.
+    """
+    if not verdict.paths:
+        return {}
+    from distenv.netpath import backends_to_probe, export
+
+    probed = backends_to_probe(checkin.backend, os.environ)
+    return dict(
+        export(switch.backend, switch.interface)
+        for switch in verdict.paths
+        if switch.host == checkin.hostname and switch.backend in probed
+    )
 
 
 def roll_call(
@@ -137,6 +291,8 @@ def roll_call(
         scope_check.wrote = True
     if info.rank == 0:
         verdict = _gather(store, info, checkin.scope, boot.waits.within(timeout))
+        if verdict.ok and checkin.net is not None:
+            verdict = _judged(verdict, checkin)
         # The others need the outcome, not every record: a verdict carrying N check-ins, read by
         # N - 1 ranks, would make rank 0's store serve O(N^2) bytes.
         published = verdict.to_json()

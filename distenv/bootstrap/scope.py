@@ -14,8 +14,15 @@ from __future__ import annotations
 import hashlib
 from typing import Any
 
-from distenv.bootstrap.records import ForeignRecordError, matches, parse_scope
-from distenv.bootstrap.store import master_address, peek
+from distenv.bootstrap.records import (
+    ForeignRecordError,
+    NetRecord,
+    claim,
+    matches,
+    parse_claim,
+    parse_scope,
+)
+from distenv.bootstrap.store import master_address, peek, wait_keys
 from distenv.deadline import Deadline
 from distenv.errors import RendezvousTimeoutError, StoreTakenError
 from distenv.rankinfo import RankInfo
@@ -51,14 +58,25 @@ def prefix(scope: str, phase: str, restart: str) -> str:
     return f"{KEY_ROOT}/{scope}/{phase}/{restart}"
 
 
-def claim_scope(store: Any, info: RankInfo, scope: str, key: str) -> None:
+def claim_scope(
+    store: Any,
+    info: RankInfo,
+    scope: str,
+    key: str,
+    hostname: str | None = None,
+    net: NetRecord | None = None,
+) -> None:
     """Write this job's scope under the scope `key` (rank 0), unless another job's is there.
+
+    With `net`, the claim also offers rank 0's node (`hostname`) to the others' network probe
+    (`distenv.bootstrap.records.parse_claim`).
 
     Raises:
         StoreTakenError: If the key holds another scope already.
     """
-    found = store.compare_set(key, "", scope)
-    if found != scope.encode():
+    value = claim(scope, hostname, net)
+    found = store.compare_set(key, "", value)
+    if found != value.encode():
         _taken(info, key, found, scope)
 
 
@@ -80,6 +98,9 @@ class ScopeCheck:
         self.deadline = deadline
         self.confirmed = False
         self.wrote = False  # whether this rank has checked in (said in the error)
+        #: Rank 0's host name and network record, from its claim (None: it offers none).
+        self.host0: str | None = None
+        self.net0: NetRecord | None = None
 
     def poll(self) -> bool:
         """Return whether the scope is confirmed; raise if another's, or absent at the deadline."""
@@ -90,10 +111,21 @@ class ScopeCheck:
             if self.deadline.passed():
                 raise self.absent()
             return False
-        if found != self.scope.encode():
+        try:
+            scope, self.host0, self.net0 = parse_claim(self.key, found)
+        except ForeignRecordError:
+            scope = ""
+        if scope != self.scope:
             _taken(self.info, self.key, found, self.scope, wrote=self.wrote)
         self.confirmed = True
         return True
+
+    def wait(self, deadline: Deadline, cap: float) -> None:
+        """Poll until the scope is confirmed (see `poll`), polling at most every `cap` seconds."""
+        if not self.poll() and not (
+            wait_keys(self.store, [self.key], deadline, cap) and self.poll()
+        ):
+            raise self.absent()
 
     def absent(self) -> RendezvousTimeoutError:
         """Return the error of a scope key still absent at the deadline."""

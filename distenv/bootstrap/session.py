@@ -17,7 +17,7 @@ import socket
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any, TypeVar
 
-from distenv.bootstrap.records import matches
+from distenv.bootstrap.records import NetRecord, matches
 from distenv.bootstrap.scope import ScopeCheck, claim_scope, job_scope, prefix, scope_key
 from distenv.bootstrap.store import first_line, master_address, peek, read_many
 from distenv.deadline import Deadline, Watch, bounded, interruptible, watched
@@ -96,9 +96,12 @@ class Session:
 
         return PrefixStore(self.keys(phase), self.store)
 
-    def claim(self) -> None:
-        """Claim the store for this job (rank 0); raise `StoreTakenError` if another's is there."""
-        claim_scope(self.store, self.info, self.scope, scope_key(self.restart))
+    def claim(self, hostname: str | None = None, net: NetRecord | None = None) -> None:
+        """Claim the store for this job (rank 0); raise `StoreTakenError` if another's is there.
+
+        With `net`, the claim offers rank 0's node (`hostname`) to the others' network probe.
+        """
+        claim_scope(self.store, self.info, self.scope, scope_key(self.restart), hostname, net)
 
     def check(self, deadline: Deadline) -> ScopeCheck:
         """Return the check that the store is this job's (every rank but 0), ending at `deadline`."""

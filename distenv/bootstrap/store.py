@@ -198,17 +198,16 @@ def _resolve(info: RankInfo, host: str, port: int, origin: str = "MASTER_ADDR") 
 def listen_address(host: str, addresses: Sequence[Any]) -> tuple[int, str]:
     """Return the address family and address rank 0's store listens on (``""``: every interface).
 
-    The MASTER_ADDR address when it is a routable one, or a loopback address given literally
-    (a one-node job: nobody else needs to reach it). A *name* that resolves to loopback stays on
-    every interface: Debian maps the host's own name to 127.0.1.1, while the other nodes reach it
-    by its real address.
+    The MASTER_ADDR address when it is given literally (a loopback one included: a one-node job,
+    nobody else needs to reach it). A *name* is resolved again on every node, and the answer
+    here need not be theirs: Debian maps the host's own name to 127.0.1.1, a container host to
+    its docker0 address, while the other nodes reach it by its real address. So a name listens
+    on every interface, as torch's store does by default.
     """
     family, _, _, _, sockaddr = addresses[0]
     address = ipaddress.ip_address(str(sockaddr[0]).split("%")[0])
     literal = host.strip("[]") == str(sockaddr[0])
-    if address.is_loopback and not literal:
-        return family, ""
-    if address.is_unspecified:
+    if not literal or address.is_unspecified:
         return family, ""
     return family, str(sockaddr[0])
 

@@ -15,6 +15,7 @@ from operator import attrgetter
 from types import ModuleType
 from typing import TYPE_CHECKING, NamedTuple
 
+from distenv.bootstrap.paths import Switch
 from distenv.bootstrap.records import (
     AGREED,
     MAX_SHOWN,
@@ -42,8 +43,10 @@ __all__ = [
 
 MAX_VERDICT_BYTES = 64 * 1024
 MAX_PROBLEMS = 64
-# A verdict that numbers the nodes carries their host names: this much more per possible node.
+# A verdict that numbers the nodes carries their host names: this much more per possible node;
+# one that moves a node's backends to another interface carries up to two switches per node.
 NODE_BYTES = 256
+SWITCH_BYTES = 300
 
 
 class Verdict(NamedTuple):
@@ -55,7 +58,8 @@ class Verdict(NamedTuple):
     position and the node count their number. `sizes` counts the ranks on each of those nodes
     (`host_sizes`) where a check-in's ``local_world_size`` is None, so a rank's local world size
     is the count at its node's position. Both are empty when every rank knew its layout, or when
-    the verdict is negative.
+    the verdict is negative. `paths` are the network probe's switches: the nodes whose ranks
+    move a backend to another interface (`distenv.bootstrap.paths`).
     """
 
     ok: bool
@@ -64,6 +68,7 @@ class Verdict(NamedTuple):
     scope: str = "-/-/-"
     nodes: tuple[str, ...] = ()
     sizes: tuple[int, ...] = ()
+    paths: tuple[Switch, ...] = ()
 
     def to_json(self) -> str:
         """Return the published form: scope, ok, problems, nodes and, if any, sizes."""
@@ -75,6 +80,8 @@ class Verdict(NamedTuple):
         }
         if self.sizes:  # only where a rank's local world size is unknown: no bytes otherwise
             published["sizes"] = list(self.sizes)
+        if self.paths:  # only where the network probe moved a backend
+            published["paths"] = [list(switch) for switch in self.paths]
         return json.dumps(published, separators=(",", ":"))
 
     def size_of(self, node: int) -> int | None:
@@ -129,7 +136,7 @@ class Verdict(NamedTuple):
 
 
 _VERDICT_FIELDS = frozenset(("scope", "ok", "problems", "nodes"))
-_SIZED_VERDICT_FIELDS = _VERDICT_FIELDS | {"sizes"}
+_OPTIONAL_FIELDS = frozenset(("sizes", "paths"))
 
 
 def parse_verdict(key: str, raw: str | bytes, *, scope: str, world_size: int) -> Verdict:
@@ -139,10 +146,11 @@ def parse_verdict(key: str, raw: str | bytes, *, scope: str, world_size: int) ->
         ForeignRecordError: If it is too large, malformed, of another scope, or inconsistent (an "ok"
             verdict with problems, a failing one without).
     """
-    cap = MAX_VERDICT_BYTES + NODE_BYTES * world_size
+    cap = MAX_VERDICT_BYTES + (NODE_BYTES + 2 * SWITCH_BYTES) * world_size
     data = load_json(key, raw, cap)
-    sized = isinstance(data, dict) and "sizes" in data
-    fields = Fields(key, data, _SIZED_VERDICT_FIELDS if sized else _VERDICT_FIELDS)
+    present = _OPTIONAL_FIELDS & data.keys() if isinstance(data, dict) else frozenset()
+    sized = "sizes" in present
+    fields = Fields(key, data, _VERDICT_FIELDS | present)
     if fields.text("scope") != scope:
         raise ForeignRecordError(key, "written for another scope")
     ok = fields.flag("ok")
@@ -164,7 +172,20 @@ def parse_verdict(key: str, raw: str | bytes, *, scope: str, world_size: int) ->
         raise ForeignRecordError(
             key, "field 'sizes' does not count the ranks of each node in 'nodes'"
         )
-    return Verdict(ok, problems, (), scope, tuple(hosts), tuple(sizes))
+    paths = []
+    for entry in fields.items("paths", 2 * world_size) if "paths" in present else []:
+        if (
+            not isinstance(entry, list)
+            or len(entry) != 3
+            or not matches("hostname", entry[0])
+            or not matches("probed_backend", entry[1])
+            or not matches("interface", entry[2])
+        ):
+            raise ForeignRecordError(key, "field 'paths' is not a list of interface switches")
+        paths.append(Switch(*entry))
+    if paths and not ok:
+        raise ForeignRecordError(key, "a negative verdict switches no interface")
+    return Verdict(ok, problems, (), scope, tuple(hosts), tuple(sizes), tuple(paths))
 
 
 # ---- validation of a complete set of check-ins (rank 0) -----------------------------------------

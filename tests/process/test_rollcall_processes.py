@@ -204,7 +204,7 @@ def test_store_listens_only_on_the_master_address() -> None:
     ("host", "resolved", "expected"),
     [
         ("10.1.2.3", "10.1.2.3", "10.1.2.3"),  # a routable address: only there
-        ("gpu017", "10.1.2.3", "10.1.2.3"),  # a name for a routable address: only there
+        ("gpu017", "10.1.2.3", ""),  # a name: the others may resolve it elsewhere
         ("127.0.0.1", "127.0.0.1", "127.0.0.1"),  # literal loopback: a one-node job
         ("vm", "127.0.1.1", ""),  # Debian maps its own name to 127.0.1.1: every interface
         ("localhost", "::1", ""),
@@ -213,7 +213,7 @@ def test_store_listens_only_on_the_master_address() -> None:
     ],
 )
 def test_listen_address_rule(host: str, resolved: str, expected: str) -> None:
-    """The store binds to the master's address, except a *name* that resolves to loopback."""
+    """The store binds to the master's address given literally, to every interface for a name."""
     family = socket.AF_INET6 if ":" in resolved else socket.AF_INET
     addresses = [(family, socket.SOCK_STREAM, 6, "", (resolved, 1))]
     assert listen_address(host, addresses) == (family, expected)

@@ -89,8 +89,16 @@ def test_no_rank_aborts_at_exit_where_bare_torch_does() -> None:
     assert not bad, bad
 
 
+# What a loaded machine adds to a rank's exit on top of the teardown's own bound: the rank is
+# pinned to one CPU (exit_race.py), and its interpreter's shutdown and this process's reading of
+# it wait for that CPU (8.1 s in all, 3.1 s over, was seen at a load of ~12 on 2 cores). The
+# group's own timeout, what the bound replaces, is 30 minutes.
+LOADED_EXIT_S = 15.0
+
+
 def test_a_collective_waiting_on_a_stopped_peer_ends_the_exit_within_the_bound() -> None:
-    """Rank 0 exits 3 with an all-reduce still waiting on rank 1 (stopped): within TEARDOWN_S."""
+    """Rank 0 exits 3 with an all-reduce still waiting on rank 1 (stopped): it waits the whole
+    TEARDOWN_S, says so, and ends then, not at the group's timeout."""
     rank0, rank1 = _start("distenv", "stuck", 2)
     try:
         assert rank0.stdout is not None
@@ -99,7 +107,7 @@ def test_a_collective_waiting_on_a_stopped_peer_ends_the_exit_within_the_bound()
         _, err = rank0.communicate(timeout=60)
         took = time.monotonic() - started
         assert rank0.returncode == 3, err
-        assert TEARDOWN_S - 0.5 < took < TEARDOWN_S + 3, took
+        assert TEARDOWN_S - 0.5 < took < TEARDOWN_S + LOADED_EXIT_S, took
         assert (
             "a collective was still waiting on a peer 5 s into this rank's exit; exiting now "
             "with status 3" in err

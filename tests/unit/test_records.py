@@ -28,11 +28,14 @@ from distenv.bootstrap.problems import (
     foreign_records,
 )
 from distenv.bootstrap.records import (
+    MAX_CANDIDATES,
     MAX_CHECKIN_BYTES,
     MAX_SHOWN,
     CheckIn,
     ForeignRecordError,
+    NetRecord,
     parse_checkin,
+    parse_claim,
     parse_scope,
 )
 from distenv.bootstrap.scope import job_scope
@@ -66,6 +69,29 @@ hosts = st.from_regex(r"[a-z][a-z0-9-]{0,20}(\.[a-z0-9]{1,8}){0,2}", fullmatch=T
 scopes = st.from_regex(r"[a-z]{2,8}/[A-Za-z0-9._-]{1,20}/[0-9-]{1,5}/n[0-9]{1,5}", fullmatch=True)
 
 
+addresses = st.from_regex(
+    r"10\.[0-9]{1,3}\.[0-9]{1,3}\.[0-9]{1,3}|fe80::[0-9a-f]{1,4}%eth[0-9]", fullmatch=True
+)
+
+
+@st.composite
+def nets(draw: st.DrawFn) -> NetRecord:
+    """What a rank offers to the network probe (distenv.bootstrap.paths)."""
+    count = draw(st.integers(1, MAX_CANDIDATES))
+    listed = tuple(
+        (draw(addresses), draw(st.integers(0, 65535)), draw(st.none() | st.just("eth0")))
+        for _ in range(count)
+    )
+    backends = draw(st.sampled_from([("gloo",), ("nccl",), ("gloo", "nccl")]))
+    return NetRecord(
+        token=draw(st.from_regex(r"[0-9a-f]{16}", fullmatch=True)),
+        addresses=listed,
+        defaults=tuple((b, draw(st.integers(0, count - 1))) for b in backends),
+        route=draw(st.none() | st.integers(0, count - 1)),
+        reached=draw(st.none() | st.integers(0, (1 << MAX_CANDIDATES) - 1)),
+    )
+
+
 @st.composite
 def checkins(draw: st.DrawFn) -> CheckIn:
     world = draw(st.integers(1, 1 << 16))
@@ -86,6 +112,7 @@ def checkins(draw: st.DrawFn) -> CheckIn:
         device=draw(st.none() | st.just("GPU-5a3e9b1c") | st.just("0000:3b:00")),
         allow_gpu_sharing=draw(st.booleans()),
         scope=draw(scopes),
+        net=draw(st.none() | nets()),
     )
 
 
@@ -123,6 +150,7 @@ def test_any_value_is_a_record_or_a_foreign_record_error(value: object) -> None:
         ("checkin/3", lambda: parse_checkin("checkin/3", raw)),
         ("verdict", lambda: parse_verdict("verdict", raw, scope=SCOPE, world_size=4)),
         ("distenv/scope/0", lambda: parse_scope("distenv/scope/0", raw)),
+        ("distenv/scope/1", lambda: parse_claim("distenv/scope/1", SCOPE.encode() + b"\n" + raw)),
     ):
         refused = _refusal(parse)
         if refused is not None:
@@ -164,7 +192,7 @@ def test_any_field_changed_to_another_value_parses_only_if_it_fits(
         (json.dumps({**checkin()._asdict(), "device": "GPU-<script>"}), "'device'"),
         (json.dumps({**checkin()._asdict(), "scope": "x" * 400}), "'scope'"),
         (json.dumps({**checkin()._asdict(), "pid": 0}), "'pid'"),
-        ("x" * (MAX_CHECKIN_BYTES + 1), "more than the 2048 allowed"),
+        ("x" * (MAX_CHECKIN_BYTES + 1), "more than the 4096 allowed"),
     ],
 )
 def test_malformed_records_are_refused_naming_the_key(text: str, why: str) -> None:

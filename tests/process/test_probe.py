@@ -1,0 +1,64 @@
+"""The network probe's sockets (distenv.bootstrap.probe), on this machine's loopback.
+
+A probe passes only where the process that offered the address answers with its token: a refusal,
+silence, another process or an address nobody could listen on each fail, with their reason, and
+many probes together take the time of one.
+"""
+
+from __future__ import annotations
+
+import socket
+import threading
+import time
+
+from distenv.bootstrap.probe import Listener, reach
+
+TOKEN = b"00112233aabbccdd"
+
+
+def test_the_owner_answers_and_everything_else_fails_with_its_reason() -> None:
+    listener = Listener(["127.0.0.1", "::1", "192.0.2.77"], TOKEN)
+    try:
+        v4, v6, unbound = listener.ports
+        assert v4 > 0
+        assert v6 > 0
+        assert unbound == 0  # TEST-NET-1: not this machine's, so nobody can listen there
+        with socket.socket() as closed:
+            closed.bind(("127.0.0.1", 0))
+            free = closed.getsockname()[1]
+        results = reach(
+            [
+                ("127.0.0.1", v4, TOKEN),
+                ("::1", v6, TOKEN),
+                ("127.0.0.1", v4, b"ffffffffffffffff"),  # another process's token
+                ("127.0.0.1", free, TOKEN),
+                ("192.0.2.77", 0, TOKEN),
+            ],
+            1.0,
+        )
+        assert results == [None, None, "foreign", "refused", "unbound"]
+    finally:
+        listener.close()
+        listener.close()  # idempotent
+    assert "distenv-probe" not in {t.name for t in threading.enumerate()}
+    assert reach([("127.0.0.1", v4, TOKEN)], 1.0) == ["refused"]  # closed for good
+
+
+def test_silent_listeners_time_out_together_within_the_probes_time() -> None:
+    """Twenty sockets that accept in the kernel's backlog but never answer: each is "timeout",
+    all of them within the one probe time, not twenty."""
+    silent = []
+    for _ in range(20):
+        sock = socket.socket()
+        sock.bind(("127.0.0.1", 0))
+        sock.listen(4)
+        silent.append(sock)
+    try:
+        began = time.monotonic()
+        results = reach([("127.0.0.1", s.getsockname()[1], TOKEN) for s in silent], 0.5)
+        took = time.monotonic() - began
+    finally:
+        for sock in silent:
+            sock.close()
+    assert results == ["timeout"] * 20
+    assert 0.5 <= took < 1.5
