@@ -19,6 +19,7 @@ interface's name). Linux only (``ioctl`` on a socket, /proc/net/if_inet6); no su
 
 from __future__ import annotations
 
+import array
 import contextlib
 import errno
 import fcntl
@@ -146,21 +147,18 @@ def _flags(sock: socket.socket, name: str) -> int:
 
 def _ipv4(sock: socket.socket) -> dict[str, list[str]]:
     """Return the IPv4 addresses of every interface (SIOCGIFCONF), by interface name."""
-    buffer = bytearray(_IFREQ * _MAX_IFREQS)
-    request = struct.pack("iL", len(buffer), _address_of(buffer))
+    # An array's buffer_info() gives its address for the ioctl's pointer, without ctypes's import.
+    buffer = array.array("B", bytes(_IFREQ * _MAX_IFREQS))
+    address, size = buffer.buffer_info()
+    request = struct.pack("iL", size, address)
     length = struct.unpack("iL", fcntl.ioctl(sock.fileno(), _SIOCGIFCONF, request))[0]
+    raw = buffer.tobytes()
     found: dict[str, list[str]] = {}
     for offset in range(0, length, _IFREQ):
-        entry = bytes(buffer[offset : offset + _IFREQ])
+        entry = raw[offset : offset + _IFREQ]
         name = entry[:16].split(b"\0", 1)[0].decode(errors="replace").split(":")[0]
         found.setdefault(name, []).append(socket.inet_ntoa(entry[20:24]))
     return found
-
-
-def _address_of(buffer: bytearray) -> int:
-    import ctypes
-
-    return ctypes.addressof(ctypes.c_char.from_buffer(buffer))
 
 
 def _ipv6() -> dict[str, list[str]]:

@@ -280,6 +280,39 @@ def render_fault_matrix(path: str) -> str:
     return "\n".join(rows) + "\n"
 
 
+def render_network_matrix(path: str) -> str:
+    """Return the network matrix, bare torch against distenv, from benchmarks/network_matrix.py's
+    JSON (repository path)."""
+    import json
+
+    data = json.loads((REPO / path).read_text(encoding="utf-8"))
+    m = data["machine"]
+    rows = [
+        f"Measured on {m['date']} ({m['cpu_model']}, {m['logical_cpus']} CPUs; torch "
+        f"{m['torch']}; git {m['git_commit']}), one run of each, {data['total_s']:g} s in all; "
+        f"a hang is killed at {data['bound_s']:g} s. Passed: bare {data['passed']['bare']}, "
+        f"distenv {data['passed']['distenv']} of {len(data['topologies'])}.",
+        "",
+        "| topology | from | bare `env://` | distenv |",
+        "|---|---|---|---|",
+    ]
+
+    def outcome(run: dict[str, Any]) -> str:
+        if run["passed"]:
+            return f"passed, {run['seconds']:g} s"
+        errors = [r for r in run["ranks"] if r["error"]]
+        first = min(errors, key=lambda r: r["seconds"]) if errors else None
+        said = f": rank {first['rank']}: {first['error'][:160]}" if first else ""
+        return f"**failed**, {run['seconds']:g} s{said}"
+
+    for name, rec in data["topologies"].items():
+        rows.append(
+            f"| {name} | {_cell(rec['report'])} | {_cell(outcome(rec['bare']))} "
+            f"| {_cell(outcome(rec['distenv']))} |"
+        )
+    return "\n".join(rows) + "\n"
+
+
 RENDERERS: dict[str, Callable[[str], str]] = {
     "env-table": render_env_table,
     "env-exports": lambda _: render_env_exports(),
@@ -291,6 +324,7 @@ RENDERERS: dict[str, Callable[[str], str]] = {
     "run-refused-flags": lambda _: render_refused_flags(),
     "scripts": render_scripts,
     "fault-matrix": render_fault_matrix,
+    "network-matrix": render_network_matrix,
     # Which test runs the next code block, or why none does, and which tests back a "checked
     # with" sentence (tests/support/docblocks.py, enforced by tests/meta/test_docs.py): nothing on the page.
     "run": lambda _: "",

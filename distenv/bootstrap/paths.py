@@ -19,22 +19,14 @@ no store.
 """
 
 from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING, NamedTuple
+from typing import TYPE_CHECKING
 
-from distenv.bootstrap.records import MAX_SHOWN, CheckIn, NetRecord
+from distenv.bootstrap.records import MAX_SHOWN, CheckIn, NetRecord, Switch
 
 if TYPE_CHECKING:
     from distenv.bootstrap.problems import Problem
 
-__all__ = ["Switch", "judge", "targets"]
-
-
-class Switch(NamedTuple):
-    """The ranks on `host` move `backend` to `interface` (the verdict's ``paths``)."""
-
-    host: str
-    backend: str
-    interface: str
+__all__ = ["judge", "targets"]
 
 
 def targets(checkins: Sequence[CheckIn], host0: str) -> list[CheckIn]:

@@ -22,6 +22,7 @@ __all__ = [
     "Fields",
     "ForeignRecordError",
     "NetRecord",
+    "Switch",
     "claim",
     "load_json",
     "matches",
@@ -231,6 +232,15 @@ def _net(key: str, data: object) -> NetRecord:
         route=fields.optional_integer("route", 0, max(len(addresses), 1)),
         reached=fields.optional_integer("reached", 0, 1 << MAX_CANDIDATES),
     )
+
+
+class Switch(NamedTuple):
+    """The ranks on `host` move `backend` to `interface`: one entry of a verdict's ``paths``
+    (`distenv.bootstrap.paths`)."""
+
+    host: str
+    backend: str
+    interface: str
 
 
 class CheckIn(NamedTuple):

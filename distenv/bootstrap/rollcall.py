@@ -24,8 +24,6 @@ import socket
 from collections.abc import Set as AbstractSet
 from typing import TYPE_CHECKING, Any
 
-from distenv.bootstrap.paths import judge, targets
-from distenv.bootstrap.probe import Listener, reach
 from distenv.bootstrap.records import (
     MAX_CANDIDATES,
     MAX_SHOWN,
@@ -60,6 +58,7 @@ from distenv.settings import TIMEOUT_VAR
 from distenv.timing import MIN_POLL_S, NET_PROBE_S, VERDICT_GRACE_S
 
 if TYPE_CHECKING:
+    from distenv.bootstrap.probe import Listener
     from distenv.netpath import Prediction
 
 __all__ = [
@@ -194,6 +193,8 @@ def _offer(
     """Listen on this node's candidates; return the listener and `checkin` offering them."""
     if not prediction.defaults:
         return None, checkin
+    from distenv.bootstrap.probe import Listener
+
     token = os.urandom(8).hex()
     listener = Listener([c.address for c in prediction.candidates], token.encode())
     addresses = tuple(
@@ -206,13 +207,21 @@ def _offer(
 
 def _dial(net: NetRecord) -> int:
     """Dial each address `net` offers; return the bit mask of those its owner answered on."""
+    from distenv.bootstrap.probe import reach
+
     token = net.token.encode()
     results = reach([(a, port, token) for a, port, _ in net.addresses], NET_PROBE_S)
     return sum(1 << i for i, result in enumerate(results) if result is None)
 
 
 def _judged(verdict: Verdict, own: CheckIn) -> Verdict:
-    """Return rank 0's verdict with the network probe's decisions (`distenv.bootstrap.paths`)."""
+    """Return rank 0's verdict with the network probe's decisions (`distenv.bootstrap.paths`).
+
+    Imported here: a job on one host never pays for the probe's modules.
+    """
+    from distenv.bootstrap.paths import judge, targets
+    from distenv.bootstrap.probe import reach
+
     dial = targets(verdict.checkins, own.hostname)
     flat = [
         (address, port, c.net.token.encode())

@@ -15,7 +15,6 @@ from operator import attrgetter
 from types import ModuleType
 from typing import TYPE_CHECKING, NamedTuple
 
-from distenv.bootstrap.paths import Switch
 from distenv.bootstrap.records import (
     AGREED,
     MAX_SHOWN,
@@ -23,6 +22,7 @@ from distenv.bootstrap.records import (
     CheckIn,
     Fields,
     ForeignRecordError,
+    Switch,
     load_json,
     matches,
 )

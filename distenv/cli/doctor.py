@@ -136,6 +136,7 @@ def doctor(
         f"rank 0's device: {rank_device_reason(info, os.environ.get('CUDA_VISIBLE_DEVICES'))[1]}\n"
     )
     _table(info, verdict, out)
+    _network(verdict, out)
     if verdict.ok:
         out.write(f"verdict: OK: {info.world_size} of {info.world_size} ranks checked in\n")
         return 0
@@ -143,6 +144,26 @@ def doctor(
     for problem in verdict.describe(seconds):
         out.write(f"  - {problem}\n")
     return 1
+
+
+def _network(verdict: Verdict, out: TextIO) -> None:
+    """Write what the roll call's network probe found, where it dialled another host."""
+    offered = {c.hostname for c in verdict.checkins if c.net is not None}
+    if len(offered) < 2:  # one host, or a path every node's user chose: nothing was dialled
+        return
+    from distenv.netpath import export
+
+    if verdict.ok and not verdict.paths:
+        out.write(
+            f"network: the default address of each of {len(offered)} hosts passed the probe; "
+            "nothing to change\n"
+        )
+    for switch in verdict.paths:
+        name, value = export(switch.backend, switch.interface)
+        out.write(
+            f"network: {switch.host!r}: {switch.backend}'s default address did not pass the "
+            f"probe, {switch.interface}'s did: init_dist exports {name}={value} there\n"
+        )
 
 
 def add_doctor_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:

@@ -14,6 +14,7 @@ benchmarks/network_matrix.py.
 from __future__ import annotations
 
 import json
+import time
 from pathlib import Path
 
 import pytest
@@ -120,7 +121,11 @@ def test_every_routable_topology_passes_and_the_unroutable_one_is_refused(name: 
             lab.popen(node, [PYTHON, "-c", PROBED], env={**env, "RANK": str(node)})
             for node in range(3)
         ]
-        outs = [proc.communicate(timeout=PROBE_BOUND_S) for proc in procs]
+        began = time.monotonic()
+        outs, took = [], []
+        for proc in procs:
+            outs.append(proc.communicate(timeout=PROBE_BOUND_S))
+            took.append(time.monotonic() - began)
         left = [netlab.pids(lab.namespace(node)) for node in range(3)]
     reports = [[json.loads(line) for line in out.decode().splitlines() if line.startswith("{")]
                for out, _ in outs]  # fmt: skip
@@ -136,6 +141,8 @@ def test_every_routable_topology_passes_and_the_unroutable_one_is_refused(name: 
             assert nic is None or f"exported GLOO_SOCKET_IFNAME={nic}" in log
         return
     assert [proc.returncode for proc in procs] == [1, 1, 1], (reports, logs)
+    # Waited for in rank order: node2's refusal was over before the others' deadline named it.
+    assert max(took) < PROBE_BOUND_S
     refused = reports[2][-1]["error"]
     assert "rank 2 of 3 on 'node2' has no route to the master 'node0'" in refused
     assert "Hint: this node shares no network with rank 0's node" in refused
@@ -183,3 +190,32 @@ def test_a_peer_address_that_cannot_be_reached_is_named_with_the_network_fix() -
         assert "GLOO_SOCKET_IFNAME" in out, out
     assert not any("nccl needs CUDA" in out for out in outs), outs
     assert left == [[], [], []]
+
+
+@pytest.mark.netns
+def test_doctor_says_what_init_dist_would_export_on_each_node() -> None:
+    """`distenv doctor` on two nodes whose host names are on 127.0.1.1 runs the same probe and
+    prints, for each host, the interface `init_dist` would move gloo to; both exit 0."""
+    topology = debian_loopback(2)
+    env = {**scrubbed_environ(), "WORLD_SIZE": "2", "MASTER_ADDR": topology.master_addr,
+           "MASTER_PORT": PORT, "DISTENV_TIMEOUT": str(PROBE_TIMEOUT_S)}  # fmt: skip
+    env.pop("GLOO_SOCKET_IFNAME", None)
+    with Lab(topology) as lab:
+        procs = [
+            lab.popen(
+                node,
+                [PYTHON, "-m", "distenv", "doctor", "--launcher", "pytorch"],
+                env={**env, "RANK": str(node)},
+            )
+            for node in range(2)
+        ]
+        outs = [proc.communicate(timeout=PROBE_BOUND_S)[0].decode() for proc in procs]
+        left = [netlab.pids(lab.namespace(node)) for node in range(2)]
+    assert [proc.returncode for proc in procs] == [0, 0], outs
+    for host in ("node0", "node1"):
+        assert (
+            f"network: '{host}': gloo's default address did not pass the probe, eth0's did: "
+            "init_dist exports GLOO_SOCKET_IFNAME=eth0 there"
+        ) in outs[0]
+    assert "verdict: OK: 2 of 2 ranks checked in" in outs[0]
+    assert left == [[], []]

@@ -142,3 +142,41 @@ def test_distenv_run_on_one_gpu_picks_nccl():
     (line,) = [x for x in done.stdout.splitlines() if x.startswith("RESULT ")]
     result = json.loads(line[len("RESULT ") :])
     assert (result["device"], result["backend"], result["sum"]) == (0, "nccl", 1.0)
+
+
+NCCL_RANK = """
+import torch, torch.distributed as dist, distenv
+distenv.init_dist(launcher="none")
+t = torch.ones(1, device="cuda")
+dist.all_reduce(t)
+torch.cuda.synchronize()
+print("sum", int(t.item()), flush=True)
+"""
+
+
+def test_nccl_uses_the_interface_distenv_exports_in_its_syntax():
+    """What `distenv.netpath.export` writes for NCCL (``=lo``: NCCL's exact-match form) is the
+    interface NCCL then reports using (NCCL_DEBUG=INFO names it): the syntax distenv moves a node's
+    NCCL with is one NCCL accepts, not only one gloo does."""
+    import os
+    import subprocess
+    import sys
+
+    from distenv.netpath import export
+    from tests.conftest import scrubbed_environ
+
+    name, value = export("nccl", "lo")
+    env = {**scrubbed_environ(), name: value, "NCCL_DEBUG": "INFO", "NCCL_P2P_DISABLE": "1"}
+    env.pop("NCCL_COMM_ID", None)
+    done = subprocess.run(
+        [sys.executable, "-c", NCCL_RANK], env=env, capture_output=True, text=True, timeout=120,
+        cwd=os.getcwd(), check=False,
+    )  # fmt: skip
+    out = done.stdout + done.stderr
+    assert done.returncode == 0, out
+    assert "sum 1" in out
+    assert name == "NCCL_SOCKET_IFNAME"
+    assert value == "=lo"
+    used = re.findall(r"(?:Bootstrap|NET/Socket) ?: Using \[?\d*\]?(\w+):", out)
+    assert used, out
+    assert set(used) == {"lo"}, out

@@ -14,12 +14,13 @@ from typing import Any
 
 import pytest
 
-from distenv.bootstrap.paths import Switch, judge, targets
+from distenv.bootstrap.paths import judge, targets
 from distenv.bootstrap.problems import Unreachable
 from distenv.bootstrap.records import (
     CheckIn,
     ForeignRecordError,
     NetRecord,
+    Switch,
     claim,
     parse_checkin,
     parse_claim,
