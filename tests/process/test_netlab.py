@@ -24,7 +24,7 @@ SEEN = """
 import json, socket, sys
 print(json.dumps({
     "hostname": socket.gethostname(),
-    "resolves": {name: socket.gethostbyname(name) for name in sys.argv[1:]},
+    "resolves": {name: socket.getaddrinfo(name, None)[0][4][0] for name in sys.argv[1:]},
     "interfaces": sorted(name for _, name in socket.if_nameindex()),
 }))
 """

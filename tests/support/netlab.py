@@ -82,11 +82,15 @@ class Nic:
         address: Its IPv4 address with prefix length, e.g. ``10.213.1.10/24``.
         network: The `Network` it plugs into; None for a bridge of its own with no port
             (``docker0`` on a node without containers: its address binds, nothing reaches it).
+        more: Further addresses with prefix lengths, added after `address` in this order (IPv4
+            or IPv6; `address` stays the interface's first, the one a backend told its name
+            advertises).
     """
 
     name: str
     address: str
     network: str | None
+    more: tuple[str, ...] = ()
 
     @property
     def ip(self) -> str:
@@ -279,6 +283,10 @@ class Lab:
                         ip("link", "set", "dev", port, "type", "bridge_slave", "isolated", "on",
                            namespace=self.switch)  # fmt: skip
                 ip("addr", "add", nic.address, "dev", nic.name, namespace=ns)
+                for extra in nic.more:
+                    # No duplicate address detection: an IPv6 address is usable at once.
+                    flags = ("nodad",) if ":" in extra else ()
+                    ip("addr", "add", extra, "dev", nic.name, *flags, namespace=ns)
                 ip("link", "set", nic.name, "up", namespace=ns)
 
     def command(self, node: int, argv: Sequence[str]) -> list[str]:

@@ -146,6 +146,54 @@ def ib_master_name(count: int = 3) -> Topology:
     )
 
 
+def first_address_unroutable(count: int = 3) -> Topology:
+    """The data NIC's first address is on a subnet of its own (no peer has a route to it), its
+    second on the shared one; each host name is on 127.0.1.1.
+
+    Told the NIC's name, gloo advertises its first address: no choice of interface works, so the
+    topology is not routable for gloo, and distenv must refuse it before init_process_group.
+    """
+    return Topology(
+        name="first-address-unroutable",
+        report="an interface with several addresses, the first one not routable",
+        networks=(Network("data"),),
+        nodes=tuple(
+            Node(
+                f"node{i}",
+                (Nic("eth0", f"10.213.{30 + i}.10/24", "data", (f"{address(DATA, i)}/24",)),),
+                (LOCALHOST, (DEBIAN_SELF, f"node{i}"), *_peers(count, DATA, skip=i)),
+            )
+            for i in range(count)
+        ),
+        master_addr="node0",
+        routable=False,
+    )
+
+
+def link_local_name(count: int = 3) -> Topology:
+    """Each host name resolves to the node's own IPv6 link-local address (no scope in /etc/hosts).
+
+    gloo cannot bind a link-local address without its interface, falls back to 127.0.0.1, and
+    the peers fail (pytorch/gloo#268); peers resolve each other's names to data addresses. Rank
+    0's own name is no address its store's client can dial there either: MASTER_ADDR is node 0's
+    data address, as such a cluster's users set it.
+    """
+    return Topology(
+        name="link-local-host-name",
+        report="a host name on a link-local IPv6 address (pytorch/gloo#268)",
+        networks=(Network("data"),),
+        nodes=tuple(
+            Node(
+                f"node{i}",
+                (Nic("eth0", f"{address(DATA, i)}/24", "data", (f"fe80::d:{10 + i}/64",)),),
+                (LOCALHOST, (f"fe80::d:{10 + i}", f"node{i}"), *_peers(count, DATA, skip=i)),
+            )
+            for i in range(count)
+        ),
+        master_addr=address(DATA, 0),
+    )
+
+
 def no_route(count: int = 3) -> Topology:
     """The last node has no NIC but loopback: it cannot reach the master on any address."""
     last = count - 1
@@ -177,6 +225,8 @@ TOPOLOGIES: dict[str, Topology] = {
         nic_names_differ(),
         docker_same_address(),
         ib_master_name(),
+        link_local_name(),
+        first_address_unroutable(),
         no_route(),
     )
 }
