@@ -20,6 +20,7 @@ from distenv.errors import DistEnvError, MasterResolutionError
 from distenv.local.run import add_run_parser
 from distenv.master import SCOPE_VAR
 from distenv.rankinfo import RankInfo
+from distenv.settings import Settings
 
 if TYPE_CHECKING:  # distenv.netpath is imported only for --network
     from distenv.netpath import Path
@@ -79,6 +80,8 @@ def _device_fields(info: RankInfo, check: bool) -> tuple[dict[str, object], str 
 
 
 def _cmd_info(args: argparse.Namespace) -> int:
+    # What init_dist and doctor would refuse, info refuses too: it says what they will see.
+    Settings.read(os.environ).rendezvous_seconds(None)
     resolved = not args.no_resolve
     detection = _detect(args, resolved=resolved)
     info = detection.info
@@ -270,11 +273,26 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """Run the ``distenv`` command; return its exit status (1 for a DistEnvError, 2 for usage)."""
+    """Run the ``distenv`` command; return its exit status (1 for a DistEnvError, 2 for usage).
+
+    A reader that stops early (``distenv info | head -1``) ends a report command quietly with
+    status 0: it read what it wanted. `distenv run` is not a report: its ranks' output going
+    nowhere is the job's business, and its status stays the job's.
+    """
     args = build_parser().parse_args(argv)
     try:
         status: int = args.func(args)
+        if args.command != "run":
+            sys.stdout.flush()  # a closed pipe shows here, not in the interpreter's exit
     except DistEnvError as exc:
         print(f"distenv: {exc}", file=sys.stderr)
         return 1
+    except BrokenPipeError:
+        if args.command == "run":
+            raise
+        # Python flushes stdout once more at exit: point it at /dev/null so that it cannot fail.
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        os.close(devnull)
+        return 0
     return status

@@ -142,10 +142,15 @@ def get_launcher(name: str) -> Launcher:
         return builtin
     plugin = _load_plugin(canonical)
     if plugin is None:
+        import difflib  # only on this error: detection stays cheap
+
+        near = difflib.get_close_matches(canonical, CHOICES, n=1)
+        guess = f"did you mean {near[0]!r}? Otherwise " if near else ""
         raise LauncherNotFoundError(
             "distenv",
             f"unknown launcher {name!r}",
-            hint=f"choose one of {', '.join(CHOICES)} or install the plug-in that provides it",
+            hint=f"{guess}choose one of {', '.join(CHOICES)}, or install the plug-in that "
+            "provides it",
             value=name,
         )
     return plugin
@@ -163,7 +168,8 @@ def checked_name(name: str) -> str:
     except LauncherNotFoundError as exc:
         from argparse import ArgumentTypeError
 
-        raise ArgumentTypeError(str(exc)) from None
+        # argparse says "distenv <command>: error: argument --launcher:" first: not the source.
+        raise ArgumentTypeError(f"{exc.problem}. Hint: {exc.hint}") from None
     return name
 
 

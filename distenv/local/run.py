@@ -399,7 +399,10 @@ def build_children(args: argparse.Namespace, env: Mapping[str, str]) -> list[Chi
             f"--ranks names rank {bad[0]}, but the world has {world_size} ranks",
             hint=f"choose among 0 to {world_size - 1}",
         )
-    extra = thread_env(COMMAND, nproc, Settings.read(env))
+    settings = Settings.read(env)
+    # Checked once here: every rank would refuse it in init_dist, each with its own traceback.
+    settings.rendezvous_seconds(None)
+    extra = thread_env(COMMAND, nproc, settings)
     # -u as torchrun does: ranks' output must not sit in a buffer when a rank dies.
     python = [sys.executable, "-u", *(["-m"] if args.module else [])]
     program = [*([] if args.no_python else python), args.script]

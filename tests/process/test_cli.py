@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import re
 import shlex
 import subprocess
@@ -305,3 +306,42 @@ def test_launcher_slurm_on_a_login_node_says_how_to_submit() -> None:
     hint = result.stderr.split(". Hint: ", 1)[1]
     assert hint.startswith("submit it: `sbatch job.sbatch` whose script runs `srun python"), hint
     assert hint.index("srun -N 2") < hint.index("--launcher none")
+
+
+@pytest.mark.parametrize("argv", [["template"], ["info"], ["info", "--json"]])
+def test_a_reader_that_stops_early_ends_the_report_quietly(argv: list[str]) -> None:
+    """`distenv template | head -1`: the reader is gone before the command writes, and the command
+    exits 0 with nothing on stderr (0.2.0.dev: a BrokenPipeError traceback and status 1, fatal
+    under ``set -o pipefail``)."""
+    read, write = os.pipe()
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "distenv", *argv],
+        stdout=write,
+        stderr=subprocess.PIPE,
+        env=scrubbed_environ(),
+    )
+    os.close(write)
+    os.close(read)  # before the command has written anything: its first write fails
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 0, err
+    assert err == b""
+
+
+def test_a_bad_timeout_is_refused_by_info_and_once_by_run(tmp_path: Path) -> None:
+    """``DISTENV_TIMEOUT=abc``: `distenv info` refuses it as init_dist and doctor do (0.2.0.dev:
+    exit 0, silent), and `distenv run -n 2` refuses it once, before starting any rank (0.2.0.dev:
+    every rank started and failed on its own)."""
+    env = {**scrubbed_environ(), "DISTENV_TIMEOUT": "abc"}
+    info = subprocess.run([sys.executable, "-m", "distenv", "info"], env=env,
+                          capture_output=True, text=True, timeout=60, check=False)  # fmt: skip
+    assert info.returncode == 1
+    assert "$DISTENV_TIMEOUT is 'abc', expected a positive number of seconds" in info.stderr
+    started = tmp_path / "started"
+    run = subprocess.run(
+        [sys.executable, "-m", "distenv", "run", "-n", "2", "--no-python", "touch", str(started)],
+        env=env, capture_output=True, text=True, timeout=60, check=False,
+    )  # fmt: skip
+    assert run.returncode == 1, run.stderr
+    assert run.stderr.count("$DISTENV_TIMEOUT is 'abc'") == 1, run.stderr
+    assert len(run.stderr.strip().splitlines()) == 1, run.stderr
+    assert not started.exists()

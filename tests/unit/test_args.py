@@ -42,7 +42,17 @@ def test_unknown_launcher_is_usage_error(capsys):
     with pytest.raises(SystemExit) as caught:
         make_parser().parse_args(["--launcher", "condor"])
     assert caught.value.code == 2
-    assert "unknown launcher 'condor'" in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert "argument --launcher: unknown launcher 'condor'. Hint: choose one of auto," in err
+    assert "distenv:" not in err  # argparse names the command; no second prefix
+
+
+def test_a_misspelt_launcher_gets_the_nearest_name(capsys):
+    with pytest.raises(SystemExit):
+        make_parser().parse_args(["--launcher", "slrum"])
+    assert "unknown launcher 'slrum'. Hint: did you mean 'slurm'? Otherwise choose one of" in (
+        capsys.readouterr().err
+    )
 
 
 @pytest.mark.parametrize(
