@@ -173,6 +173,15 @@ def init_failure(launcher: str, where: str, backend: str, text: str) -> InitErro
     build's.
     """
     found = _REMOTE.search(text)
+    if found is None and "ss_family" in text:
+        return InitError(
+            launcher,
+            f"{where}: init_process_group(backend={backend!r}) failed: the ranks' backends "
+            "advertise addresses of two families (IPv4 and IPv6), and gloo connects addresses of "
+            f"one family only ({text})",
+            hint="make every node's host name resolve to an address of one family, or set "
+            "GLOO_SOCKET_IFNAME on every node to an interface of the same family (docs/network.md)",
+        )
     if found is None:
         return InitError(
             launcher,

@@ -14,12 +14,13 @@ addresses, and every other node dials rank 0's node's before it checks in
   rank calls ``init_process_group``.
 
 What is proven: rank 0's node reaches every other node's chosen address, and every other node
-reaches rank 0's node's. Two nodes other than rank 0's never dial each other. Pure: no socket,
-no store.
+reaches rank 0's node's. Two nodes other than rank 0's never dial each other; a node that reached
+none of rank 0's addresses of one family (IPv6, say) is taken to reach no node's address of that
+family (`_blind`). Pure: no socket, no store.
 """
 
-from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, NamedTuple
 
 from distenv.bootstrap.records import MAX_SHOWN, CheckIn, NetRecord, Switch
 
@@ -50,75 +51,151 @@ def judge(
     `own` is rank 0's check-in; `dialled` pairs each of `targets` with what rank 0's probe of its
     addresses found (None: reached, else why not, `distenv.bootstrap.probe.REASONS`).
     """
-    switches: list[Switch] = []
-    problems: list[Problem] = []
-
-    def rank0(_: int) -> tuple[str, ...]:
-        return (own.hostname,)
-
-    for checkin, results in dialled:
-        assert checkin.net is not None
-        route = checkin.net.route
-        reasons = [result or "" for result in results]
-        _decide(checkin, reasons, [] if route is None else [route], rank0, switches, problems)
-    if own.net is None:
-        return switches, problems
     reports = [
         (c.hostname, c.net.reached)
         for c in checkins
         if c.net is not None and c.net.reached is not None and c.hostname != own.hostname
     ]
-    if not reports:
-        return switches, problems
-    count = len(own.net.addresses)
-    everyone = (1 << count) - 1
-    for _, mask in reports:
-        everyone &= mask
+    blind = {} if own.net is None else _blind(own.net, reports)
+    nodes: list[_Node] = []
+    for checkin, results in dialled:
+        assert checkin.net is not None
+        net = checkin.net
+        reasons = [result or "" for result in results]
+        missed_by: dict[int, tuple[str, ...]] = dict.fromkeys(range(len(reasons)), (own.hostname,))
+        for i, (address, _, _) in enumerate(net.addresses):
+            hosts = blind.get(_family(address), ())
+            if not reasons[i] and hosts and checkin.hostname not in hosts:
+                reasons[i], missed_by[i] = "unreached", hosts
+        nodes.append(_Node(checkin, reasons, [] if net.route is None else [net.route], missed_by))
+    if own.net is not None and reports:
+        count = len(own.net.addresses)
+        everyone = (1 << count) - 1
+        for _, mask in reports:
+            everyone &= mask
+        reasons = ["" if everyone >> i & 1 else "unreached" for i in range(count)]
+        missed = {
+            i: tuple(dict.fromkeys(h for h, mask in reports if not mask >> i & 1))[:MAX_SHOWN]
+            for i in range(count)
+        }
+        nodes.append(_Node(own, reasons, list(range(count)), missed))
+    chosen = {(n.checkin.hostname, b): _choose(n, d) for n in nodes for b, d in n.defaults}
+    _one_family(nodes, chosen)
+    return _decisions(nodes, chosen)
 
-    def missed(index: int) -> tuple[str, ...]:
-        missing = dict.fromkeys(host for host, mask in reports if not mask >> index & 1)
-        return tuple(missing)[:MAX_SHOWN]
 
-    reasons = ["" if everyone >> i & 1 else "unreached" for i in range(count)]
-    _decide(own, reasons, list(range(count)), missed, switches, problems)
+class _Node(NamedTuple):
+    """One node as rank 0 judges it: its record, why each address failed (empty: it was reached),
+    the addresses it may move to, in order, and who missed each address."""
+
+    checkin: CheckIn
+    reasons: list[str]
+    alternatives: list[int]
+    missed: dict[int, tuple[str, ...]]
+
+    @property
+    def defaults(self) -> tuple[tuple[str, int], ...]:
+        assert self.checkin.net is not None
+        return self.checkin.net.defaults
+
+    def address(self, index: int) -> tuple[str, int, str | None]:
+        assert self.checkin.net is not None
+        return self.checkin.net.addresses[index]
+
+    def usable(self, index: int) -> bool:
+        """Whether the node can move to address `index`: reached, and its interface named."""
+        return not self.reasons[index] and self.address(index)[2] is not None
+
+
+def _choose(node: _Node, default: int) -> int | None:
+    """Return the address a backend of `node` will advertise: its default if reached, else the
+    first usable alternative; None if neither."""
+    if not node.reasons[default]:
+        return default
+    return next((i for i in node.alternatives if i != default and node.usable(i)), None)
+
+
+def _one_family(nodes: Sequence[_Node], chosen: dict[tuple[str, str], int | None]) -> None:
+    """Make every node's gloo address one family, moving IPv6 ones to IPv4 where they can.
+
+    gloo connects only addresses of one family (``ss1.ss_family == ss2.ss_family`` in its TCP
+    device): a node on IPv6 among nodes on IPv4 fails however reachable. A node that cannot move
+    is refused, its reached address named as of the other family.
+    """
+    picked = [
+        (node, index)
+        for node in nodes
+        if (index := chosen.get((node.checkin.hostname, "gloo"))) is not None
+    ]
+    if len({_family(node.address(index)[0]) for node, index in picked}) < 2:
+        return
+    for node, index in picked:
+        if _family(node.address(index)[0]) == 4:
+            continue
+        move = next(
+            (i for i in node.alternatives if node.usable(i) and _family(node.address(i)[0]) == 4),
+            None,
+        )
+        if move is None:
+            node.reasons[index] = "family"
+        chosen[(node.checkin.hostname, "gloo")] = move
+
+
+def _decisions(
+    nodes: Sequence[_Node], chosen: dict[tuple[str, str], int | None]
+) -> tuple[list[Switch], list["Problem"]]:
+    """Return the switches (a backend moved off its default) and the refusals (no address)."""
+    switches: list[Switch] = []
+    problems: list[Problem] = []
+    for node in nodes:
+        host = node.checkin.hostname
+        for backend, default in node.defaults:
+            index = chosen[(host, backend)]
+            if index == default:
+                continue
+            if index is not None:
+                interface = node.address(index)[2]
+                assert interface is not None
+                switches.append(Switch(host, backend, interface))
+                continue
+            from distenv.bootstrap.problems import Unreachable
+
+            tried = [default, *(i for i in node.alternatives if i != default)]
+            problems.append(
+                Unreachable(
+                    host,
+                    node.checkin.rank,
+                    backend,
+                    tuple((node.address(i)[0], node.address(i)[2], node.reasons[i]) for i in tried),
+                    node.missed.get(default, ()),
+                )
+            )
     return switches, problems
 
 
-def _decide(
-    checkin: CheckIn,
-    reasons: Sequence[str],
-    alternatives: list[int],
-    missed: Callable[[int], tuple[str, ...]],
-    switches: list[Switch],
-    problems: list["Problem"],
-) -> None:
-    """Decide each backend of one node: keep its default, switch, or refuse (appended).
+def _family(address: str) -> int:
+    return 6 if ":" in address else 4
 
-    `reasons[i]` is why address `i` was not reached (empty: it was); `missed(i)` names the hosts
-    whose probe of it failed.
+
+def _blind(own: NetRecord, reports: Sequence[tuple[str, int]]) -> dict[int, tuple[str, ...]]:
+    """Return, per address family, the hosts that reached none of rank 0's addresses of it.
+
+    Such a host is taken to reach no node's address of that family either (a node with no IPv6
+    route at all): the pairs of nodes the probe never dials (neither is rank 0's) are judged by
+    it. Link-local addresses, which name an interface of their own node, and addresses rank 0
+    could not listen on prove nothing and are left out.
     """
-    net: NetRecord | None = checkin.net
-    assert net is not None
-    for backend, default in net.defaults:
-        if not reasons[default]:
-            continue
-        chosen = next(
-            (i for i in alternatives if i != default and not reasons[i] and net.addresses[i][2]),
-            None,
-        )
-        interface = None if chosen is None else net.addresses[chosen][2]
-        if interface is not None:
-            switches.append(Switch(checkin.hostname, backend, interface))
-            continue
-        from distenv.bootstrap.problems import Unreachable
-
-        tried = [default, *(i for i in alternatives if i != default)]
-        problems.append(
-            Unreachable(
-                checkin.hostname,
-                checkin.rank,
-                backend,
-                tuple((net.addresses[i][0], net.addresses[i][2], reasons[i]) for i in tried),
-                missed(default),
+    blind: dict[int, tuple[str, ...]] = {}
+    for family in (4, 6):
+        offered = [
+            i
+            for i, (address, port, _) in enumerate(own.addresses)
+            if port and _family(address) == family and not address.lower().startswith("fe80:")
+        ]
+        if offered:
+            hosts = tuple(
+                dict.fromkeys(h for h, mask in reports if not any(mask >> i & 1 for i in offered))
             )
-        )
+            if hosts:
+                blind[family] = hosts[:MAX_SHOWN]
+    return blind

@@ -402,6 +402,8 @@ WHY_NOT = {
     "unbound": "the node cannot listen there",
     "error": "the connection failed",
     "unreached": "not reached",
+    "family": "reached, but of another address family than the other nodes' (gloo connects "
+    "addresses of one family only)",
 }
 
 

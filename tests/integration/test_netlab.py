@@ -96,6 +96,7 @@ EXPORTED = {
     "docker0-same-address": ["eth0"] * 3,
     "ib-second-network": ["ib0"] * 3,
     "link-local-host-name": ["eth0"] * 3,
+    "ipv6-some-nodes": ["eth0", "eth0", None],
 }
 PROBE_TIMEOUT_S = 4  # the rendezvous timeout: the refused topology's others wait this long
 PROBE_BOUND_S = 30.0  # three ranks importing torch on 2 busy cores, and the deadline

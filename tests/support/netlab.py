@@ -79,7 +79,7 @@ class Nic:
 
     Attributes:
         name: The interface name inside the node (at most 15 characters).
-        address: Its IPv4 address with prefix length, e.g. ``10.213.1.10/24``.
+        address: Its first address with prefix length, e.g. ``10.213.1.10/24`` (or IPv6).
         network: The `Network` it plugs into; None for a bridge of its own with no port
             (``docker0`` on a node without containers: its address binds, nothing reaches it).
         more: Further addresses with prefix lengths, added after `address` in this order (IPv4
@@ -282,11 +282,10 @@ class Lab:
                     if isolated[nic.network]:
                         ip("link", "set", "dev", port, "type", "bridge_slave", "isolated", "on",
                            namespace=self.switch)  # fmt: skip
-                ip("addr", "add", nic.address, "dev", nic.name, namespace=ns)
-                for extra in nic.more:
+                for each in (nic.address, *nic.more):
                     # No duplicate address detection: an IPv6 address is usable at once.
-                    flags = ("nodad",) if ":" in extra else ()
-                    ip("addr", "add", extra, "dev", nic.name, *flags, namespace=ns)
+                    flags = ("nodad",) if ":" in each else ()
+                    ip("addr", "add", each, "dev", nic.name, *flags, namespace=ns)
                 ip("link", "set", nic.name, "up", namespace=ns)
 
     def command(self, node: int, argv: Sequence[str]) -> list[str]:

@@ -194,6 +194,33 @@ def link_local_name(count: int = 3) -> Topology:
     )
 
 
+def ipv6_some_nodes(count: int = 3) -> Topology:
+    """Nodes 0 and 1 also share an IPv6 network, and their host names resolve to their IPv6
+    address there; the last node has IPv4 only, and its name resolves to its data address.
+
+    gloo advertises IPv6 on the first nodes and IPv4 on the last, which cannot reach IPv6 at all.
+    """
+    last = count - 1
+
+    def nics(i: int) -> tuple[Nic, ...]:
+        data = nic("eth0", DATA, i, "data")
+        return (data,) if i == last else (data, Nic("eth1", f"fd13:6::{10 + i}/64", "v6"))
+
+    def own(i: int) -> tuple[str, str]:
+        return (address(DATA, i) if i == last else f"fd13:6::{10 + i}", f"node{i}")
+
+    return Topology(
+        name="ipv6-some-nodes",
+        report="dual-stack, with an IPv6 address only some nodes reach (pytorch/gloo#268)",
+        networks=(Network("data"), Network("v6")),
+        nodes=tuple(
+            Node(f"node{i}", nics(i), (LOCALHOST, own(i), *_peers(count, DATA, skip=i)))
+            for i in range(count)
+        ),
+        master_addr="node0",
+    )
+
+
 def no_route(count: int = 3) -> Topology:
     """The last node has no NIC but loopback: it cannot reach the master on any address."""
     last = count - 1
@@ -226,6 +253,7 @@ TOPOLOGIES: dict[str, Topology] = {
         docker_same_address(),
         ib_master_name(),
         link_local_name(),
+        ipv6_some_nodes(),
         first_address_unroutable(),
         no_route(),
     )

@@ -52,3 +52,17 @@ def test_any_other_failure_keeps_the_build_hint() -> None:
         "doesn't have NCCL built in. Hint: check that the backend is available in this torch "
         "build (nccl needs CUDA)"
     )
+
+
+def test_two_address_families_are_named_as_such() -> None:
+    """gloo's enforce on the families of two ranks' addresses (recorded on the ipv6-some-nodes
+    topology with the family rule of distenv.bootstrap.paths turned off): the message says it is
+    IPv4 against IPv6, and the hint is the network's."""
+    text = (
+        "[enforce fail at /__w/pytorch/pytorch/third_party/gloo/gloo/transport/tcp/device.cc:285]"
+        " ss1.ss_family == ss2.ss_family. 2 vs 10"
+    )
+    error = init_failure("pytorch", "rank 0 of 3", "gloo", text)
+    assert "advertise addresses of two families (IPv4 and IPv6)" in str(error)
+    assert "GLOO_SOCKET_IFNAME on every node to an interface of the same family" in str(error)
+    assert "nccl needs CUDA" not in str(error)

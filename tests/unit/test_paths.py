@@ -240,3 +240,33 @@ def test_who_takes_part_in_the_probe(monkeypatch: pytest.MonkeyPatch) -> None:
     assert probed_backends(info(0, nodes=1, world=1), "gloo") == ()
     monkeypatch.setenv("GLOO_SOCKET_IFNAME", "eth0")
     assert probed_backends(info(0), "gloo") == ()
+
+
+def test_a_node_blind_to_ipv6_moves_the_others_off_it() -> None:
+    """node2 reached none of rank 0's IPv6 addresses: node1's IPv6 default, which rank 0 reached,
+    is taken as unreachable from node2 (the probe never dials node1 from node2) and node1 moves
+    to its IPv4 route; rank 0's node does the same by the masks."""
+    own = checkin(0, "node0", net(("fd13:6::10", "eth1"), ("10.213.1.10", "eth0")))
+    node1 = checkin(1, "node1", net(("fd13:6::11", "eth1"), ("10.213.1.11", "eth0"), reached=0b11))
+    node2 = checkin(2, "node2", net(("10.213.1.12", "eth0"), route=0, reached=0b10))
+    switches, problems = judge([own, node1, node2], own, [(node1, [None, None]), (node2, [None])])
+    assert problems == []
+    assert switches == [Switch("node1", "gloo", "eth0"), Switch("node0", "gloo", "eth0")]
+
+
+def test_gloo_gets_one_address_family_on_every_node() -> None:
+    """Every address was reached, but node1's default is IPv6 among IPv4 nodes: gloo would refuse
+    to connect the two families, so node1 moves to its IPv4 route; without one, it is refused with
+    its reached address named as of the other family."""
+    own = checkin(0, "node0", net(("10.213.1.10", "eth0"), route=0))
+    node1 = checkin(1, "node1", net(("fd13:6::11", "eth1"), ("10.213.1.11", "eth0"), reached=0b1))
+    assert judge([own, node1], own, [(node1, [None, None])]) == (
+        [Switch("node1", "gloo", "eth0")],
+        [],
+    )
+    alone = checkin(1, "node1", net(("fd13:6::11", "eth1"), route=None, reached=0b1))
+    switches, problems = judge([own, alone], own, [(alone, [None])])
+    assert switches == []
+    [problem] = problems
+    assert problem.tried == (("fd13:6::11", "eth1", "family"),)
+    assert "of another address family than the other nodes'" in problem.describe(10)
