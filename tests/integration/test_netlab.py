@@ -98,31 +98,44 @@ EXPORTED = {
     "link-local-host-name": ["eth0"] * 3,
     "ipv6-some-nodes": ["eth0", "eth0", None],
 }
+
+
+def node_launcher(node: int, master: str, script: Path) -> list[str]:
+    """`distenv run` for the one rank of node `node` of three, as a user starts it there."""
+    return [PYTHON, "-m", "distenv", "run", "-n", "1", "--nnodes", "3", "--node-rank", str(node),
+            "--master-addr", master, "--master-port", PORT, "--run-id", "netlab",
+            str(script)]  # fmt: skip
+
+
 PROBE_TIMEOUT_S = 4  # the rendezvous timeout: the refused topology's others wait this long
 PROBE_BOUND_S = 30.0  # three ranks importing torch on 2 busy cores, and the deadline
 
 
 @pytest.mark.netns
 @pytest.mark.parametrize("name", TOPOLOGIES)
-def test_every_routable_topology_passes_and_the_unroutable_ones_are_refused(name: str) -> None:
-    """Three nodes, one rank each, RANK/WORLD_SIZE/MASTER_ADDR/MASTER_PORT only (as a user of each
-    cluster would set them; bare torch fails all but the control: benchmarks/network_matrix.py).
+def test_every_routable_topology_passes_and_the_unroutable_ones_are_refused(
+    name: str, tmp_path: Path
+) -> None:
+    """Three nodes, `distenv run -n 1 --nnodes 3 --node-rank N --master-addr M` on each, with
+    MASTER_ADDR as a user of each cluster would give it and no interface variable (bare torch
+    fails all but the control: benchmarks/network_matrix.py).
 
     A routable topology: every rank finishes the all_reduce (1 + 2 + 3), and exactly the nodes
     whose gloo default cannot be reached export the interface toward the master, each its own
     name; the log says so once per node. The node with no route: it refuses at once, naming its
     host, the master and the fix, well before the others' deadline, and they name it missing.
     NICs whose first address no peer can route to: every rank is refused by the verdict, before
-    init_process_group, naming every node and what was tried. Every rank has exited within the
-    bound, and nothing is left in the namespaces.
+    init_process_group, naming every node and what was tried. Every launcher exits with its rank's
+    status within the bound, and nothing is left in the namespaces.
     """
     topology = TOPOLOGIES[name]
-    env = {**scrubbed_environ(), "WORLD_SIZE": "3", "MASTER_ADDR": topology.master_addr,
-           "MASTER_PORT": PORT, "DISTENV_TIMEOUT": str(PROBE_TIMEOUT_S)}  # fmt: skip
+    script = tmp_path / "probed.py"
+    script.write_text(PROBED)
+    env = {**scrubbed_environ(), "DISTENV_TIMEOUT": str(PROBE_TIMEOUT_S)}
     env.pop("GLOO_SOCKET_IFNAME", None)
     with Lab(topology) as lab:
         procs = [
-            lab.popen(node, [PYTHON, "-c", PROBED], env={**env, "RANK": str(node)})
+            lab.popen(node, node_launcher(node, topology.master_addr, script), env=env)
             for node in range(3)
         ]
         began = time.monotonic()
