@@ -2,8 +2,8 @@
 
 A `Listener` listens on each address a rank offers (port 0: the kernel picks) and answers every
 connection with the rank's token, from one thread, until closed. `reach` dials many
-``(address, port, token)`` at once, non-blocking, and says of each whether the right process
-answered within `distenv.timing.NET_PROBE_S`: a connection to the same address on another node
+``(address, port, token)`` at once (`WINDOW` in flight), non-blocking, and says of each whether
+the right process answered within `distenv.timing.NET_PROBE_S` of its own start: a connection to the same address on another node
 (a docker0 address every node has, a loopback address) finds no listener there, or one that does
 not know the token. What the results mean is `distenv.bootstrap.paths`'s.
 """
@@ -100,36 +100,66 @@ def _reason(code: int) -> str:
     return "error"
 
 
-def reach(targets: Sequence[tuple[str, int, bytes]], seconds: float) -> list[str | None]:
-    """Dial every ``(address, port, token)`` at once; return, per target, None where the process
-    that answered sent `token`, else why not (`REASONS`), all within `seconds`."""
+#: Probes in flight at once: the descriptors one rank opens for them (a soft limit of 1024 is
+#: common), however many nodes it dials; each probe's time runs from its own start.
+WINDOW = 256
+
+
+def reach(
+    targets: Sequence[tuple[str, int, bytes]], seconds: float, window: int = WINDOW
+) -> list[str | None]:
+    """Dial every ``(address, port, token)``, `window` at a time; return, per target, None where
+    the process that answered sent `token`, else why not (`REASONS`), each within `seconds` of
+    its own start (all at once up to `window` targets)."""
     results: list[str | None] = ["timeout"] * len(targets)
     received: dict[int, bytes] = {}
-    end = time.monotonic() + seconds
+    ends: dict[int, float] = {}
+    waiting = iter(range(len(targets)))
     with selectors.DefaultSelector() as selector:
-        for index, (address, port, _) in enumerate(targets):
+
+        def finish(conn: socket.socket, index: int, outcome: str | None) -> None:
+            results[index] = outcome
+            del ends[index]
+            selector.unregister(conn)
+            conn.close()
+
+        def start(index: int) -> None:
+            address, port, _ = targets[index]
             if port == 0:
                 results[index] = "unbound"
-                continue
+                return
             try:
                 family, sockaddr = _sockaddr(address, port)
-                sock = socket.socket(family, socket.SOCK_STREAM)
             except OSError:
                 results[index] = "unreachable"
-                continue
+                return
+            try:
+                sock = socket.socket(family, socket.SOCK_STREAM)
+            except OSError:  # out of descriptors: not the address's fault
+                results[index] = "error"
+                return
             sock.setblocking(False)
             code = sock.connect_ex(sockaddr)
             if code not in (0, errno.EINPROGRESS):
                 results[index] = _reason(code)
                 sock.close()
-                continue
-            received[index] = b""
+                return
+            received[index], ends[index] = b"", time.monotonic() + seconds
             selector.register(sock, selectors.EVENT_WRITE | selectors.EVENT_READ, index)
-        while selector.get_map():
-            left = end - time.monotonic()
-            if left <= 0:
-                break
-            for key, events in selector.select(left):
+
+        while True:
+            while len(ends) < window and (index := next(waiting, None)) is not None:
+                start(index)
+            if not ends:
+                return results
+            now = time.monotonic()
+            for key in list(selector.get_map().values()):
+                if ends[key.data] <= now:  # stays "timeout"
+                    assert isinstance(key.fileobj, socket.socket)
+                    finish(key.fileobj, key.data, "timeout")
+            if not ends:
+                continue
+            for key, events in selector.select(max(min(ends.values()) - now, 0)):
                 conn, index = key.fileobj, key.data
                 assert isinstance(conn, socket.socket)
                 if events == selectors.EVENT_WRITE:
@@ -137,17 +167,11 @@ def reach(targets: Sequence[tuple[str, int, bytes]], seconds: float) -> list[str
                     if not code:  # connected: wait for the answer
                         selector.modify(conn, selectors.EVENT_READ, index)
                         continue
-                    outcome: str | None = _reason(code)
-                else:
-                    outcome = _read(conn, targets[index][2], received, index)
+                    finish(conn, index, _reason(code))
+                    continue
+                outcome = _read(conn, targets[index][2], received, index)
                 if outcome is not None:
-                    results[index] = outcome or None
-                    selector.unregister(conn)
-                    conn.close()
-        for key in list(selector.get_map().values()):
-            assert isinstance(key.fileobj, socket.socket)
-            key.fileobj.close()
-    return results
+                    finish(conn, index, outcome or None)
 
 
 def _read(sock: socket.socket, token: bytes, received: dict[int, bytes], index: int) -> str | None:

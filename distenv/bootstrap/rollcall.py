@@ -80,12 +80,16 @@ CLOSED = b"closed"
 def meet(boot: Bootstrap, checkin: CheckIn, phase: str, *, check: bool = True) -> Verdict:
     """Reach rank 0's store, prove it is this job's, and hold the roll call under `phase`.
 
+    Where the job may span hosts, the roll call also probes the network path
+    (`probed_backends`): rank 0 offers its node's addresses in its claim, a probing rank dials
+    them before it checks in and offers its own, and each listener closes when the roll call ends.
     Runs inside `Bootstrap.run`; leaves the store in ``boot.session.store``.
 
     Raises:
         StoreTakenError: The store belongs to another job (or to no distenv job).
         RendezvousTimeoutError: The store was not reached, or ranks are missing.
-        RendezvousError: The verdict found problems (with `check`), or the store went away.
+        RendezvousError: The verdict found problems (with `check`), the store went away, or this
+            node has no route to the master.
         DistEnvError: Rank 0 cannot listen on the port, or the master does not resolve.
     """
     session = boot.session

@@ -88,7 +88,9 @@ class ScopeCheck:
     (rank 0 has usually claimed the key by then), then checks in even if the key is still absent:
     its record lies under this job's own prefix, which no other job reads, and the wait for the
     verdict goes on polling the scope first. So a rank 0 that arrives last finds everybody checked
-    in, instead of everybody waiting for its claim before checking in.
+    in, instead of everybody waiting for its claim before checking in. A rank that probes the
+    network path `wait`s for the claim instead: it needs rank 0's addresses, which the claim
+    carries (`host0`, `net0`), before it checks in.
     """
 
     def __init__(

@@ -62,3 +62,31 @@ def test_silent_listeners_time_out_together_within_the_probes_time() -> None:
             sock.close()
     assert results == ["timeout"] * 20
     assert 0.5 <= took < 1.5
+
+
+def test_more_targets_than_the_window_are_dialled_a_window_at_a_time() -> None:
+    """300 probes of one listener with 16 in flight all pass (a thousand nodes must not run rank 0
+    out of descriptors and read as unreachable); 40 silent ones with 8 in flight each time out
+    after their own 0.2 s, in five waves, not in one 0.2 s for all."""
+    listener = Listener(["127.0.0.1"], TOKEN)
+    try:
+        assert (
+            reach([("127.0.0.1", listener.ports[0], TOKEN)] * 300, 5.0, window=16) == [None] * 300
+        )
+    finally:
+        listener.close()
+    silent = []
+    for _ in range(40):
+        sock = socket.socket()
+        sock.bind(("127.0.0.1", 0))
+        sock.listen(64)
+        silent.append(sock)
+    try:
+        began = time.monotonic()
+        results = reach([("127.0.0.1", s.getsockname()[1], TOKEN) for s in silent], 0.2, window=8)
+        took = time.monotonic() - began
+    finally:
+        for sock in silent:
+            sock.close()
+    assert results == ["timeout"] * 40
+    assert 5 * 0.2 <= took < 5
