@@ -182,12 +182,21 @@ def _cmd_export(args: argparse.Namespace) -> int:
     return 0
 
 
+_LIST_WIDTH = 100  # the template list's lines, names included
+
+
 def _cmd_template(args: argparse.Namespace) -> int:
     if args.name is None:
+        import textwrap
+
         known = templates.names()
         width = max(len(name) for name in known)
         for name in known:
-            print(f"{name:<{width}}  {templates.summary(name)}")
+            # Whole summaries, wrapped under their column: a cut one hides what it is for.
+            lines = textwrap.wrap(templates.summary(name), max(_LIST_WIDTH - width - 2, 30))
+            print(f"{name:<{width}}  {lines[0] if lines else ''}")
+            for line in lines[1:]:
+                print(" " * (width + 2) + line)
         print("\nprint one with `distenv template NAME > job.sh`; every one needs TRAIN set")
         return 0
     _write_whole(templates.read(args.name))

@@ -20,7 +20,6 @@ if TYPE_CHECKING:
 __all__ = ["description", "find", "names", "read", "summary"]
 
 _ROOT = "scripts"
-_WIDTH = 72
 # Scheduler directive lines (sbatch, bsub, qsub, flux batch): they end a leading comment.
 _DIRECTIVES = ("#SBATCH", "#BSUB", "#PBS", "#flux:")
 
@@ -47,17 +46,19 @@ def names() -> tuple[str, ...]:
 
 
 def find(name: str) -> str:
-    """Return the template `name` stands for: its full name, or a unique file name or stem.
+    """Return the template `name` stands for: its full name, a unique file name or stem, else
+    the one template whose name contains it (``single``, ``array``).
 
     Raises:
-        ConfigurationError: If no template, or more than one, matches `name`.
+        ConfigurationError: If no template, or more than one, matches `name` (the error names
+            the ones it could mean).
     """
     known = names()
     if name in known:
         return name
     matches = [
         n for n in known if name in (n.rsplit("/", 1)[-1], n.rsplit("/", 1)[-1].split(".")[0])
-    ]
+    ] or [n for n in known if name in n]
     if len(matches) == 1:
         return matches[0]
     problem = (
@@ -88,6 +89,5 @@ def description(name: str) -> str:
 
 
 def summary(name: str) -> str:
-    """Return what template `name` is for: the first clause of its `description`, shortened."""
-    first = re.split(r"[.:](?:\s|$)", description(name), maxsplit=1)[0]
-    return first if len(first) <= _WIDTH else first[: _WIDTH - 3].rstrip() + "..."
+    """Return what template `name` is for: the first clause of its `description`, whole."""
+    return re.split(r"[.:](?:\s|$)", description(name), maxsplit=1)[0]

@@ -236,7 +236,8 @@ def test_template_lists_every_file_of_scripts() -> None:
     expected = sorted(str(p.relative_to(scripts)) for p in scripts.rglob("*") if p.is_file())
     result = run_cli("template")
     assert result.returncode == 0, result.stderr
-    listed = [line.split()[0] for line in result.stdout.split("\n\n")[0].splitlines()]
+    rows = result.stdout.split("\n\n")[0].splitlines()
+    listed = [line.split()[0] for line in rows if not line.startswith(" ")]  # not wrapped lines
     assert listed == expected
     assert re.search(
         r"^slurm/single_node\.sbatch +One node, one task per GPU$", result.stdout, re.M
@@ -254,10 +255,38 @@ def test_template_prints_the_file_byte_for_byte(name: str) -> None:
 
 def test_template_unknown_name_lists_the_templates() -> None:
     """An unknown template name is a DistEnvError (exit 1) that names every template."""
-    result = run_cli("template", "single")
+    result = run_cli("template", "condor")
     assert result.returncode == 1
-    assert result.stderr.startswith("distenv: template: no template 'single'. Hint: name one of: ")
+    assert result.stderr.startswith("distenv: template: no template 'condor'. Hint: name one of: ")
     assert "slurm/single_node.sbatch" in result.stderr
+
+
+def test_a_part_of_a_name_finds_its_one_template_or_names_those_it_could_mean() -> None:
+    """``single`` is part of one template's name: that one is printed. ``multi`` is part of two:
+    both are named (0.2.0.dev: "no template 'multi'")."""
+    single = run_cli("template", "single")
+    assert single.returncode == 0, single.stderr
+    assert single.stdout.startswith("#!/bin/bash\n# One node, one task per GPU")
+    multi = run_cli("template", "multi")
+    assert multi.returncode == 1
+    assert multi.stderr.startswith(
+        "distenv: template: 'multi' is ambiguous (slurm/multi_node.sbatch, "
+        "slurm/multi_node_torchrun.sbatch). Hint: name one of: "
+    )
+
+
+def test_the_template_list_shows_whole_summaries() -> None:
+    """Each template's first clause, wrapped under its column, never cut with "..."."""
+    listed = run_cli("template")
+    assert listed.returncode == 0
+    assert "..." not in listed.stdout
+    assert max(len(line) for line in listed.stdout.splitlines()) <= 100
+    flat = " ".join(listed.stdout.split())
+    assert (
+        "slurm/requeue_array.sbatch A job array whose elements each save a checkpoint shortly "
+        "before their time limit, requeue themselves alone (not the whole array) and resume in "
+        "their next run"
+    ) in flat
 
 
 def test_info_shows_cuda_visible_devices_and_leaves_torch_unloaded() -> None:
