@@ -148,6 +148,12 @@ else
     printf '%s\n' "$stamp_key" >"$stamp"
     log "venv: done"
 fi
+# yapf (which mmengine imports) writes its grammar's pickle to ~/.cache/YAPF on its first import,
+# not atomically: two ranks that import it first at once can read a half-written file
+# (EOFError in the mmengine recipe, seen on a fresh machine). Write it here, once.
+if [[ -x $VENV/bin/python ]] && "$VENV/bin/python" -c 'import importlib.util as u, sys; sys.exit(u.find_spec("yapf") is None)'; then
+    "$VENV/bin/python" -c 'import yapf' || die "importing yapf (to write its grammar cache) failed"
+fi
 
 if [[ $VENV_ONLY == yes ]]; then
     log "venv-only: done"
