@@ -16,7 +16,8 @@ addresses, and every other node dials rank 0's node's before it checks in
 What is proven: rank 0's node reaches every other node's chosen address, and every other node
 reaches rank 0's node's. Two nodes other than rank 0's never dial each other; a node that reached
 none of rank 0's addresses of one family (IPv6, say) is taken to reach no node's address of that
-family (`_blind`). Pure: no socket, no store.
+family (`_blind`), and gloo's addresses are kept to one family, which gloo requires
+(`_one_family`). Pure: no socket, no store.
 """
 
 from collections.abc import Sequence

@@ -146,9 +146,16 @@ class ScopeCheck:
 
 def _taken(info: RankInfo, key: str, found: bytes, scope: str, *, wrote: bool = False) -> None:
     try:
-        other = f"another job's: {parse_scope(key, found)}"
+        claimed = parse_scope(key, found)
     except ForeignRecordError:
         other = "not claimed by distenv"
+    else:
+        # This job's own scope, in a claim this job's rank 0 did not write: a process outside it.
+        other = (
+            "claimed under this job's scope by a process that is not this job's rank 0"
+            if claimed == scope
+            else f"another job's: {claimed}"
+        )
     written = (
         "wrote only its check-in, under this job's own keys, which the other job never reads"
         if wrote

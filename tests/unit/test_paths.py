@@ -270,3 +270,25 @@ def test_gloo_gets_one_address_family_on_every_node() -> None:
     [problem] = problems
     assert problem.tried == (("fd13:6::11", "eth1", "family"),)
     assert "of another address family than the other nodes'" in problem.describe(10)
+
+
+def test_a_claim_of_this_jobs_scope_that_rank_0_did_not_write_is_named_so() -> None:
+    """A forger copies the job's scope into the claim key first (with an address list of its
+    own): rank 0 refuses the store, naming the claim as written from outside the job, not as
+    "another job's" scope that reads the same as its own."""
+    from distenv.bootstrap.scope import claim_scope
+    from distenv.errors import StoreTakenError
+
+    class Store:
+        value = SCOPE + "\n" + json.dumps({"hostname": "evil", "net": net(*DEBIAN).to_dict()})
+
+        def compare_set(self, key: str, expected: str, desired: str) -> bytes:
+            return self.value.encode()
+
+    rank0 = info(0)
+    with pytest.raises(StoreTakenError) as caught:
+        claim_scope(Store(), rank0, SCOPE, "distenv/scope/0", "node0", net(*DEBIAN))
+    assert "is claimed under this job's scope by a process that is not this job's rank 0" in str(
+        caught.value
+    )
+    assert "another job's" not in str(caught.value)
