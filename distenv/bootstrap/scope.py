@@ -150,9 +150,10 @@ def _taken(info: RankInfo, key: str, found: bytes, scope: str, *, wrote: bool = 
     except ForeignRecordError:
         other = "not claimed by distenv"
     else:
-        # This job's own scope, in a claim this job's rank 0 did not write: a process outside it.
+        # This job's own scope, in a claim this process did not write.
         other = (
-            "claimed under this job's scope by a process that is not this job's rank 0"
+            "claimed under this job's scope by another process (a second rank 0, or one outside "
+            "the job)"
             if claimed == scope
             else f"another job's: {claimed}"
         )

@@ -274,8 +274,8 @@ def test_gloo_gets_one_address_family_on_every_node() -> None:
 
 def test_a_claim_of_this_jobs_scope_that_rank_0_did_not_write_is_named_so() -> None:
     """A forger copies the job's scope into the claim key first (with an address list of its
-    own): rank 0 refuses the store, naming the claim as written from outside the job, not as
-    "another job's" scope that reads the same as its own."""
+    own): rank 0 refuses the store, naming the claim as another process's under this job's scope,
+    not as "another job's" scope that reads the same as its own."""
     from distenv.bootstrap.scope import claim_scope
     from distenv.errors import StoreTakenError
 
@@ -288,7 +288,8 @@ def test_a_claim_of_this_jobs_scope_that_rank_0_did_not_write_is_named_so() -> N
     rank0 = info(0)
     with pytest.raises(StoreTakenError) as caught:
         claim_scope(Store(), rank0, SCOPE, "distenv/scope/0", "node0", net(*DEBIAN))
-    assert "is claimed under this job's scope by a process that is not this job's rank 0" in str(
-        caught.value
-    )
+    assert (
+        "is claimed under this job's scope by another process (a second rank 0, or one outside "
+        "the job)"
+    ) in str(caught.value)
     assert "another job's" not in str(caught.value)
