@@ -39,7 +39,8 @@ def start(
 ) -> subprocess.Popen[str]:
     return subprocess.Popen(
         [sys.executable, "-c", CHILD, str(timeout_s), launcher],
-        env=env,
+        # A rank that hangs is sent SIGABRT by `finish`: faulthandler then prints every thread.
+        env={**env, "PYTHONFAULTHANDLER": "1"},
         cwd=REPO,
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
@@ -63,15 +64,30 @@ def ready(procs: list[subprocess.Popen[str]], limit: float = 120) -> float:
 
 
 def finish(procs: list[subprocess.Popen[str]], limit: float) -> list[tuple[int, str]]:
+    """Return each process's status and output; past `limit`, fail with the hung one's stacks.
+
+    Every process is reaped (and its pipes closed) before this returns or raises, so that none
+    outlives its test.
+    """
     deadline = time.monotonic() + limit
     results = []
     try:
         for proc in procs:
-            out, _ = proc.communicate(timeout=max(deadline - time.monotonic(), 0.1))
+            try:
+                out, _ = proc.communicate(timeout=max(deadline - time.monotonic(), 0.1))
+            except subprocess.TimeoutExpired:
+                proc.send_signal(signal.SIGABRT)  # faulthandler prints every thread's stack
+                out, err = proc.communicate(timeout=30)
+                raise AssertionError(
+                    f"pid {proc.pid} still ran {limit:g} s on; its output:\n{out}\n"
+                    f"its threads at SIGABRT:\n{err}"
+                ) from None
             results.append((proc.returncode, out))
     finally:
         for proc in procs:
             proc.kill()
+            with contextlib.suppress(subprocess.TimeoutExpired, ValueError):
+                proc.communicate(timeout=30)
     return results
 
 
@@ -140,7 +156,11 @@ def test_signal_during_roll_call_exits_promptly_and_frees_the_port(sig: signal.S
     """Rank 0 waiting for a rank that never comes: a signal ends it at once, port released."""
     port = free_port()
     proc = start(contract_env(0, 2, port), 120.0)
-    _wait_listening(port, 60)
+    try:
+        _wait_listening(port, 60)
+    except AssertionError:
+        finish([proc], 0)  # reaps it
+        raise
     time.sleep(0.3)  # past the store's creation, into the roll call's wait
     sent = time.monotonic()
     proc.send_signal(sig)
