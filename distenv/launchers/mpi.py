@@ -98,7 +98,8 @@ class MpiLauncher(AllocationLauncher):
     otherwise no MPI library tells a rank its node index and node count (Open MPI 5 sets no
     OMPI_MCA_orte_*, Hydra nothing of the kind; ``OMPI_COMM_WORLD_NODE_RANK`` is *not* a node index:
     it is a local rank counted across jobs), so node_rank and num_nodes are left unknown (None)
-    and `init_dist`'s roll call numbers the hosts in order of their lowest rank. Nodes may hold
+    and `init_dist`'s roll call numbers the hosts in order of their lowest rank, unless the
+    local size is the world size: then every rank is on this one node. Nodes may hold
     different numbers of ranks, in any order. PALS_NODEID, where set, is the node index. The master
     comes from MASTER_ADDR / MASTER_PORT, else an enclosing scheduler's allocation, else
     `distenv.resolve` finds it over MPI (mpi4py).
@@ -185,6 +186,10 @@ class MpiLauncher(AllocationLauncher):
             # No node count beside it: the roll call counts the hosts.
             node_rank = reader.parse_int(*node)
             sources["node_rank"] = node[0]
+        if num_nodes is None and local_size == world_size:
+            # Every rank of the job is on this node: one node, nothing to exchange.
+            node_rank, num_nodes = 0, 1
+            sources.update(node_rank=lsize_var, num_nodes=lsize_var)
         return RankInfo.checked(
             self.name,
             sources,

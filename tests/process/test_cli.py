@@ -111,15 +111,19 @@ def test_info_text_says_the_master_comes_over_mpi_at_init() -> None:
 
 
 def test_info_says_the_node_layout_comes_from_the_roll_call() -> None:
-    """MPI alone names no node layout: the table says so, the JSON gives typed nulls."""
-    table = run_cli("info", env=mpi.HYDRA_4[2])
+    """MPI alone names no node layout across nodes: the table says so, the JSON gives typed
+    nulls; where the local size is the world size, the one node is known at once."""
+    two_nodes = {**mpi.HYDRA_4[2], "MPI_LOCALNRANKS": "2", "MPI_LOCALRANKID": "0"}
+    table = run_cli("info", env=two_nodes)
     assert table.returncode == 0, table.stderr
     for field in ("node_rank", "num_nodes"):
         assert re.search(rf"^{field} +from the roll call at init \(", table.stdout, re.M), (
             table.stdout
         )
-    data = json.loads(run_cli("info", "--json", "--no-resolve", env=mpi.OMPI_4[3]).stdout)
-    assert (data["local_world_size"], data["node_rank"], data["num_nodes"]) == (4, None, None)
+    data = json.loads(run_cli("info", "--json", "--no-resolve", env=two_nodes).stdout)
+    assert (data["local_world_size"], data["node_rank"], data["num_nodes"]) == (2, None, None)
+    one_node = json.loads(run_cli("info", "--json", "--no-resolve", env=mpi.OMPI_4[3]).stdout)
+    assert (one_node["local_world_size"], one_node["node_rank"], one_node["num_nodes"]) == (4, 0, 1)
     # Where a scheduler's daemon step spans the allocation, the layout is known before init.
     known = json.loads(run_cli("info", "--json", env=mpi.HYDRA_IN_SBATCH[3]).stdout)
     assert (known["node_rank"], known["num_nodes"]) == (1, 2)

@@ -25,11 +25,9 @@ FOUR_NODES = [(r, 4, 0, 1, r, 4) for r in range(4)]
 # Both MPI launchers inside `salloc -N 2 -n 4` put three ranks on the first node, one on the second.
 THREE_PLUS_ONE = [(0, 4, 0, 3, 0, 2), (1, 4, 1, 3, 0, 2), (2, 4, 2, 3, 0, 2), (3, 4, 0, 1, 1, 2)]
 # MPI with no daemon step spanning the allocation names no node: the roll call numbers the hosts.
-ONE_NODE_BY_ROLL_CALL = [(r, 4, r, 4, None, None) for r in range(4)]
 TWO_BY_TWO_BY_ROLL_CALL = [(r, 4, r % 2, 2, None, None) for r in range(4)]
 # Open MPI 5 (PyPI) `-np 3` on one node: local ranks 0, 2, 1, not in rank order.
 OMPI5_LOCAL = [0, 2, 1]
-OMPI5_ONE_NODE_BY_ROLL_CALL = [(r, 3, OMPI5_LOCAL[r], 3, None, None) for r in range(3)]
 OMPI5_ONE_NODE = [(r, 3, OMPI5_LOCAL[r], 3, 0, 1) for r in range(3)]
 # A heterogeneous job whose component 0 (1 task) has the later host name, component 1 3 tasks.
 ONE_PLUS_THREE = [(0, 4, 0, 1, 0, 2), (1, 4, 0, 3, 1, 2), (2, 4, 1, 3, 1, 2), (3, 4, 2, 3, 1, 2)]
@@ -45,8 +43,8 @@ CASES = [
     ("SRUN_2N_GPUS_PER_TASK", slurm.SRUN_2N_GPUS_PER_TASK, "slurm", TWO_BY_TWO, "n1"),
     ("SRUN_PMI2_4", slurm.SRUN_PMI2_4, "slurm", ONE_NODE, "vm"),
     ("SRUN_PMIX_4", slurm.SRUN_PMIX_4, "slurm", ONE_NODE, "vm"),
-    ("OMPI_4", mpi.OMPI_4, "mpi", ONE_NODE_BY_ROLL_CALL, None),
-    ("HYDRA_4", mpi.HYDRA_4, "mpi", ONE_NODE_BY_ROLL_CALL, None),
+    ("OMPI_4", mpi.OMPI_4, "mpi", ONE_NODE, None),
+    ("HYDRA_4", mpi.HYDRA_4, "mpi", ONE_NODE, None),
     ("SRUN_HET_2N_4T", slurm.SRUN_HET_2N_4T, "slurm", TWO_BY_TWO, "n1"),
     ("SRUN_HET_REVERSED", slurm.SRUN_HET_REVERSED, "slurm", ONE_PLUS_THREE, "n2"),
     ("SRUN_HET_DIRECT", slurm.SRUN_HET_DIRECT, "slurm", TWO_BY_TWO, "n2"),
@@ -61,10 +59,10 @@ CASES = [
     ("HYDRA_IN_SALLOC_2N", mpi.HYDRA_IN_SALLOC_2N, "mpi", THREE_PLUS_ONE, "n1"),
     ("OMPI_IN_SBATCH", mpi.OMPI_IN_SBATCH, "mpi", TWO_BY_TWO_BY_ROLL_CALL, "n1"),
     ("HYDRA_IN_SBATCH", mpi.HYDRA_IN_SBATCH, "mpi", TWO_BY_TWO, "n1"),
-    ("OMPI5_3", mpi.OMPI5_3, "mpi", OMPI5_ONE_NODE_BY_ROLL_CALL, None),
+    ("OMPI5_3", mpi.OMPI5_3, "mpi", OMPI5_ONE_NODE, None),
     ("OMPI5_IN_SALLOC_2N", mpi.OMPI5_IN_SALLOC_2N, "mpi", TWO_BY_TWO, "n1"),
     ("OMPI5_IN_SBATCH", mpi.OMPI5_IN_SBATCH, "mpi", TWO_BY_TWO_BY_ROLL_CALL, "n1"),
-    ("MPICH5_4", mpi.MPICH5_4, "mpi", ONE_NODE_BY_ROLL_CALL, None),
+    ("MPICH5_4", mpi.MPICH5_4, "mpi", ONE_NODE, None),
     ("MPICH5_IN_SALLOC_2N", mpi.MPICH5_IN_SALLOC_2N, "mpi", TWO_BY_TWO, "n1"),
     ("MPICH5_IN_SBATCH", mpi.MPICH5_IN_SBATCH, "mpi", TWO_BY_TWO, "n1"),
     ("TORCHRUN_4", torchrun.TORCHRUN_4, "pytorch", ONE_NODE, "localhost"),

@@ -103,7 +103,7 @@ def test_sagemaker_bad_values_are_named(
         ),
         pytest.param(
             AML_MPI_1X2_RANK1,
-            ("mpi", 1, 2, 1, 2, None, None),
+            ("mpi", 1, 2, 1, 2, 0, 1),
             ("10.0.0.5", scheduler_port("ddp_1700000001_e5f6a7b8", "mpi")),
             id="1x2",
         ),

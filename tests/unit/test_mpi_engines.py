@@ -75,7 +75,8 @@ def test_open_mpi_5_local_ranks_need_not_follow_rank_order() -> None:
         (1, 2, 3),
         (2, 1, 3),
     ]
-    assert {(i.node_rank, i.num_nodes) for i in infos} == {(None, None)}
+    # The local size is the world size: one node, known without the roll call.
+    assert {(i.node_rank, i.num_nodes) for i in infos} == {(0, 1)}
 
 
 def test_open_mpi_5_node_rank_variable_is_not_a_node_index() -> None:
