@@ -177,8 +177,10 @@ def interruptible(
         raise RendezvousError(
             source,
             f"interrupted by {name} during {what.what if isinstance(what, Watch) else what}",
-            hint="the job was stopped (a scheduler time limit, scancel, Ctrl-C); nothing to fix "
-            "here unless that was not intended",
+            hint="the job was stopped: by its launcher after another rank failed (distenv run, "
+            "torchrun and srun --kill-on-bad-exit stop the others; the first failure is in the "
+            "log), or by a time limit, scancel or Ctrl-C; nothing to fix here unless that was "
+            "not intended",
         ) from None
     finally:
         signal.signal(signal.SIGTERM, previous)

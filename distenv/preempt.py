@@ -217,7 +217,7 @@ def requeue_command(env: Mapping[str, str]) -> list[str]:
         "this process is in no scheduler job that can be requeued ($SLURM_JOB_ID and $LSB_JOBID "
         "are unset)",
         hint="requeue works under sbatch and bsub; elsewhere save the checkpoint, exit, and "
-        "restart the run yourself (torchrun --max-restarts restarts it in place)",
+        "restart the run yourself (distenv run --max-restarts restarts it in place after a failure)",
     )
 
 

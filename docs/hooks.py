@@ -31,6 +31,8 @@ __all__ = [
     "render_layers",
     "render_mpi_flavors",
     "render_refused_flags",
+    "render_restart_kinds",
+    "render_restart_matrix",
     "render_scripts",
     "render_settings_table",
     "subcommands",
@@ -313,6 +315,60 @@ def render_network_matrix(path: str) -> str:
     return "\n".join(rows) + "\n"
 
 
+def render_restart_kinds() -> str:
+    """Return the table of failure kinds ``distenv run --max-restarts`` retries or not."""
+    from distenv.local.attempts import KINDS, WHY_NOT
+
+    said = {
+        "exception": "any other exception, or `sys.exit` with a status but argparse's",
+        "refused": "a distenv refusal: detection, configuration, master address, requeue",
+        "import": "an `ImportError` or `SyntaxError` (the script or a module it imports)",
+        "usage": "the script's `argparse` refusing its arguments (its `error()`)",
+        "stopped": "KeyboardInterrupt; a rank killed by SIGINT, SIGTERM or SIGHUP from outside",
+        "crashed": "a rank killed by any other signal (SIGKILL of the OOM killer, SIGSEGV)",
+        "agent": "a node's agent gone silent",
+    }
+    rows = ["| failure | restarted | why not |", "|---|---|---|"]
+    for kind, retried in KINDS.items():
+        rows.append(
+            f"| {_cell(said[kind])} | {'yes' if retried else 'no'} | {_cell(WHY_NOT.get(kind, ''))} |"
+        )
+    return "\n".join(rows) + "\n"
+
+
+def render_restart_matrix(path: str) -> str:
+    """Return the restart matrix, distenv against torchrun, from benchmarks/restart_matrix.py's
+    JSON (repository path)."""
+    import json
+
+    data = json.loads((REPO / path).read_text(encoding="utf-8"))
+    m = data["machine"]
+    rows = [
+        f"Measured on {m['date']} ({m['cpu_model']}, {m['logical_cpus']} CPUs; torch "
+        f"{m['torch']}; git {m['git_commit']}): {data['crashes']} failures of {data['nproc']} "
+        f"ranks per launcher, {data['total_s']:g} s in all.",
+        "",
+        "| launcher | passed | attempts | miscounted | orphans | recovery p50 / p95 | of which: "
+        "the failed attempt's ranks all gone | the launcher's restart | the last rank's own "
+        "start |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
+
+    def spread(values: dict[str, float]) -> str:
+        return f"{values['median']:.2f} / {values['p95']:.2f} s"
+
+    for name, rec in data["launchers"].items():
+        rows.append(
+            f"| {name} | {'yes' if rec['passed'] else '**no**'} | {rec['attempts']} "
+            f"| {len(rec['miscounted'])} | {len(rec['orphans'])} | {spread(rec['recovery_s'])} "
+            f"| {spread(rec['stopped_s'])} | {spread(rec['restart_s'])} "
+            f"| {spread(rec['rank_start_s'])} |"
+        )
+    if "recovery_ratio_median" in data:
+        rows += ["", f"Median recovery, distenv / torchrun: {data['recovery_ratio_median']:.2f}."]
+    return "\n".join(rows) + "\n"
+
+
 RENDERERS: dict[str, Callable[[str], str]] = {
     "env-table": render_env_table,
     "env-exports": lambda _: render_env_exports(),
@@ -325,6 +381,8 @@ RENDERERS: dict[str, Callable[[str], str]] = {
     "scripts": render_scripts,
     "fault-matrix": render_fault_matrix,
     "network-matrix": render_network_matrix,
+    "restart-kinds": lambda _: render_restart_kinds(),
+    "restart-matrix": render_restart_matrix,
     # Which test runs the next code block, or why none does, and which tests back a "checked
     # with" sentence (tests/support/docblocks.py, enforced by tests/meta/test_docs.py): nothing on the page.
     "run": lambda _: "",

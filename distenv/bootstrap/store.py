@@ -44,6 +44,7 @@ if TYPE_CHECKING:
 __all__ = [
     "connect_store",
     "first_line",
+    "host_store",
     "listen_address",
     "master_address",
     "peek",
@@ -212,8 +213,11 @@ def listen_address(host: str, addresses: Sequence[Any]) -> tuple[int, str]:
     return family, str(sockaddr[0])
 
 
-def _listening_socket(info: RankInfo, host: str, port: int, addresses: Sequence[Any]) -> int:
-    """Return the fd of a socket listening for the store (`TCPStore(master_listen_fd=)`)."""
+def _listening_socket(source: str, host: str, port: int, addresses: Sequence[Any]) -> int:
+    """Return the fd of a socket listening for the store (`TCPStore(master_listen_fd=)`).
+
+    `source` (rank 0's launcher, or ``run`` for a node agent) starts the errors' messages.
+    """
     family, address = listen_address(host, addresses)
     sock = socket.socket(family, socket.SOCK_STREAM)
     try:
@@ -233,7 +237,7 @@ def _listening_socket(info: RankInfo, host: str, port: int, addresses: Sequence[
         sock.close()
         if exc.errno == 98:
             raise DistEnvError(
-                info.launcher,
+                source,
                 f"rank 0 cannot listen on port {port} ($MASTER_PORT={port!r}) for the "
                 "store: the port is already in use",
                 hint="another process on this node holds it; export MASTER_PORT=<another "
@@ -242,7 +246,7 @@ def _listening_socket(info: RankInfo, host: str, port: int, addresses: Sequence[
                 value=str(port),
             ) from None
         raise InitError(
-            info.launcher,
+            source,
             f"rank 0 cannot listen on {host_port(host, port)} for the store: {exc.strerror}",
             hint="check MASTER_ADDR names this host and MASTER_PORT is a usable port",
         ) from None
@@ -334,7 +338,7 @@ def connect_store(
     addresses = _resolve(info, host, port, master_from)
     timeout = datetime.timedelta(seconds=max(deadline.left(), MIN_CONNECT_S))
     if info.rank == 0 and not agent_store:
-        fd = _listening_socket(info, host, port, addresses)
+        fd = _listening_socket(info.launcher, host, port, addresses)
         watch.enter(what, deadline, no_answer(f"rank 0's store on {where} did not start"))
         return TCPStore(
             host,
@@ -361,3 +365,37 @@ def connect_store(
         raise no_answer(
             f"{where} accepted a connection but refused the store: {first_line(exc)}"
         )() from None
+
+
+def host_store(source: str, host: str, port: int, timeout: float) -> Store:
+    """Create the TCPStore server of a launcher's node agents on ``host:port`` and return it.
+
+    ``distenv run --max-restarts`` hosts the job's store in node 0's agent, which outlives every
+    attempt (as torchrun's agent store does): the agents agree there on each attempt, and the
+    ranks, all clients, hold each attempt's rendezvous there.
+
+    Raises:
+        MasterResolutionError: If `host` does not resolve.
+        DistEnvError: If the port is taken or cannot be listened on.
+    """
+    from torch._C._distributed_c10d import TCPStore
+
+    try:
+        addresses = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
+    except socket.gaierror as exc:
+        raise MasterResolutionError(
+            source,
+            f"node 0's agent cannot resolve the master address {host!r}: {exc.strerror}",
+            hint="pass --master-addr with a name or address of this host that every node resolves",
+            variable="--master-addr",
+            value=host,
+        ) from None
+    fd = _listening_socket(source, host, port, addresses)
+    return TCPStore(
+        host,
+        port,
+        is_master=True,
+        timeout=datetime.timedelta(seconds=timeout),
+        wait_for_workers=False,
+        master_listen_fd=fd,
+    )

@@ -12,7 +12,9 @@ is `distenv.local.supervise`'s, and the stop policy `distenv.local.stopping`'s.
 from __future__ import annotations
 
 import argparse
+import errno
 import os
+import socket
 import sys
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -30,6 +32,7 @@ from distenv.local.plan import (
     scheduler_layout,
     thread_env,
 )
+from distenv.local.restarts import Restarts, reporting_program
 from distenv.local.stopping import DEFAULT_GRACE_PERIOD, StopPolicy
 from distenv.local.supervise import Child, Supervisor
 from distenv.master import DEFAULT_PORT, LOCAL_HOST
@@ -76,7 +79,6 @@ class RefusedFlag:
 # torchrun (torch.distributed.run) options that distenv run does not implement. Data, so that the
 # docs render the same list the parser refuses.
 REFUSED_FLAGS: tuple[RefusedFlag, ...] = (
-    RefusedFlag("--max-restarts", True, "use torchrun for elastic restarts"),
     RefusedFlag("--rdzv-backend", True, RDZV_HINT),
     RefusedFlag("--rdzv-endpoint", True, RDZV_HINT),
     RefusedFlag("--rdzv-conf", True, RDZV_HINT),
@@ -288,6 +290,25 @@ def add_run_parser(subparsers: Any) -> argparse.ArgumentParser:
         f"{DEFAULT_GRACE_PERIOD:g})",
     )
     add(
+        *_spellings("--max-restarts"),
+        dest="max_restarts",
+        type=_natural,
+        default=0,
+        metavar="N",
+        help="when any rank of the job fails, stop every rank on every node and start the "
+        "whole job again, at most N times in the whole job; failures a restart would repeat "
+        "(distenv refusing the environment, an import or usage error, a stop signal) are not "
+        "retried (default 0)",
+    )
+    add(
+        *_spellings("--restart-backoff"),
+        dest="restart_backoff",
+        type=_seconds,
+        default=0.0,
+        metavar="SECONDS",
+        help="with --max-restarts: wait between a failed attempt and the next (default 0)",
+    )
+    add(
         *_spellings("--monitor-interval"),
         dest="monitor_interval",
         type=_seconds,
@@ -384,6 +405,15 @@ def build_children(args: argparse.Namespace, env: Mapping[str, str]) -> list[Chi
     Raises:
         ConfigurationError: For refused or contradictory options.
     """
+    return _node(args, env)[1]
+
+
+def _node(args: argparse.Namespace, env: Mapping[str, str]) -> tuple[NodePlan, list[Child]]:
+    """Return this node's plan and the local ranks to start (`build_children`).
+
+    Raises:
+        ConfigurationError: For refused or contradictory options.
+    """
     check_refused(args)
     if args.no_python and args.module:
         raise ConfigurationError(
@@ -405,6 +435,8 @@ def build_children(args: argparse.Namespace, env: Mapping[str, str]) -> list[Chi
     extra = thread_env(COMMAND, nproc, settings)
     # -u as torchrun does: ranks' output must not sit in a buffer when a rank dies.
     python = [sys.executable, "-u", *(["-m"] if args.module else [])]
+    if args.max_restarts:  # each rank tells its agent how it failed
+        python = reporting_program(args.module)
     program = [*([] if args.no_python else python), args.script]
     children = []
     for local_rank, info in enumerate(local_ranks(COMMAND, plan, nproc)):
@@ -420,7 +452,34 @@ def build_children(args: argparse.Namespace, env: Mapping[str, str]) -> list[Chi
                 prefix_output=args.prefix_output,
             )
         )
-    return children
+    return plan, children
+
+
+def _check_port(plan: NodePlan, *, given: bool) -> None:
+    """Refuse, before any rank starts, a master port that node 0 cannot listen on.
+
+    Rank 0 (or, with --max-restarts, this node's agent) would find it taken only after every
+    rank started, and its message could name only ``$MASTER_PORT``, not how the port was given.
+    """
+    if plan.node_rank != 0:
+        return
+    with socket.socket() as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            sock.bind(("", plan.master_port))
+        except OSError as exc:
+            if exc.errno != errno.EADDRINUSE:
+                return  # rank 0 names any other problem, with the address it listens on
+            source = "--master-port" if given else f"the port distenv run took from {plan.source}"
+            raise ConfigurationError(
+                COMMAND,
+                f"port {plan.master_port} ({source}) is already in use on this host, where "
+                "rank 0's store must listen",
+                hint="pass another --master-port (on every node), or leave it out on one node "
+                "for a free one",
+                variable="--master-port",
+                value=str(plan.master_port),
+            ) from None
 
 
 def run(args: argparse.Namespace) -> int:
@@ -429,8 +488,18 @@ def run(args: argparse.Namespace) -> int:
     Raises:
         ConfigurationError: For refused or contradictory options, or an unusable scheduler layout.
     """
-    children = build_children(args, os.environ)
-    supervisor = Supervisor(
-        children, policy=StopPolicy(args.grace_period), poll_interval=args.monitor_interval
-    )
+    plan, children = _node(args, os.environ)
+    _check_port(plan, given=args.master_port is not None)
+    policy = StopPolicy(args.grace_period)
+    if args.max_restarts:
+        return Restarts(
+            children,
+            plan,
+            max_restarts=args.max_restarts,
+            backoff=args.restart_backoff,
+            policy=policy,
+            poll_interval=args.monitor_interval,
+            timeout=Settings.read(os.environ).rendezvous_seconds(None),
+        ).run()
+    supervisor = Supervisor(children, policy=policy, poll_interval=args.monitor_interval)
     return supervisor.run()

@@ -16,7 +16,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from types import FrameType
 from typing import Any
@@ -49,6 +49,7 @@ class Child:
         env: Its complete environment.
         show_output: Whether its stdout/stderr reach the launcher's; else they go to /dev/null.
         prefix_output: Whether each of its lines is prefixed with ``[rank N] ``.
+        pass_fds: Descriptors it inherits (the pipe of its failure report).
     """
 
     rank: int
@@ -56,6 +57,7 @@ class Child:
     env: dict[str, str]
     show_output: bool = True
     prefix_output: bool = False
+    pass_fds: tuple[int, ...] = ()
     process: subprocess.Popen[bytes] | None = field(default=None, repr=False)
 
 
@@ -66,14 +68,27 @@ class Supervisor:
         children: The local ranks to start, in rank order.
         policy: How ranks are stopped, and the messages that say so.
         poll_interval: Seconds between checks of the children's state.
+        peers: Asked every poll whether another node's rank failed (``distenv run
+            --max-restarts``): a message for the stop it calls for, or None.
     """
 
     def __init__(
-        self, children: Sequence[Child], *, policy: StopPolicy, poll_interval: float = 0.1
+        self,
+        children: Sequence[Child],
+        *,
+        policy: StopPolicy,
+        poll_interval: float = 0.1,
+        peers: Callable[[], str | None] | None = None,
     ) -> None:
         self.children = list(children)
         self.policy = policy
         self.poll_interval = poll_interval
+        self.peers = peers
+        #: The local ranks found failed at the poll that first found one, if that came before
+        #: anything else stopped the ranks (several may have failed within one poll).
+        self.failed: list[Child] = []
+        #: The first stopping signal this launcher received, if it received one first.
+        self.received: int | None = None
         self._signals: list[int] = []
         self._threads: list[threading.Thread] = []
         self._group_killer = GroupKiller()
@@ -150,6 +165,7 @@ class Supervisor:
             stdout=out,
             stderr=out,
             start_new_session=True,
+            pass_fds=child.pass_fds,
         )
         self._group_killer.watch(child.process.pid)
         if piped:
@@ -190,6 +206,7 @@ class Supervisor:
                 continue
             if self.status is None:
                 self.status = 128 + signum
+                self.received = signum
                 count = len(self._running())
                 self._say(
                     f"received {signal.Signals(signum).name}; forwarded it to {count} "
@@ -204,15 +221,34 @@ class Supervisor:
             if process is None or process.returncode in (None, 0) or self.status is not None:
                 continue
             self.status = exit_status(process.returncode)
+            self.failed = [
+                c for c in self.children if c.process is not None and c.process.returncode
+            ]
             others = sum(c is not child for c in running)
             how = describe_exit(process.returncode)
             self._say(self.policy.failure(child.rank, process.pid, how, others))
+            self._begin_stop(signal.SIGTERM)
+
+    def _check_peers(self) -> None:
+        if self.peers is None or self.status is not None:
+            return
+        message = self.peers()
+        if message is not None:
+            self.status = 1  # the failing rank's own status is the job's (its agent's record)
+            count = len(self._running())
+            ranks = (
+                f"stopping the {count} rank{'s' * (count != 1)} here"
+                if count
+                else "no rank runs here"
+            )
+            self._say(f"{message}; {ranks}")
             self._begin_stop(signal.SIGTERM)
 
     def _loop(self) -> None:
         running = self._running()
         while True:
             self._check_signals()
+            self._check_peers()
             # Orphans are reaped before the ranks are polled, by pid: were it waitpid(-1), a rank
             # that exited meanwhile would lose its status here (test_rank_status_survives_...).
             # While ranks run, /proc is read only every REAP_INTERVAL.

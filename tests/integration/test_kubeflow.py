@@ -14,7 +14,12 @@ from collections.abc import Mapping
 import pytest
 
 from distenv.master import free_port
-from tests.support.envs.kubeflow import POD_V1_2X1_WORKER0, POD_V1_2X2_WORKER0, TRAINJOB_2X2_NODE1
+from tests.support.envs.kubeflow import (
+    POD_V1_2X1_WORKER0,
+    POD_V1_2X2_WORKER0,
+    TRAINJOB_2X2_NODE1,
+    two_pods,
+)
 from tests.support.integration.helpers import PYTHON, Harness, Result, rank_check, wait_all
 
 DISTENV_RUN = [PYTHON, "-m", "distenv", "run"]
@@ -24,18 +29,6 @@ DISTENV_RUN = [PYTHON, "-m", "distenv", "run"]
 def harness(tmp_path_factory: pytest.TempPathFactory) -> Harness:
     """Launches on this machine only: the "pods" need no Slurm cluster and no MPI."""
     return Harness.local(tmp_path_factory.mktemp("kubeflow"))
-
-
-def _pods(recorded: Mapping[str, str], port: int) -> list[dict[str, str]]:
-    """Return the two pods' environments of a 2-pod job: pod 0 (the master) and pod 1."""
-    pods = []
-    for node in (0, 1):
-        env = {**recorded, "PET_NODE_RANK": str(node), "PET_MASTER_ADDR": "127.0.0.1"}
-        env["PET_MASTER_PORT"] = str(port)
-        if "RANK" in env:  # v1: RANK is the pod index, MASTER_* mirror PET_MASTER_*
-            env.update(RANK=str(node), MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
-        pods.append(env)
-    return pods
 
 
 def _start(harness: Harness, argv: list[str], pods: list[dict[str, str]]) -> list[Result]:
@@ -61,7 +54,7 @@ def test_distenv_run_in_each_pod_starts_its_nodes_ranks(
 
     Node index, node count and master come from PET_*; pod 1's ranks are 2 and 3.
     """
-    pods = _pods(recorded, free_port())
+    pods = two_pods(recorded, free_port())
     results = _start(harness, [*DISTENV_RUN, "-n", "2", *rank_check()[1:]], pods)
     records = sorted(
         [rec for result in results for rec in result.ok().records()],
@@ -80,7 +73,7 @@ def test_distenv_run_in_each_pod_starts_its_nodes_ranks(
 
 def test_a_directly_started_process_in_a_two_process_pod_is_refused(harness: Harness) -> None:
     """`python train.py` as the container's command with nprocPerNode 2: refused, naming the fix."""
-    pods = _pods(POD_V1_2X2_WORKER0, free_port())
+    pods = two_pods(POD_V1_2X2_WORKER0, free_port())
     results = _start(harness, rank_check(), pods)
     for result in results:
         assert result.returncode == 1, result.text
@@ -91,7 +84,7 @@ def test_a_directly_started_process_in_a_two_process_pod_is_refused(harness: Har
 def test_distenv_run_with_another_count_than_nproc_per_node_is_refused(harness: Harness) -> None:
     """`distenv run -n 3` as the command of a job with nprocPerNode 2: no rank starts, the error
     names PET_NPROC_PER_NODE, its value and the option to pass."""
-    pods = _pods(TRAINJOB_2X2_NODE1, free_port())
+    pods = two_pods(TRAINJOB_2X2_NODE1, free_port())
     results = _start(harness, [*DISTENV_RUN, "-n", "3", *rank_check()[1:]], pods)
     for result in results:
         assert result.returncode != 0, result.text
@@ -102,7 +95,7 @@ def test_distenv_run_with_another_count_than_nproc_per_node_is_refused(harness: 
 
 def test_one_process_per_pod_started_directly_is_a_complete_launch(harness: Harness) -> None:
     """nprocPerNode 1 (v1): `python train.py` in each pod is rank PET_NODE_RANK of PET_NNODES."""
-    pods = _pods(POD_V1_2X1_WORKER0, free_port())
+    pods = two_pods(POD_V1_2X1_WORKER0, free_port())
     results = _start(harness, rank_check(), pods)
     records = sorted(
         [rec for result in results for rec in result.ok().records()],

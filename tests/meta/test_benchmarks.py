@@ -121,6 +121,22 @@ def test_network_matrix_passes_the_control_bare_and_with_distenv() -> None:
     assert netlab.leftovers(data["netns_prefix"]) == []
 
 
+def test_restart_matrix_restarts_one_failure_with_nothing_miscounted() -> None:
+    """The restart matrix's smoke run: one injected failure of 2 ranks under distenv run
+    --max-restarts, restarted once, every attempt counted right, no orphan, its recovery timed."""
+    data = smoke("restart_matrix.py", timeout=120)
+    rec = data["launchers"]["distenv"]
+    assert rec["passed"] is True, rec["stderr_tail"]
+    assert rec["attempts"] == 2
+    assert rec["miscounted"] == []
+    assert rec["orphans"] == []
+    assert len(rec["recoveries"]) == 1
+    recovery = rec["recoveries"][0]
+    assert recovery["recovery_s"] >= recovery["rank_start_s"] > 0
+    assert recovery["stopped_s"] > 0
+    assert recovery["restart_s"] > 0
+
+
 def test_preempt_benchmark_times_the_step_with_and_without_the_check() -> None:
     """Two ranks run train.py's step plain and with `stop_requested()`; no stop is ever seen."""
     data = smoke("bench_preempt.py")

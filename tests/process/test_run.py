@@ -11,6 +11,7 @@ import contextlib
 import json
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -270,12 +271,30 @@ def test_output_prefix_and_rank_filter(
     assert {line for line in result.stderr.splitlines() if "from" in line} == stderr
 
 
+def test_a_busy_master_port_is_refused_before_any_rank_starts(tmp_path: Path) -> None:
+    """--master-port naming a port in use here: one line naming the option, exit 1, no rank
+    started (rank 0 would have found it only later, naming $MASTER_PORT)."""
+    with socket.socket() as held:
+        held.bind(("127.0.0.1", 0))
+        held.listen()
+        port = held.getsockname()[1]
+        result = run_cli(["-n", "2", "--master-port", str(port), CHILD, str(tmp_path), "--say"])
+    assert result.returncode == 1, result.stderr
+    assert result.stdout == ""
+    assert result.stderr.splitlines()[-1] == (
+        f"distenv: run: port {port} (--master-port) is already in use on this host, where rank "
+        "0's store must listen. Hint: pass another --master-port (on every node), or leave it "
+        "out on one node for a free one"
+    )
+
+
 def test_refused_flag_exits_1_with_the_reason() -> None:
     """A real launcher process refuses a torchrun flag: exit 1, one line naming it and the fix."""
-    result = run_cli(["--max-restarts", "3", CHILD, "x"])
+    result = run_cli(["--role", "trainer", CHILD, "x"])
     assert result.returncode == 1
     assert result.stderr == (
-        "distenv: run: --max-restarts is not supported. Hint: use torchrun for elastic restarts\n"
+        "distenv: run: --role is not supported. Hint: distenv run starts a single role; use "
+        "torchrun for named roles\n"
     )
 
 

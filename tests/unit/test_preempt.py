@@ -110,7 +110,7 @@ def test_requeue_outside_a_scheduler_is_a_clear_error(env: dict[str, str]) -> No
     """Without Slurm or LSF there is nothing to requeue: say so and how to restart instead."""
     with pytest.raises(RequeueError, match="no scheduler job that can be requeued") as caught:
         requeue_command(env)
-    assert "torchrun --max-restarts" in str(caught.value)
+    assert "distenv run --max-restarts" in str(caught.value)
 
 
 def test_only_schedulers_requeue() -> None:

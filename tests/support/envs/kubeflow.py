@@ -20,6 +20,8 @@ Sources, each variable as the operator's code sets it:
   with torchrun's default rendezvous id "none".
 """
 
+from collections.abc import Mapping
+
 # PyTorchJob "ddp" (v1.8.0), Master 1 + Worker 1 replicas, nprocPerNode "2": the Worker's pod.
 POD_V1_2X2_WORKER0 = {
     "PYTHONUNBUFFERED": "1",
@@ -85,3 +87,16 @@ TRAINJOB_AUTO_NODE1 = {**TRAINJOB_2X2_NODE1, "PET_NPROC_PER_NODE": "auto"}
 
 # TrainJob numProcPerNode 1: one process per pod, node 1's pod.
 TRAINJOB_2X1_NODE1 = {**TRAINJOB_2X2_NODE1, "PET_NPROC_PER_NODE": "1"}
+
+
+def two_pods(recorded: Mapping[str, str], port: int) -> list[dict[str, str]]:
+    """Return the two pods' environments of a 2-pod job on this machine: pod 0 (the master,
+    127.0.0.1 on `port`) and pod 1."""
+    pods = []
+    for node in (0, 1):
+        env = {**recorded, "PET_NODE_RANK": str(node), "PET_MASTER_ADDR": "127.0.0.1"}
+        env["PET_MASTER_PORT"] = str(port)
+        if "RANK" in env:  # v1: RANK is the pod index, MASTER_* mirror PET_MASTER_*
+            env.update(RANK=str(node), MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+        pods.append(env)
+    return pods
