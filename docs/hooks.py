@@ -254,16 +254,28 @@ def _anchor(name: str) -> str:
     return re.sub(r"[^a-z0-9_]+", "-", name.rsplit(".", 1)[0].lower())
 
 
-def render_fault_matrix(path: str) -> str:
-    """Return the fault matrix table from benchmarks/fault_matrix.py's JSON (repository path)."""
+def _results(path: str) -> dict[str, Any]:
+    """Return a benchmark's JSON results (`path` from the repository's root)."""
     import json
 
-    data = json.loads((REPO / path).read_text(encoding="utf-8"))
+    results: dict[str, Any] = json.loads((REPO / path).read_text(encoding="utf-8"))
+    return results
+
+
+def _measured(data: dict[str, Any]) -> str:
+    """Return ``Measured on <date> (<cpu>, <n> CPUs; torch <v>; git <commit>)`` of a benchmark."""
     m = data["machine"]
-    rows = [
+    return (
         f"Measured on {m['date']} ({m['cpu_model']}, {m['logical_cpus']} CPUs; torch "
-        f"{m['torch']}; git {m['git_commit']}), one run of each fault, {data['total_s']:g} s "
-        "in all.",
+        f"{m['torch']}; git {m['git_commit']})"
+    )
+
+
+def render_fault_matrix(path: str) -> str:
+    """Return the fault matrix table from benchmarks/fault_matrix.py's JSON (repository path)."""
+    data = _results(path)
+    rows = [
+        f"{_measured(data)}, one run of each fault, {data['total_s']:g} s in all.",
         "",
         "| fault | launcher | bound | measured | exits (launcher; ranks) | message (excerpt) |",
         "|---|---|---|---|---|---|",
@@ -285,13 +297,9 @@ def render_fault_matrix(path: str) -> str:
 def render_network_matrix(path: str) -> str:
     """Return the network matrix, bare torch against distenv, from benchmarks/network_matrix.py's
     JSON (repository path)."""
-    import json
-
-    data = json.loads((REPO / path).read_text(encoding="utf-8"))
-    m = data["machine"]
+    data = _results(path)
     rows = [
-        f"Measured on {m['date']} ({m['cpu_model']}, {m['logical_cpus']} CPUs; torch "
-        f"{m['torch']}; git {m['git_commit']}), one run of each, {data['total_s']:g} s in all; "
+        f"{_measured(data)}, one run of each, {data['total_s']:g} s in all; "
         f"a hang is killed at {data['bound_s']:g} s. Passed: bare {data['passed']['bare']}, "
         f"distenv {data['passed']['distenv']} of {len(data['topologies'])}.",
         "",
@@ -339,14 +347,10 @@ def render_restart_kinds() -> str:
 def render_restart_matrix(path: str) -> str:
     """Return the restart matrix, distenv against torchrun, from benchmarks/restart_matrix.py's
     JSON (repository path)."""
-    import json
-
-    data = json.loads((REPO / path).read_text(encoding="utf-8"))
-    m = data["machine"]
+    data = _results(path)
     rows = [
-        f"Measured on {m['date']} ({m['cpu_model']}, {m['logical_cpus']} CPUs; torch "
-        f"{m['torch']}; git {m['git_commit']}): {data['crashes']} failures of {data['nproc']} "
-        f"ranks per launcher, {data['total_s']:g} s in all.",
+        f"{_measured(data)}: {data['crashes']} failures of {data['nproc']} ranks per launcher, "
+        f"{data['total_s']:g} s in all.",
         "",
         "| launcher | passed | attempts | miscounted | orphans | recovery p50 / p95 | of which: "
         "the failed attempt's ranks all gone | the launcher's restart | the last rank's own "

@@ -87,6 +87,16 @@ def finished(launches: Sequence[Launch]) -> list[Result]:
     return [launch.wait() for launch in launches]
 
 
+def assert_passed_at_attempt_2(job: Job, ranks: list[int]) -> None:
+    """Every rank started at attempts 0, 1 and 2, and finished at 2 with restart_count 2."""
+    assert job.attempts() == {0: ranks, 1: ranks, 2: ranks}
+    oks = job.events("ok")
+    assert sorted(r["rank"] for r in oks) == ranks
+    assert {(r["attempt"], r["restart_count"]) for r in oks} == {(2, 2)}
+    assert {r["sum"] for r in job.events("up") if r["attempt"] == 2} == {float(len(ranks))}
+    assert survivors(job.tag) == []
+
+
 def test_two_agents_restart_the_whole_job_until_it_passes(harness: Harness) -> None:
     """Rank 1 (node 1) fails at attempts 0 and 1: both nodes' ranks restart each time, and at
     attempt 2 both finish an all_reduce with restart_count 2; both agents exit 0."""
@@ -101,12 +111,7 @@ def test_two_agents_restart_the_whole_job_until_it_passes(harness: Harness) -> N
         assert "was killed by SIGKILL; restarting every rank of the job (restart 2 of 3)" in (
             result.stderr
         ), result.text
-    assert job.attempts() == {0: [0, 1], 1: [0, 1], 2: [0, 1]}
-    oks = job.events("ok")
-    assert sorted(r["rank"] for r in oks) == [0, 1]
-    assert {(r["attempt"], r["restart_count"]) for r in oks} == {(2, 2)}
-    assert {r["sum"] for r in job.events("up") if r["attempt"] == 2} == {2.0}
-    assert survivors(job.tag) == []
+    assert_passed_at_attempt_2(job, [0, 1])
 
 
 def test_a_failure_at_every_attempt_spends_exactly_the_restarts_of_the_whole_job(
@@ -219,9 +224,5 @@ def test_srun_one_agent_per_node_restarts_the_whole_job(harness: Harness) -> Non
     assert result.returncode == 0, result.text
     assert result.stderr.count("attempt 0 failed: rank 1 on") == 2, result.text
     assert result.stderr.count("attempt 1 failed: rank 1 on") == 2, result.text
-    assert job.attempts() == {0: [0, 1, 2, 3], 1: [0, 1, 2, 3], 2: [0, 1, 2, 3]}
-    oks = job.events("ok")
-    assert sorted(r["rank"] for r in oks) == [0, 1, 2, 3]
-    assert {(r["attempt"], r["restart_count"]) for r in oks} == {(2, 2)}
-    assert len({r["host"] for r in oks}) == 2
-    assert survivors(job.tag) == []
+    assert_passed_at_attempt_2(job, [0, 1, 2, 3])
+    assert len({r["host"] for r in job.events("ok")}) == 2
