@@ -16,7 +16,17 @@ from textwrap import dedent
 import pytest
 
 from tests.support.integration.helpers import STATE, Harness
-from tests.support.integration.recipes import ON_CPU, check, docs_code, launch, script
+from tests.support.integration.recipes import (
+    HF_OFFLINE,
+    HF_TRAINER_PARTS,
+    HF_TRAINER_REPORT,
+    HF_TRAINER_STEPS,
+    ON_CPU,
+    check,
+    docs_code,
+    launch,
+    script,
+)
 
 HERE = "tests/integration/test_recipes.py::"
 
@@ -67,6 +77,19 @@ def test_accelerate_gpu(harness: Harness) -> None:
     code = script(HERE + "test_accelerate_gpu", PLAIN, ACCELERATE_STEP)
     recs = check(*launch(harness, "accelerate-gpu", code, nprocs=1), world_size=1)
     assert recs[0]["distributed_type"] != "DistributedType.MULTI_CPU"
+
+
+# ---- Hugging Face transformers.Trainer ----------------------------------------------------------
+
+
+def test_hf_trainer(harness: Harness) -> None:
+    """docs/start/huggingface.md's Trainer recipe with setup(): both ranks train as one (DDP, gloo)."""
+    code = script(HERE + "test_hf_trainer", HF_TRAINER_PARTS, HF_TRAINER_REPORT)
+    recs = check(*launch(harness, "hf-trainer", code, extra_env=HF_OFFLINE))
+    assert [(r["group_size"], r["steps"], r["node_rank"]) for r in recs] == [
+        (2, HF_TRAINER_STEPS, 0),
+        (2, HF_TRAINER_STEPS, 0),
+    ]
 
 
 # ---- DeepSpeed ---------------------------------------------------------------------------------

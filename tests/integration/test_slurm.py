@@ -27,6 +27,15 @@ from tests.support.integration.helpers import (
     rank_check,
     wait_all,
 )
+from tests.support.integration.recipes import (
+    HF_OFFLINE,
+    HF_TRAINER_PARTS,
+    HF_TRAINER_REPORT,
+    HF_TRAINER_STEPS,
+    check,
+    launch,
+    script,
+)
 
 pytestmark = pytest.mark.slurm
 
@@ -325,3 +334,23 @@ def test_array_elements_on_one_node_get_their_own_scope_and_port(harness: Harnes
     assert first["env"]["DISTENV_SCOPE"] != second["env"]["DISTENV_SCOPE"]
     assert first["info"]["master_port"] != second["info"]["master_port"]
     assert first["info"]["master_addr"] == second["info"]["master_addr"] == socket.gethostname()
+
+
+def test_hf_trainer_on_two_nodes(harness: Harness) -> None:
+    """docs/start/huggingface.md's Trainer recipe, with init_dist() for setup(), under
+    `srun -N 2`: one rank per node, the Trainer joins distenv's group and both ranks train as one."""
+    code = script(
+        "tests/integration/test_slurm.py::test_hf_trainer_on_two_nodes",
+        HF_TRAINER_PARTS,
+        HF_TRAINER_REPORT,
+        replace=[("distenv.setup()", "distenv.init_dist()")],
+    )
+    srun = [*SRUN, "-N", "2", "--ntasks-per-node", "1", "--kill-on-bad-exit=1", PYTHON]
+    launched = launch(
+        harness, "hf-trainer-srun", code, start=srun, cluster="multi", extra_env=HF_OFFLINE
+    )
+    recs = check(*launched)
+    assert [(r["group_size"], r["steps"], r["node_rank"]) for r in recs] == [
+        (2, HF_TRAINER_STEPS, 0),
+        (2, HF_TRAINER_STEPS, 1),
+    ]

@@ -101,3 +101,22 @@ def mmengine_parts() -> tuple[Any, Any]:
 
     data = torch.utils.data.TensorDataset(*batch())
     return Model(), torch.utils.data.DataLoader(data, batch_size=BATCH)
+
+
+def hf_parts() -> tuple[Any, list[dict[str, torch.Tensor]]]:
+    """Return a 1-layer GPT-2 built from a config (no download), and its token dataset.
+
+    The dataset is the same on every rank, as in a real job: the Trainer's distributed sampler
+    gives each rank different samples, so ranks whose gradients are not averaged end with
+    different weights. 32 samples of 8 tokens make two steps per epoch for 2 ranks of 8.
+    """
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    torch.manual_seed(0)
+    config = GPT2Config(
+        n_layer=1, n_head=2, n_embd=16, n_positions=8, vocab_size=64, bos_token_id=0, eos_token_id=0
+    )
+    tokens = torch.randint(
+        0, config.vocab_size, (32, 8), generator=torch.Generator().manual_seed(1)
+    )
+    return GPT2LMHeadModel(config), [{"input_ids": t, "labels": t} for t in tokens]

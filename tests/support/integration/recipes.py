@@ -23,6 +23,29 @@ DISTENV_RUN = [PYTHON, "-m", "distenv", "run"]
 # The CPU form of a recipe's GPU lines.
 ON_CPU = (('accelerator="gpu"', 'accelerator="cpu"'), ('"nccl"', '"gloo"'))
 
+# docs/start/huggingface.md's Trainer recipe (tests in test_recipes.py and test_slurm.py): what the
+# page assumes (`model`, `train_dataset`) and the report after `trainer.train()`. 32 samples in
+# batches of 8 on 2 ranks for the default 3 epochs make 6 steps; a rank training alone makes 12.
+HF_TRAINER_PARTS = """
+    from tests.support.integration import recipe_rank
+
+    model, train_dataset = recipe_rank.hf_parts()
+    before = recipe_rank.digest(model.parameters())
+"""
+HF_TRAINER_REPORT = """
+    recipe_rank.report(
+        trainer.args.world_size,
+        before,
+        recipe_rank.digest(model.parameters()),
+        group_size=torch.distributed.get_world_size(),
+        steps=trainer.state.global_step,
+        node_rank=info.node_rank,
+    )
+"""
+HF_TRAINER_STEPS = 6
+# No download, ever: the model is built from a config, the inputs are tensors.
+HF_OFFLINE = {"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
+
 
 def docs_code(
     test_id: str,
@@ -59,6 +82,8 @@ def launch(
     code: str,
     *,
     nprocs: int | None = 2,
+    start: Sequence[str] | None = None,
+    cluster: str | None = None,
     args: Sequence[str] = (),
     files: dict[str, str] | None = None,
     extra_env: dict[str, str] | None = None,
@@ -66,22 +91,26 @@ def launch(
 ) -> tuple[Result, Path]:
     """Write `code` (and `files`) into a fresh folder and run it there.
 
-    With `nprocs`, under ``distenv run -n nprocs``; with None, as a plain ``python`` process.
+    With `start` (``srun ... python``), under that command on the test Slurm cluster `cluster`;
+    else with `nprocs`, under ``distenv run -n nprocs``; with None, as a plain ``python`` process.
     """
     out = harness.outdir(label)
     (out / "train.py").write_text(code, encoding="utf-8")
     for name, text in (files or {}).items():
         (out / name).write_text(text, encoding="utf-8")
     env = harness.env(
+        cluster,
         extra={
             "PYTHONPATH": str(REPO),
             "RECIPE_OUT": str(out),
             "OMP_NUM_THREADS": "1",
             **(extra_env or {}),
-        }
+        },
     )
-    start = [*DISTENV_RUN, "-n", str(nprocs)] if nprocs else [PYTHON]
-    result = harness.run([*start, "train.py", *args], env=env, cwd=out, timeout=timeout)
+    if start is None:
+        start = [*DISTENV_RUN, "-n", str(nprocs)] if nprocs else [PYTHON]
+    argv = [*start, "train.py", *args]
+    result = harness.run(argv, cluster=cluster, env=env, cwd=out, timeout=timeout)
     return result, out
 
 
@@ -98,4 +127,14 @@ def check(result: Result, out: Path, world_size: int = 2) -> list[dict[str, Any]
     return recs
 
 
-__all__ = ["ON_CPU", "check", "docs_code", "launch", "script"]
+__all__ = [
+    "HF_OFFLINE",
+    "HF_TRAINER_PARTS",
+    "HF_TRAINER_REPORT",
+    "HF_TRAINER_STEPS",
+    "ON_CPU",
+    "check",
+    "docs_code",
+    "launch",
+    "script",
+]
