@@ -18,7 +18,14 @@ from typing import NamedTuple
 
 from distenv.detection.agreement import agrees, describe, refuse_leftovers
 from distenv.detection.layer import Layer, Layers
-from distenv.errors import DistEnvError, LauncherMismatchError, LauncherNotFoundError, shown
+from distenv.detection.signs import multi_process_signs
+from distenv.errors import (
+    DistEnvError,
+    InconsistentEnvironmentError,
+    LauncherMismatchError,
+    LauncherNotFoundError,
+    shown,
+)
 from distenv.launchers import (
     NONE,
     AllocationLauncher,
@@ -130,6 +137,27 @@ def choose(launcher: str, env: Mapping[str, str]) -> Choice:
     return choice
 
 
+def _refuse_signs(env: Mapping[str, str]) -> None:
+    """Refuse to run alone where the environment says this process is one of several."""
+    signs = multi_process_signs(auto_candidates(env), env)
+    if not signs:
+        return
+    first = signs[0]
+    seen = ", ".join(f"{s.name}={shown(s.value)} ({s.launcher})" for s in signs[:4])
+    raise InconsistentEnvironmentError(
+        "auto",
+        f"no launcher distenv reads started this process, but {seen} say it is one of several "
+        "processes of a job: run alone it would be rank 0 of 1, a separate training on every "
+        "node",
+        hint="start the ranks with a launcher distenv reads (torchrun, or one `distenv run "
+        "--nnodes N --node-rank K --master-addr HOST --run-id ID` per node), or add a launcher "
+        "plug-in for it (docs/plugins.md); to run this process alone on purpose, pass "
+        "--launcher none (distenv run: --standalone)",
+        variable=first.name,
+        value=first.value,
+    )
+
+
 def _choose(
     name: str,
     layers: Layers,
@@ -140,6 +168,7 @@ def _choose(
     env = layers.env
     if name == "auto":
         if not detected:
+            _refuse_signs(env)
             notes.append(("none", "chosen: no launcher detected, running as a single process"))
             return _alone(layers[NONE], notes)
         refuse_leftovers(None, layers, detected, notes)
