@@ -96,6 +96,15 @@ def test_metadata_is_release_grade(built: Built) -> None:
     assert {"Documentation", "Source", "Issues", "Changelog"} <= set(urls)
 
 
+def test_wheel_requires_numpy(built: Built) -> None:
+    """numpy is a dependency: torch's wheel does not declare it but warns in every rank without
+    it, and `pip install .` is how the README installs distenv."""
+    with zipfile.ZipFile(built.wheel) as whl:
+        text = whl.read(f"distenv-{VERSION}.dist-info/METADATA").decode()
+    requires = email.parser.Parser().parsestr(text, headersonly=True).get_all("Requires-Dist")
+    assert "numpy" in (requires or []), requires
+
+
 def test_changelog_has_an_entry_for_the_version() -> None:
     """A release version has its own `## [X.Y.Z] - date` section; a `.devN` version is the
     Unreleased section, which says which release it becomes."""
