@@ -259,8 +259,9 @@ def _check_cli(
 ) -> list[dict[str, Any]]:
     """Assert what each rank of one cli_rank.py launch printed; ranks placed on `nodes` (by rank).
 
-    `known`: whether the engine names the node layout (else `info` says the roll call fills it
-    and export leaves out GROUP_RANK/GROUP_WORLD_SIZE, as torchrun's contract allows).
+    `known`: whether the layout is known before init: the engine names it, or every rank's local
+    size is the world size (else `info` says the roll call fills it and export leaves out
+    GROUP_RANK/GROUP_WORLD_SIZE, as torchrun's contract allows).
     """
     recs = _cli_records(result)
     world, sizes = len(nodes), {n: nodes.count(n) for n in nodes}
@@ -299,10 +300,11 @@ def _check_cli(
 
 def test_cli_commands_as_ranks_of_the_pypi_engines_alone(harness: Harness) -> None:
     """`distenv info`, `info --json` and `export --mpi` as every rank of Open MPI 5 `-np 3` and
-    MPICH 5 `-n 4`, alone: neither names a node, so `info` says the roll call fills the layout
-    and export leaves GROUP_* out; export's master is the one rank 0 sent over MPI. Open MPI 5's
-    ranks also run `doctor` (only there: it imports torch on every rank), whose table (from the
-    roll call) puts every rank on node 0 with the local rank `info` printed.
+    MPICH 5 `-n 4`, alone on this host: neither names a node, but every rank's local size is the
+    world size, so `info` knows the one node (node 0 of 1) and export gives GROUP_*; export's
+    master is the one rank 0 sent over MPI. Open MPI 5's ranks also run `doctor` (only there: it
+    imports torch on every rank), whose table (from the roll call) puts every rank on node 0 with
+    the local rank `info` printed.
     """
     host = socket.gethostname()
     launches = [
@@ -311,8 +313,8 @@ def test_cli_commands_as_ranks_of_the_pypi_engines_alone(harness: Harness) -> No
         harness.start([*_engine(MPICH5), "-n", "4", *_cli_ranks(MPICH5)], env=_env(harness)),
     ]  # fmt: skip
     ompi, mpich = wait_all(launches)
-    _check_cli(mpich, [0] * 4, host, known=False)
-    recs = _check_cli(ompi, [0] * 3, host, known=False)
+    _check_cli(mpich, [0] * 4, host, known=True)
+    recs = _check_cli(ompi, [0] * 3, host, known=True)
     doctor = [rec["runs"][3]["stdout"] for rec in recs]
     assert doctor[1:] == ["", ""], doctor
     assert f"distenv doctor: launcher=mpi world_size=3 nodes=1 master={host}:" in doctor[0]
