@@ -24,7 +24,7 @@ from __future__ import annotations
 import json
 import re
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import asdict, dataclass
 from typing import Any
 
@@ -34,7 +34,7 @@ from distenv.deadline import Deadline
 from distenv.errors import RendezvousTimeoutError
 from distenv.local.reporting import RETRIED, Report
 
-__all__ = ["ACK_S", "AGENT_SILENCE_S", "Agents", "Decision", "Failure", "StoreLostError"]
+__all__ = ["ACK_S", "AGENT_SILENCE_S", "BEAT_S", "Agents", "Decision", "Failure", "StoreLostError"]
 
 #: The kinds of failure an agent records: a rank's own `Report` kinds, ``crashed`` (ended by a
 #: signal such as SIGKILL or SIGSEGV, or with no report), ``agent`` (a node's agent went silent);
@@ -51,7 +51,7 @@ WHY_NOT = {
 #: Seconds between an agent's beats while it waits for the others.
 BEAT_S = 1.0
 #: Seconds without a beat after which node 0's agent takes a node's agent for gone.
-AGENT_SILENCE_S = 15.0
+AGENT_SILENCE_S = 10.0
 #: Seconds node 0's agent waits, after its final decision, for the others to read it.
 ACK_S = 5.0
 #: Seconds between looks at the store while an agent waits.
@@ -302,9 +302,9 @@ class Agents:
         return Failure.parse(self._peek("failed", attempt))
 
     def record(self, failure: Failure) -> None:
-        """Record this node's failure of its attempt; the first in the job becomes the attempt's."""
+        """Record a node's failure of its attempt; the first in the job becomes the attempt's."""
         value = failure.encode()
-        self._set(value, "failed", failure.attempt, self.node)
+        self._set(value, "failed", failure.attempt, failure.node)
         key = self._key("failed", failure.attempt)
         self._call(lambda: self.store.compare_set(key, "", value))
 
@@ -322,20 +322,30 @@ class Agents:
             return False
         return now - last[1] > AGENT_SILENCE_S
 
+    def silent(self, attempt: int, nodes: Iterable[int]) -> Failure | None:
+        """Return, and record, the failure of the first of `nodes` whose agent went silent.
+
+        Node 0's agent asks while the ranks run and while it waits for the attempt's end: a node
+        whose agent died (its ranks die with it) never says it is over.
+        """
+        silent = [node for node in sorted(nodes) if node != self.node and self._silent(node)]
+        if not silent:
+            return None
+        raw = self._peek("join", attempt, silent[0])
+        host = raw.decode("ascii", "replace") if raw is not None else ""
+        host = host if matches("hostname", host) else "its host"
+        gone = Failure(
+            attempt, silent[0], -1, host, 1, "stopped answering", "agent", "", time.time()
+        )
+        self.record(gone)
+        return gone
+
     def decide(self, attempt: int, max_restarts: int, stopped: Callable[[], bool]) -> Decision:
         """Wait until every node is over, then decide the attempt's end (node 0's agent only)."""
         waiting = set(range(self.nnodes))
         while waiting:
             waiting = {node for node in waiting if self._peek("over", attempt, node) is None}
-            silent = [node for node in sorted(waiting) if node != self.node and self._silent(node)]
-            if silent:
-                raw = self._peek("join", attempt, silent[0])
-                host = raw.decode("ascii", "replace") if raw is not None else ""
-                host = host if matches("hostname", host) else "its host"
-                gone = Failure(
-                    attempt, silent[0], -1, host, 1, "stopped answering", "agent", "", time.time()
-                )
-                self.record(gone)
+            if self.silent(attempt, waiting) is not None:
                 break
             if waiting:
                 self.beat()

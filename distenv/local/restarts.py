@@ -30,7 +30,7 @@ from typing import Any
 from distenv.bootstrap.store import host_store
 from distenv.deadline import Deadline, bounded, interruptible
 from distenv.errors import RendezvousTimeoutError
-from distenv.local.attempts import ACK_S, Agents, Decision, Failure, StoreLostError
+from distenv.local.attempts import ACK_S, BEAT_S, Agents, Decision, Failure, StoreLostError
 from distenv.local.plan import NodePlan
 from distenv.local.reporting import REPORT_FD_VAR, Report, read_report
 from distenv.local.stopping import StopPolicy, describe_exit, exit_status
@@ -200,8 +200,13 @@ class Restarts:
         )
 
     def _peers(self, agents: Agents, attempt: int) -> Callable[[], str | None]:
-        """Return the supervisor's question: has another node's rank failed in this attempt?"""
-        next_look = [0.0]
+        """Return the supervisor's question: has another node's rank (or agent) failed?
+
+        Every agent looks for the attempt's first failure; node 0's also for a silent agent,
+        once a second (one store round trip per node).
+        """
+        next_look, next_count = [0.0], [0.0]
+        others = range(1, self.plan.nnodes) if self.plan.node_rank == 0 else range(0)
 
         def ask() -> str | None:
             now = time.monotonic()
@@ -211,6 +216,9 @@ class Restarts:
             try:
                 agents.beat()
                 failure = agents.first_failure(attempt)
+                if failure is None and others and now >= next_count[0]:
+                    next_count[0] = now + BEAT_S
+                    failure = agents.silent(attempt, others)
             except StoreLostError:
                 return "node 0's agent is gone"
             return None if failure is None else f"attempt {attempt}: {failure.describe()}"

@@ -16,6 +16,7 @@ from typing import Any
 
 import pytest
 
+from distenv.local.attempts import AGENT_SILENCE_S
 from distenv.master import free_port
 from tests.support.envs.kubeflow import TRAINJOB_2X1_NODE1, two_pods
 from tests.support.integration.faults import survivors
@@ -226,3 +227,27 @@ def test_srun_one_agent_per_node_restarts_the_whole_job(harness: Harness) -> Non
     assert result.stderr.count("attempt 1 failed: rank 1 on") == 2, result.text
     assert_passed_at_attempt_2(job, [0, 1, 2, 3])
     assert len({r["host"] for r in job.events("ok")}) == 2
+
+
+def test_another_node_s_agent_killed_is_named_by_node_0_and_ends_the_job(harness: Harness) -> None:
+    """SIGKILL to node 1's agent while the ranks train: its rank dies with it (parent-death
+    signal); node 0's agent names node 1's agent once silent (10 s), stops its own rank and
+    exits 1 without restart; no process survives."""
+    job = Job(harness, "restart-agent1")
+    launches = two_agents(harness, job, job.rank_argv(mode="hold"), "--max-restarts", "3")
+    try:
+        job.wait_for("up", 2, ATTEMPT_S * 2)
+    except AssertionError:
+        for launch in launches:
+            launch.proc.kill()
+        raise
+    launches[1].proc.kill()
+    killed = time.monotonic()
+    node0 = launches[0].wait()
+    launches[1].wait()
+    assert time.monotonic() - killed < AGENT_SILENCE_S + 10, node0.text
+    assert node0.returncode == 1, node0.text
+    assert "attempt 0 failed: the agent of node 1 on " in node0.stderr, node0.text
+    assert "stopped answering; not restarted: a node's agent is gone" in node0.stderr, node0.text
+    assert list(job.attempts()) == [0]
+    assert survivors(job.tag) == []
