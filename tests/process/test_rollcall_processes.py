@@ -8,6 +8,7 @@ import socket
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import pytest
 
@@ -19,8 +20,16 @@ from tests.conftest import scrubbed_environ
 from tests.support.envs import flux
 from tests.support.spawn import REPO, contract_env, free_port
 
+# The rank starts as a command a shell runs in the foreground does, whatever this test process
+# inherited: SIGINT raises KeyboardInterrupt and is not blocked (a process started with SIGINT
+# ignored keeps it ignored, and Python then installs no KeyboardInterrupt for it). What it
+# inherited is printed for the failure message.
 CHILD = r"""
-import sys
+import signal, sys
+inherited = (signal.getsignal(signal.SIGINT), signal.SIGINT in signal.pthread_sigmask(signal.SIG_BLOCK, []))
+signal.signal(signal.SIGINT, signal.default_int_handler)
+signal.pthread_sigmask(signal.SIG_UNBLOCK, [signal.SIGINT])
+print(f"INHERITED SIGINT handler={inherited[0]!r} blocked={inherited[1]}", file=sys.stderr, flush=True)
 import torch
 import distenv
 print("READY", flush=True)
@@ -63,6 +72,19 @@ def ready(procs: list[subprocess.Popen[str]], limit: float = 120) -> float:
     return time.monotonic()
 
 
+def _signal_masks(pid: int) -> str:
+    """Return each thread's pending, blocked, ignored and caught signal masks (/proc)."""
+    lines = []
+    for task in sorted(Path(f"/proc/{pid}/task").glob("*")):
+        with contextlib.suppress(OSError):
+            status = (task / "status").read_text().splitlines()
+            wanted = ("Name", "SigPnd", "ShdPnd", "SigBlk", "SigIgn", "SigCgt")
+            lines.append(
+                " ".join(line.replace("\t", "=") for line in status if line.startswith(wanted))
+            )
+    return "\n".join(lines)
+
+
 def finish(procs: list[subprocess.Popen[str]], limit: float) -> list[tuple[int, str]]:
     """Return each process's status and output; past `limit`, fail with the hung one's stacks.
 
@@ -76,11 +98,12 @@ def finish(procs: list[subprocess.Popen[str]], limit: float) -> list[tuple[int, 
             try:
                 out, _ = proc.communicate(timeout=max(deadline - time.monotonic(), 0.1))
             except subprocess.TimeoutExpired:
+                masks = _signal_masks(proc.pid)
                 proc.send_signal(signal.SIGABRT)  # faulthandler prints every thread's stack
                 out, err = proc.communicate(timeout=30)
                 raise AssertionError(
                     f"pid {proc.pid} still ran {limit:g} s on; its output:\n{out}\n"
-                    f"its threads at SIGABRT:\n{err}"
+                    f"its threads' signal masks:\n{masks}\nits threads at SIGABRT:\n{err}"
                 ) from None
             results.append((proc.returncode, out))
     finally:
