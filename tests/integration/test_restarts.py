@@ -84,8 +84,25 @@ def two_agents(harness: Harness, job: Job, rank_argv: Sequence[str], *options: s
     ]
 
 
+def holding_agents(harness: Harness, job: Job) -> list[Launch]:
+    """Start two agents whose ranks train until killed; return once both ranks train."""
+    launches = two_agents(harness, job, job.rank_argv(mode="hold"), "--max-restarts", "3")
+    training(job, launches)
+    return launches
+
+
 def finished(launches: Sequence[Launch]) -> list[Result]:
     return [launch.wait() for launch in launches]
+
+
+def training(job: Job, launches: Sequence[Launch]) -> None:
+    """Return once both ranks of the job are past their first all_reduce (else kill, fail)."""
+    try:
+        job.wait_for("up", 2, ATTEMPT_S * 2)
+    except AssertionError:
+        for launch in launches:
+            launch.proc.kill()
+        raise
 
 
 def assert_passed_at_attempt_2(job: Job, ranks: list[int]) -> None:
@@ -168,12 +185,7 @@ def test_a_stop_signal_ends_the_job_without_restart(harness: Harness) -> None:
         )
         for pod in two_pods(TRAINJOB_2X1_NODE1, free_port())
     ]
-    try:
-        job.wait_for("up", 2, ATTEMPT_S * 2)
-    except AssertionError:
-        for launch in launches:
-            launch.proc.kill()
-        raise
+    training(job, launches)
     sent = time.monotonic()
     for launch in launches:
         launch.proc.send_signal(signal.SIGTERM)
@@ -192,13 +204,7 @@ def test_node_0_agent_killed_ends_the_job_and_the_others_say_so(harness: Harness
     """SIGKILL to node 0's agent: its ranks die with it (parent-death signal), node 1's agent
     says node 0's agent is gone, stops its ranks and exits 1 without restart."""
     job = Job(harness, "restart-agent0")
-    launches = two_agents(harness, job, job.rank_argv(mode="hold"), "--max-restarts", "3")
-    try:
-        job.wait_for("up", 2, ATTEMPT_S * 2)
-    except AssertionError:
-        for launch in launches:
-            launch.proc.kill()
-        raise
+    launches = holding_agents(harness, job)
     launches[0].proc.kill()
     sent = time.monotonic()
     node1 = launches[1].wait()
@@ -234,13 +240,7 @@ def test_another_node_s_agent_killed_is_named_by_node_0_and_ends_the_job(harness
     signal); node 0's agent names node 1's agent once silent (10 s), stops its own rank and
     exits 1 without restart; no process survives."""
     job = Job(harness, "restart-agent1")
-    launches = two_agents(harness, job, job.rank_argv(mode="hold"), "--max-restarts", "3")
-    try:
-        job.wait_for("up", 2, ATTEMPT_S * 2)
-    except AssertionError:
-        for launch in launches:
-            launch.proc.kill()
-        raise
+    launches = holding_agents(harness, job)
     launches[1].proc.kill()
     killed = time.monotonic()
     node0 = launches[0].wait()
