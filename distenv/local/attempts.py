@@ -62,6 +62,16 @@ _HOW = re.compile(r"[A-Za-z0-9 ]{1,60}")
 _DECISIONS = ("done", "restart", "stop")
 
 
+def _load(raw: bytes | None, limit: int) -> object:
+    """Return the JSON value of `raw`, None if absent, longer than `limit` bytes or no JSON."""
+    if raw is None or len(raw) > limit:
+        return None
+    try:
+        return json.loads(raw)
+    except (ValueError, RecursionError):  # RecursionError: 1000 nested brackets fit the limit
+        return None
+
+
 class StoreLostError(Exception):
     """Node 0's agent's store stopped answering: the agent died or was killed."""
 
@@ -139,12 +149,11 @@ class Failure:
     @classmethod
     def parse(cls, raw: bytes | None) -> Failure | None:
         """Return the record in `raw`, None if absent or not a well-formed record."""
-        if raw is None or len(raw) > MAX_RECORD_BYTES:
-            return None
-        try:
-            fields = json.loads(raw)
-        except ValueError:
-            return None
+        return cls.checked(_load(raw, MAX_RECORD_BYTES))
+
+    @classmethod
+    def checked(cls, fields: object) -> Failure | None:
+        """Return the record of decoded JSON `fields`, None unless every field is well formed."""
         if not isinstance(fields, dict) or set(fields) != set(cls.__dataclass_fields__):
             return None
         numbers = ("attempt", "node", "rank", "status")
@@ -198,12 +207,7 @@ class Decision:
     @classmethod
     def parse(cls, raw: bytes | None) -> Decision | None:
         """Return the decision in `raw`, None if absent or not a well-formed one."""
-        if raw is None or len(raw) > 2 * MAX_RECORD_BYTES:
-            return None
-        try:
-            fields = json.loads(raw)
-        except ValueError:
-            return None
+        fields = _load(raw, 2 * MAX_RECORD_BYTES)
         if not isinstance(fields, dict) or fields.get("action") not in _DECISIONS:
             return None
         reason = fields.get("reason")
@@ -211,7 +215,7 @@ class Decision:
             return None
         failure = None
         if fields.get("failure") is not None:
-            failure = Failure.parse(json.dumps(fields["failure"]).encode())
+            failure = Failure.checked(fields["failure"])
             if failure is None:
                 return None
         if (failure is None) != (fields["action"] == "done"):
@@ -340,7 +344,7 @@ class Agents:
         self.record(gone)
         return gone
 
-    def decide(self, attempt: int, max_restarts: int, stopped: Callable[[], bool]) -> Decision:
+    def decide(self, attempt: int, max_restarts: int) -> Decision:
         """Wait until every node is over, then decide the attempt's end (node 0's agent only)."""
         waiting = set(range(self.nnodes))
         while waiting:
@@ -369,11 +373,13 @@ class Agents:
                 decision = Decision("restart", first)
         self._set(decision.encode(), "decision", attempt)
         if decision.action != "restart":
-            # The store ends with this agent: let the others read the decision first.
+            # The store ends with this agent: let the others read the decision first (those whose
+            # agent went silent never will).
+            gone = {f.node for f in recorded if f.kind == "agent"}
             deadline = Deadline.after(ACK_S)
             while not deadline.passed():
                 read = self._add(0, "read", attempt)
-                if read >= self.nnodes - 1:
+                if read >= self.nnodes - 1 - len(gone):
                     break
                 time.sleep(POLL_S)
         return decision

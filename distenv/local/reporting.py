@@ -67,7 +67,7 @@ class Report:
     def parse(cls, data: bytes) -> Report | None:
         """Return the report in `data` (its last complete line), None if there is none valid."""
         lines = data[-MAX_REPORT_BYTES * 4 :].splitlines()
-        with contextlib.suppress(ValueError, TypeError):
+        with contextlib.suppress(ValueError, TypeError, RecursionError):
             fields = json.loads(lines[-1]) if lines else None
             if (
                 isinstance(fields, dict)

@@ -34,7 +34,7 @@ from distenv.local.attempts import ACK_S, BEAT_S, Agents, Decision, Failure, Sto
 from distenv.local.plan import NodePlan
 from distenv.local.reporting import REPORT_FD_VAR, Report, read_report
 from distenv.local.stopping import StopPolicy, describe_exit, exit_status
-from distenv.local.supervise import PROGRAM, STOPPING_SIGNALS, Child, Supervisor
+from distenv.local.supervise import STOPPING_SIGNALS, Child, Supervisor, say
 from distenv.master import host_port
 from distenv.settings import AGENT_STORE_VAR, RESTART_VAR
 from distenv.timing import GRACE_S
@@ -50,10 +50,6 @@ SLICE_S = 0.05
 def reporting_program(module: bool) -> list[str]:
     """Return the command that runs a rank's script so that it reports how it failed."""
     return [sys.executable, "-u", "-m", "distenv.local.reporting", *(["-m"] if module else [])]
-
-
-def _say(message: str) -> None:
-    print(f"{PROGRAM}: {message}", file=sys.stderr, flush=True)
 
 
 @dataclasses.dataclass
@@ -95,7 +91,7 @@ class Restarts:
             try:
                 return self._attempts(agents)
             except StoreLostError as exc:
-                _say(
+                say(
                     f"node 0's agent at {host_port(self.plan.master_addr, self.plan.master_port)} "
                     f"is gone ({exc or 'its store stopped answering'}); the job ends without "
                     "restart"
@@ -161,13 +157,13 @@ class Restarts:
                 agents.over(attempt)
             decision: Decision | None
             if self.plan.node_rank == 0:
-                decision = agents.decide(attempt, self.max_restarts, self._stopped)
+                decision = agents.decide(attempt, self.max_restarts)
             else:
                 # Stopped here, this agent waits for the decision only briefly.
                 decision = agents.decision(attempt, ACK_S if self._stopped() else None)
             if decision is None:
                 signum = signal.Signals(self._signals[0])
-                _say(f"attempt {attempt}: received {signum.name}; not restarted")
+                say(f"attempt {attempt}: received {signum.name}; not restarted")
                 return 128 + signum
             self._announce(attempt, decision)
             if decision.action != "restart":
@@ -187,14 +183,14 @@ class Restarts:
         failure = decision.failure
         if failure is None:
             if attempt:
-                _say(f"attempt {attempt} succeeded, after {attempt} restart{'s' * (attempt > 1)}")
+                say(f"attempt {attempt} succeeded, after {attempt} restart{'s' * (attempt > 1)}")
             return
         said = f"attempt {attempt} failed: {failure.describe()}"
         if decision.action == "stop":
-            _say(f"{said}; not restarted: {decision.reason}")
+            say(f"{said}; not restarted: {decision.reason}")
             return
         later = f", in {self.backoff:g} s" if self.backoff else ""
-        _say(
+        say(
             f"{said}; restarting every rank of the job (restart {attempt + 1} of "
             f"{self.max_restarts}{later})"
         )

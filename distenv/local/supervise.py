@@ -27,7 +27,7 @@ from distenv.local.output import drain, prefix_output
 from distenv.local.stopping import KILL_WAIT, StopPolicy, describe_exit, exit_status
 from distenv.processes import Adopter, live_groups, with_parent_death
 
-__all__ = ["Child", "Supervisor"]
+__all__ = ["Child", "Supervisor", "say"]
 
 #: The program named at the start of each message the supervisor prints.
 PROGRAM = "distenv run"
@@ -37,6 +37,11 @@ STOPPING_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 FORWARDED_SIGNALS = (*STOPPING_SIGNALS, signal.SIGUSR1, signal.SIGUSR2)
 # Seconds between reapings of adopted orphans that exited while the ranks run (/proc is read then).
 REAP_INTERVAL = 1.0
+
+
+def say(message: str) -> None:
+    """Print one line of ``distenv run``'s own to stderr, prefixed with its name."""
+    print(f"{PROGRAM}: {message}", file=sys.stderr, flush=True)
 
 
 @dataclass
@@ -197,7 +202,7 @@ class Supervisor:
         self._killed = True
 
     def _say(self, message: str) -> None:
-        print(f"{PROGRAM}: {message}", file=sys.stderr, flush=True)
+        say(message)
 
     def _check_signals(self) -> None:
         while self._signals:

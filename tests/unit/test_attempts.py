@@ -162,6 +162,14 @@ def test_a_forged_decision_is_not_believed(raw: bytes) -> None:
     assert Decision.parse(raw) is None
 
 
+def test_records_nested_past_json_s_recursion_limit_read_as_absent() -> None:
+    """A forger's 1500 nested brackets fit every record's size limit: no RecursionError."""
+    nested = b"[" * 1500 + b"]" * 1500
+    assert Failure.parse(nested[:2048]) is None
+    assert Decision.parse(nested) is None
+    assert Report.parse(b"[" * 1020 + b"]" * 1020) is None
+
+
 def test_the_cause_is_the_rank_killed_by_a_signal_then_the_earliest() -> None:
     """A peer's failure makes a rank raise after the cause, never die by a signal."""
     broken = Failure(0, 0, 0, "a", 1, "exited with status 1", "exception", "closed by peer", 20.0)
