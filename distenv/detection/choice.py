@@ -124,6 +124,8 @@ def choose(launcher: str, env: Mapping[str, str]) -> Choice:
         for c in candidates
     ]
     try:
+        if name == "auto" and not detected:
+            _refuse_signs([c.launcher for c in candidates], env)
         choice = _choose(name, layers, detected, notes)
     except DistEnvError as exc:
         exc.considered = tuple(notes)
@@ -137,9 +139,9 @@ def choose(launcher: str, env: Mapping[str, str]) -> Choice:
     return choice
 
 
-def _refuse_signs(env: Mapping[str, str]) -> None:
+def _refuse_signs(launchers: Sequence[Launcher], env: Mapping[str, str]) -> None:
     """Refuse to run alone where the environment says this process is one of several."""
-    signs = multi_process_signs(auto_candidates(env), env)
+    signs = multi_process_signs(launchers, env)
     if not signs:
         return
     first = signs[0]
@@ -168,7 +170,6 @@ def _choose(
     env = layers.env
     if name == "auto":
         if not detected:
-            _refuse_signs(env)
             notes.append(("none", "chosen: no launcher detected, running as a single process"))
             return _alone(layers[NONE], notes)
         refuse_leftovers(None, layers, detected, notes)
