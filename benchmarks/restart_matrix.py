@@ -13,8 +13,8 @@ launcher:
 - orphans: processes of the job alive after the launcher exited (must be 0);
 - per failure, the recovery: from the failure to the last rank of the next attempt back in
   init_dist, in three parts: until every rank of the failed attempt had exited (noticing the
-  failure, the stop signal, each rank's own exit: about 0.45 s of interpreter finalisation once
-  torch is imported, in any rank), until the next attempt's last rank process started (the
+  failure, the stop signal, each rank's own exit: the interpreter's finalisation once torch is
+  imported, in any rank), until the next attempt's last rank process started (the
   launcher's own agreement and spawn), and that rank's own time from its start to init_dist
   (Python and ``import torch``, what a fresh rank costs anyway).
 
