@@ -224,26 +224,27 @@ class Restarts:
     def _first(
         self,
         attempt: int,
-        failed: Sequence[Child],
-        stopped_by_itself: Sequence[Child],
+        candidates: Sequence[Child],
+        own: Sequence[Child],
         reports: dict[int, Report | None],
-    ) -> Failure | None:
-        """Return the failure of the rank that failed first among those found failed at once.
+    ) -> Failure:
+        """Return the failure of the rank that failed first among `candidates`.
 
         A rank killed by a signal (no report) comes first: a peer's failure makes a rank raise,
         not die by a signal. Among ranks that raised, the earliest report (one clock per node).
-        A rank the stop then killed reads as how it ended before: its report.
+        A rank that did not end by itself (not in `own`: the stop ended it) reads as how it ended
+        before the stop, its report, with status 1.
         """
 
         def order(child: Child) -> tuple[int, float]:
             report = reports.get(child.rank)
             return (0, 0.0) if report is None else (1, report.at)
 
-        first = min(failed, key=order)
+        first = min(candidates, key=order)
         assert first.process is not None
         code = first.process.returncode
         status, how = exit_status(code), describe_exit(code)
-        if first not in stopped_by_itself:  # the stop ended it: it would have exited with 1
+        if first not in own:
             status, how = 1, "failed"
         return Failure.of_rank(
             attempt,
@@ -280,17 +281,28 @@ class Restarts:
             if supervisor.received is not None:
                 self._signals.append(supervisor.received)
                 return self._signalled(attempt)
-            if not supervisor.failed:
-                return None
-            # A rank that raised first may still be exiting when a peer it broke has exited: every
-            # rank that reported is a candidate, not only those found failed.
+            # A rank that raised first may still be exiting when a peer it broke has exited, here
+            # or on another node (whose failure then stopped this node): every rank that reported
+            # is a candidate; after another node's failure, those that reported before it was
+            # seen here, which failed on their own.
             reports = {
                 child.rank: read_report(read)
                 for child, (read, _) in zip(children, pipes, strict=True)
             }
-            reported = [child for child in children if reports[child.rank] is not None]
-            candidates = [*supervisor.failed, *(c for c in reported if c not in supervisor.failed)]
-            return self._first(attempt, candidates, supervisor.failed, reports)
+            own = list(supervisor.failed)
+            seen = supervisor.peer_failed_at if not own else None
+            candidates = own + [
+                child
+                for child in children
+                if (report := reports[child.rank]) is not None
+                and child not in own
+                and (own or (seen is not None and report.at <= seen))
+            ]
+            if not candidates:
+                return None
+            if not own:  # those that exited with a status of their own ended by themselves
+                own = [c for c in candidates if c.process is not None and c.process.returncode > 0]
+            return self._first(attempt, candidates, own, reports)
         finally:
             for read, write in pipes:
                 os.close(read)

@@ -94,6 +94,9 @@ class Supervisor:
         self.failed: list[Child] = []
         #: The first stopping signal this launcher received, if it received one first.
         self.received: int | None = None
+        #: When (``time.time()``) `peers` reported another node's failure, if that came first: a
+        #: rank here that failed on its own before then, but had not exited yet, failed too.
+        self.peer_failed_at: float | None = None
         self._signals: list[int] = []
         self._threads: list[threading.Thread] = []
         self._group_killer = GroupKiller()
@@ -239,6 +242,7 @@ class Supervisor:
             return
         message = self.peers()
         if message is not None:
+            self.peer_failed_at = time.time()
             self.status = 1  # the failing rank's own status is the job's (its agent's record)
             count = len(self._running())
             ranks = (

@@ -117,9 +117,12 @@ def assert_passed_at_attempt_2(job: Job, ranks: list[int]) -> None:
 
 def test_two_agents_restart_the_whole_job_until_it_passes(harness: Harness) -> None:
     """Rank 1 (node 1) fails at attempts 0 and 1: both nodes' ranks restart each time, and at
-    attempt 2 both finish an all_reduce with restart_count 2; both agents exit 0."""
+    attempt 2 both finish an all_reduce with restart_count 2; both agents exit 0.
+
+    At attempt 0 rank 1 raises but is still exiting when rank 0, whose collective it broke, has
+    failed and node 1's agent has seen that: rank 1 is still named, not the rank it broke."""
     job = Job(harness, "restart-passes")
-    plan = "0:1:train:raise,1:1:start:kill"
+    plan = "0:1:train:slowraise,1:1:start:kill"
     results = finished(two_agents(harness, job, job.rank_argv(plan), "--max-restarts", "3"))
     for result in results:
         assert result.returncode == 0, result.text

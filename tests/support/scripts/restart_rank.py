@@ -11,7 +11,9 @@ under PIPE_BUF, so lines of concurrent ranks never mix): ``start`` just before i
 PLAN lists failures, ``ATTEMPT:RANK:PHASE:HOW`` separated by commas (ATTEMPT ``*``: every attempt):
 PHASE ``start`` (before init_dist, once every rank of the attempt got there), ``init`` (on entering torch's init_process_group, inside
 init_dist), ``train`` (after an all_reduce); HOW ``raise`` (RuntimeError), ``exitN`` (sys.exit(N)),
-``kill`` (SIGKILL itself, as the OOM killer would).
+``kill`` (SIGKILL itself, as the OOM killer would), ``slowraise`` (raise, then take `LINGER_S` more to
+exit once distenv has ended the process group, so that its peers fail first: an atexit handler
+registered before init_dist's runs after it).
 
 MODE ``refuse`` asks init_dist for the MPI launcher, which is not there (distenv refuses it);
 ``import`` imports a module that does not exist; ``usage`` refuses its own arguments as argparse
@@ -23,6 +25,7 @@ The marker ``--tag`` (in argv) lets a test find every process of the launch in /
 from __future__ import annotations
 
 import argparse
+import atexit
 import json
 import os
 import signal
@@ -31,6 +34,9 @@ import sys
 import time
 from pathlib import Path
 from typing import Any
+
+#: Seconds a ``slowraise`` rank lingers at exit after its process group is gone.
+LINGER_S = 3.0
 
 
 def started_at() -> float:
@@ -103,6 +109,8 @@ def main() -> None:
     if args.mode == "import":
         import distenv_test_no_such_module  # noqa: F401
     failure = planned(args.plan, attempt, rank)
+    if failure is not None and failure[1] == "slowraise":
+        atexit.register(time.sleep, LINGER_S)
     import distenv
 
     if args.mode == "refuse":  # refused by detection, before torch is imported
