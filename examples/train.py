@@ -112,7 +112,7 @@ def load_checkpoint(
 def weights_checksum(model: nn.Module) -> torch.Tensor:
     """Return a float64 digest of the parameters: equal on two ranks iff (almost surely) equal."""
     flat = torch.cat([p.detach().reshape(-1).double() for p in model.parameters()])
-    weights = torch.arange(1, flat.numel() + 1, dtype=torch.float64)
+    weights = torch.arange(1, flat.numel() + 1, dtype=torch.float64, device=flat.device)
     return torch.stack([flat.sum(), (flat * weights).sum()])
 
 
@@ -145,7 +145,7 @@ def main(argv: list[str] | None = None) -> int:
     if info.rank == 0 and args.checkpoint is not None:
         print(f"train: started at step {start} (restart {info.restart_count})", flush=True)
 
-    loss = torch.zeros(())
+    loss = torch.zeros((), device=device)
     for step in range(start, args.steps):
         if args.checkpoint is not None and distenv.stop_requested():
             save_checkpoint(args.checkpoint, info.rank, step, model, optimizer, generator)
@@ -165,7 +165,7 @@ def main(argv: list[str] | None = None) -> int:
         loss.backward()
         optimizer.step()
 
-    checksum = weights_checksum(model).to(device)
+    checksum = weights_checksum(model)
     gathered = [torch.empty_like(checksum) for _ in range(info.world_size)]
     dist.all_gather(gathered, checksum)
     identical = all(torch.equal(g, gathered[0]) for g in gathered)

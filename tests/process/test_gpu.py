@@ -180,3 +180,105 @@ def test_nccl_uses_the_interface_distenv_exports_in_its_syntax():
     used = re.findall(r"(?:Bootstrap|NET/Socket) ?: Using \[?\d*\]?(\w+):", out)
     assert used, out
     assert set(used) == {"lo"}, out
+
+
+SHARED_RANK = """
+import sys, torch, torch.distributed as dist, distenv
+sharing = sys.argv[1] == "share"
+info = distenv.init_dist(allow_gpu_sharing=sharing, backend="gloo" if sharing else None)
+t = torch.ones(1)
+dist.all_reduce(t)
+# One write per line: the two ranks share the launcher's stdout.
+sys.stdout.write(f"rank {info.rank} cuda {torch.cuda.current_device()} sum {int(t.item())}\n")
+"""
+
+
+def _distenv_run(tmp_path, ranks, *args, visible="0"):
+    """Run SHARED_RANK under `distenv run -n RANKS` with one GPU visible; return it and its time."""
+    import os
+    import subprocess
+    import sys
+    import time
+
+    from tests.conftest import scrubbed_environ
+    from tests.support.spawn import REPO
+
+    script = tmp_path / "shared_rank.py"
+    script.write_text(SHARED_RANK)
+    env = {
+        **scrubbed_environ(),
+        "PYTHONPATH": os.pathsep.join([str(REPO), *sys.path[1:]]),
+        "CUDA_VISIBLE_DEVICES": visible,
+        "DISTENV_TIMEOUT": "60",
+    }
+    start = time.monotonic()
+    done = subprocess.run(
+        [sys.executable, "-m", "distenv", "run", "-n", str(ranks), str(script), *args],
+        env=env, cwd=REPO, capture_output=True, text=True, timeout=300, check=False,
+    )  # fmt: skip
+    return done, time.monotonic() - start
+
+
+def test_two_ranks_on_one_gpu_are_refused_by_the_roll_call_before_nccl(tmp_path):
+    """Two ranks where one GPU is visible both land on cuda:0 (local rank 1 wraps): the roll call
+    compares the GPUs' identities and refuses on every rank, naming the ranks, the GPU and the
+    fix, well inside the timeout, before NCCL could fail its own way ("Duplicate GPU")."""
+    done, seconds = _distenv_run(tmp_path, 2, "alone")
+    out = done.stdout + done.stderr
+    assert done.returncode != 0, out
+    identity = device_identity(0)
+    assert "drive the same GPU" in out, out
+    assert f"({identity})" in out, out
+    assert "allow_gpu_sharing=True" in out, out
+    assert "Duplicate GPU" not in out, out
+    assert "sum" not in done.stdout, out
+    assert seconds < 45, (seconds, out)
+
+
+def test_gpu_sharing_allowed_runs_both_ranks_on_the_one_gpu(tmp_path):
+    """allow_gpu_sharing=True lets two ranks share the one visible GPU (gloo for the group)."""
+    done, _ = _distenv_run(tmp_path, 2, "share")
+    out = done.stdout + done.stderr
+    assert done.returncode == 0, out
+    lines = sorted(line for line in done.stdout.splitlines() if line.startswith("rank "))
+    assert lines == ["rank 0 cuda 0 sum 2", "rank 1 cuda 0 sum 2"], out
+
+
+def test_device_identity_is_the_same_gpu_under_its_uuid_in_cuda_visible_devices(tmp_path):
+    """A GPU named by its UUID in CUDA_VISIBLE_DEVICES (as Slurm's and Kubernetes' device plugins
+    may) has the identity it has under its index: the identity is the physical GPU's."""
+    import subprocess
+    import sys
+
+    from tests.conftest import scrubbed_environ
+
+    identity = device_identity(0)
+    code = "from distenv.device import device_identity; print(device_identity(0))"
+    env = {**scrubbed_environ(), "CUDA_VISIBLE_DEVICES": identity}
+    done = subprocess.run(
+        [sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120,
+        check=False,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert done.stdout.strip() == identity
+
+
+def test_the_readme_training_script_runs_on_the_gpu():
+    """examples/train.py, the README's main job, unchanged under `distenv run -n 1` on a GPU:
+    nccl, DDP on cuda:0, and its own end-of-run check that the weights agree."""
+    import os
+    import subprocess
+    import sys
+
+    from tests.conftest import scrubbed_environ
+    from tests.support.spawn import REPO
+
+    env = {**scrubbed_environ(), "PYTHONPATH": os.pathsep.join([str(REPO), *sys.path[1:]])}
+    done = subprocess.run(
+        [sys.executable, "-m", "distenv", "run", "-n", "1", "examples/train.py", "--steps", "5"],
+        env=env, cwd=REPO, capture_output=True, text=True, timeout=300, check=False,
+    )  # fmt: skip
+    out = done.stdout + done.stderr
+    assert done.returncode == 0, out
+    assert "world_size=1 steps=5" in done.stdout, out
+    assert "weights_identical=True" in done.stdout, out
