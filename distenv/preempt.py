@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING, Any, NoReturn
 
 from distenv.comm import barrier, get_dist_info
 from distenv.errors import ConfigurationError, RequeueError
+from distenv.exits import one_line
 from distenv.launchers import Scheduler, auto_candidates
 from distenv.notice import warn
 
@@ -150,6 +151,7 @@ class Preemption:
 _watch: Preemption | None = None
 
 
+@one_line
 def watch_preemption(signals: Iterable[str | int] = ("USR1",), *, every: int = 1) -> Preemption:
     """Install a handler for the scheduler's warning signals; call it once, before training.
 
@@ -242,6 +244,7 @@ def _from_rank0(failure: str | None) -> str | None:
     return box[0]
 
 
+@one_line
 def requeue(*, timeout: float = DEFAULT_REQUEUE_TIMEOUT) -> NoReturn:
     """Put this job back in the queue and end the run; call it on every rank after checkpointing.
 

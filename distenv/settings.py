@@ -11,6 +11,7 @@ from collections.abc import Mapping
 from typing import TYPE_CHECKING, NamedTuple
 
 from distenv.errors import ConfigurationError
+from distenv.exits import DEBUG_VAR
 from distenv.variables import Reader, Var
 
 if TYPE_CHECKING:
@@ -22,6 +23,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "AGENT_STORE_VAR",
+    "DEBUG_VAR",
     "DEFAULT_RENDEZVOUS_TIMEOUT",
     "OMP_VAR",
     "PLUGINS_VAR",
@@ -69,6 +71,13 @@ SETTINGS = (
         "store keys",
         "no",
         "torchrun's restart number: the keys of one attempt are never read by the next",
+    ),
+    Var(
+        DEBUG_VAR,
+        "errors",
+        "no",
+        "1: an error from a public call raises with distenv's whole traceback instead of "
+        "ending the script in one line per rank (docs: errors)",
     ),
     Var(
         OMP_VAR,

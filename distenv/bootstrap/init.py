@@ -43,6 +43,7 @@ from distenv.deadline import Deadline
 from distenv.detection.pipeline import Detection, locate
 from distenv.device import choose_backend, rank_backend, rank_device
 from distenv.errors import ConfigurationError, InitError
+from distenv.exits import one_line
 from distenv.master import SCOPE_VAR
 from distenv.rankinfo import RankInfo
 from distenv.seeding import check_seed, seed_everything
@@ -125,6 +126,7 @@ def _prepare(
     return device
 
 
+@one_line
 def setup(
     launcher: str = "auto",
     *,
@@ -238,6 +240,7 @@ def _reuse(info: RankInfo) -> RankInfo:
     return info
 
 
+@one_line
 def init_dist(
     launcher: str = "auto",
     backend: str | None = None,

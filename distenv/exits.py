@@ -1,0 +1,141 @@
+"""How a `DistEnvError` from a public call reaches the user: one line per rank, no traceback.
+
+A refusal raised by `init_dist`, `setup`, `launch`, `requeue` or `watch_preemption` names the
+launcher, the variable, its value and the fix in its message. Printed by Python as an uncaught
+exception it came under 20 to 30 lines of distenv's own frames, once per rank: four ranks under
+mpirun printed ~110 lines with the fix on the last line of each block. `one_line` makes the
+error that leaves a public call also a `SystemExit` whose code is one line::
+
+    rank 2: train.py:12: distenv.errors.NotLaunchedError: slurm: ... Hint: ...
+
+Python prints a `SystemExit`'s text code to stderr, with no traceback, and exits 1; the error is
+still an instance of its own class, so ``except DistEnvError`` (or ``except Exception``, or
+``pytest.raises``) catches it as before. No global ``sys.excepthook`` is installed, which would
+fight rich, IPython or Lightning's own.
+
+The plain exception, with distenv's whole traceback, is raised instead where a `SystemExit`
+would be wrong or unwelcome: with ``DISTENV_DEBUG=1``, outside the main thread (a thread drops a
+`SystemExit` silently), and in interactive sessions (``python -i``, IPython), where a traceback
+is wanted and an exit is not.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+import sys
+import threading
+from collections.abc import Callable, Mapping
+from pathlib import Path
+from types import FrameType
+from typing import Any, ParamSpec, TypeVar, cast
+
+from distenv.errors import DistEnvError
+
+__all__ = ["DEBUG_VAR", "OneLine", "line", "one_line"]
+
+#: Set to 1 for the plain exception and distenv's whole traceback.
+DEBUG_VAR = "DISTENV_DEBUG"
+#: Variables that hold this process's global rank under the launchers that start ranks (read only
+#: to prefix the line: the rank may be unknown when detection itself failed).
+RANK_VARS = ("RANK", "OMPI_COMM_WORLD_RANK", "PMIX_RANK", "PMI_RANK", "SLURM_PROCID")
+
+_PACKAGE = str(Path(__file__).resolve().parent) + os.sep
+
+P = ParamSpec("P")
+R = TypeVar("R")
+
+
+class OneLine(SystemExit):
+    """The `SystemExit` side of an error that leaves a public call: its code is its line."""
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        # Pickled (multiprocessing, torch.multiprocessing) as the plain error it extends.
+        plain = type(self).__mro__[1]
+        return (_restore, (plain, self.args, dict(self.__dict__)))
+
+
+def _restore(plain: type[BaseException], args: tuple[Any, ...], state: dict[str, Any]) -> Any:
+    error = plain.__new__(plain)
+    error.args = args
+    error.__dict__.update(state)
+    return error
+
+
+_HYBRIDS: dict[type[DistEnvError], type[DistEnvError]] = {}
+
+
+def _converted(error: DistEnvError, code: str) -> DistEnvError:
+    """Return `error` as an instance of its class's `OneLine` subclass, with `code`."""
+    plain = type(error)
+    hybrid = _HYBRIDS.get(plain)
+    if hybrid is None:
+        hybrid = type(plain.__name__, (plain, OneLine), {"__module__": plain.__module__})
+        hybrid.__qualname__ = plain.__qualname__
+        _HYBRIDS[plain] = hybrid
+    converted = hybrid.__new__(hybrid)
+    converted.args = error.args
+    converted.__dict__.update(error.__dict__)
+    cast(OneLine, converted).code = code
+    return converted
+
+
+def _rank(env: Mapping[str, str]) -> int | None:
+    for name in RANK_VARS:
+        value = env.get(name, "")
+        if value.isascii() and value.isdigit():
+            return int(value)
+    return None
+
+
+def _caller() -> str | None:
+    """Return ``file:line`` of the innermost frame outside distenv: where the user called it."""
+    frame: FrameType | None = sys._getframe(1)
+    while frame is not None and frame.f_code.co_filename.startswith(_PACKAGE):
+        frame = frame.f_back
+    if frame is None:
+        return None
+    path = frame.f_code.co_filename
+    try:
+        shown = os.path.relpath(path)
+    except ValueError:  # another drive on Windows
+        shown = path
+    return f"{path if shown.startswith('..') else shown}:{frame.f_lineno}"
+
+
+def line(error: DistEnvError, where: str | None, rank: int | None) -> str:
+    """Return the line that stands for `error`, raised at `where` on `rank` (both if known)."""
+    plain = type(error).__mro__[1] if isinstance(error, OneLine) else type(error)
+    text = f"{plain.__module__}.{plain.__qualname__}: {error}"
+    if where:
+        text = f"{where}: {text}"
+    if rank is None or rank == 0:
+        text += f" ({DEBUG_VAR}=1 shows the traceback)"
+    return text if rank is None else f"rank {rank}: {text}"
+
+
+def _plain_wanted(env: Mapping[str, str]) -> bool:
+    if env.get(DEBUG_VAR, "").strip().lower() not in ("", "0", "false", "no"):
+        return True
+    if threading.current_thread() is not threading.main_thread():
+        return True
+    return bool(sys.flags.interactive or sys.flags.inspect or hasattr(sys, "ps1")) or (
+        "IPython" in sys.modules
+    )
+
+
+def one_line(function: Callable[P, R]) -> Callable[P, R]:
+    """Make a `DistEnvError` that leaves `function` end the program in one line (module doc)."""
+
+    @functools.wraps(function)
+    def public(*args: P.args, **kwargs: P.kwargs) -> R:
+        try:
+            return function(*args, **kwargs)
+        except DistEnvError as error:
+            if isinstance(error, OneLine) or _plain_wanted(os.environ):
+                raise
+            converted = _converted(error, line(error, _caller(), _rank(os.environ)))
+            # Chained to the original: code that catches and prints it still sees where it came from.
+            raise converted from error
+
+    return public
