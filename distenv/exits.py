@@ -30,7 +30,7 @@ from pathlib import Path
 from types import FrameType
 from typing import Any, ParamSpec, TypeVar, cast
 
-from distenv.errors import DistEnvError
+from distenv.errors import DistEnvError, NotLaunchedError
 
 __all__ = ["DEBUG_VAR", "OneLine", "line", "one_line"]
 
@@ -134,7 +134,9 @@ def one_line(function: Callable[P, R]) -> Callable[P, R]:
         except DistEnvError as error:
             if isinstance(error, OneLine) or _plain_wanted(os.environ):
                 raise
-            converted = _converted(error, line(error, _caller(), _rank(os.environ)))
+            # A process refused as not launched (a batch script) is no rank of anything.
+            rank = None if isinstance(error, NotLaunchedError) else _rank(os.environ)
+            converted = _converted(error, line(error, _caller(), rank))
             # Chained to the original: code that catches and prints it still sees where it came from.
             raise converted from error
 

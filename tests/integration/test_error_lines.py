@@ -63,5 +63,9 @@ def test_a_refused_sbatch_batch_step_prints_at_most_6_lines(harness: Harness) ->
     assert result.returncode != 0, result.text
     lines = _lines(result)
     assert len(lines) <= 6, result.text
-    assert any("rank 0 of 4" in line and ". Hint: " in line for line in lines), result.text
+    # No "rank 0: " before it: the batch script is no rank.
+    assert any(
+        line.startswith("examples/train.py:") and "rank 0 of 4" in line and ". Hint: " in line
+        for line in lines
+    ), result.text
     assert not any(line.startswith("Traceback") for line in lines), lines
