@@ -40,24 +40,6 @@ class Unread(NamedTuple):
 #: Vendors' variables that make a process one of several (issue #29), with their documentation.
 UNREAD: tuple[Unread, ...] = (
     Unread(
-        "SKYPILOT_NUM_NODES", "SkyPilot", "num_nodes", "docs.skypilot.co: Environment variables"
-    ),
-    Unread(
-        "SKYPILOT_NODE_RANK", "SkyPilot", "node_rank", "docs.skypilot.co: Environment variables"
-    ),
-    Unread(
-        "AWS_BATCH_JOB_NUM_NODES",
-        "AWS Batch multi-node parallel job",
-        "num_nodes",
-        "AWS Batch User Guide: multi-node parallel jobs, environment variables",
-    ),
-    Unread(
-        "AWS_BATCH_JOB_NODE_INDEX",
-        "AWS Batch multi-node parallel job",
-        "node_rank",
-        "AWS Batch User Guide: multi-node parallel jobs, environment variables",
-    ),
-    Unread(
         "_CONDOR_NPROCS",
         "HTCondor parallel universe",
         "world_size",

@@ -13,6 +13,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 
 from distenv.errors import ConfigurationError, LauncherNotFoundError
+from distenv.launchers.awsbatch import AwsBatchLauncher
 from distenv.launchers.azureml import AzuremlLauncher
 from distenv.launchers.base import AllocationLauncher, Default, Launcher, Nodes, Scheduler, World
 from distenv.launchers.flux import FluxLauncher
@@ -23,6 +24,7 @@ from distenv.launchers.mpi import MpiLauncher
 from distenv.launchers.none import NoneLauncher
 from distenv.launchers.pbs import PbsLauncher
 from distenv.launchers.sagemaker import SagemakerLauncher
+from distenv.launchers.skypilot import SkypilotLauncher
 from distenv.launchers.slurm import SlurmLauncher
 from distenv.launchers.torchrun import TorchrunLauncher
 from distenv.launchers.volcano import VolcanoLauncher
@@ -31,6 +33,7 @@ from distenv.settings import PLUGINS_VAR, Settings
 from distenv.variables import Reader, Var
 
 __all__ = [
+    "AWS_BATCH",
     "AZUREML",
     "BUILTIN",
     "DETECTION_ORDER",
@@ -45,6 +48,7 @@ __all__ = [
     "PLUGINS_VAR",
     "PLUGIN_GROUP",
     "SAGEMAKER",
+    "SKYPILOT",
     "SLURM",
     "TORCHRUN",
     "VOLCANO",
@@ -74,11 +78,13 @@ TORCHRUN, MPI, SLURM, LSF, NONE = (
 PBS, FLUX = PbsLauncher(), FluxLauncher()
 KUBEFLOW, INDEXED_JOB, VOLCANO = KubeflowLauncher(), IndexedJobLauncher(), VolcanoLauncher()
 SAGEMAKER, AZUREML = SagemakerLauncher(), AzuremlLauncher()
+SKYPILOT, AWS_BATCH = SkypilotLauncher(), AwsBatchLauncher()
 BUILTIN: dict[str, Launcher] = {
     launcher.name: launcher
     for launcher in (
         *(TORCHRUN, MPI, SLURM, LSF, NONE, PBS, FLUX),
         *(KUBEFLOW, INDEXED_JOB, VOLCANO, SAGEMAKER, AZUREML),
+        *(SKYPILOT, AWS_BATCH),
     )
 }
 ALIASES = {alias: launcher.name for launcher in BUILTIN.values() for alias in launcher.aliases}
@@ -97,6 +103,9 @@ DETECTION_ORDER = (
     *("kubeflow", "indexed-job", "volcano"),
     # Cloud training services enclose MPI or torchrun like a scheduler.
     *("sagemaker", "azureml"),
+    # Cloud clusters that run one process per node; SkyPilot on Slurm runs it as an srun step,
+    # whose own numbering answers there.
+    *("skypilot", "aws-batch"),
 )
 
 # Third-party backends register under this entry-point group. Scanning entry points costs tens of

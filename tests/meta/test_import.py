@@ -81,6 +81,7 @@ PUBLIC = [
     "watch_preemption",
 ]
 PLUGIN_CONTRACT = [
+    "AWS_BATCH",
     "AZUREML",
     "BUILTIN",
     "DETECTION_ORDER",
@@ -95,6 +96,7 @@ PLUGIN_CONTRACT = [
     "PLUGINS_VAR",
     "PLUGIN_GROUP",
     "SAGEMAKER",
+    "SKYPILOT",
     "SLURM",
     "TORCHRUN",
     "VOLCANO",

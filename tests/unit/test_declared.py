@@ -10,6 +10,7 @@ import pytest
 from distenv import DistEnvError
 from distenv.launchers import BUILTIN, Launcher, Scheduler
 from tests.support.envs import (
+    awsbatch,
     azureml,
     flux,
     indexed_job,
@@ -18,6 +19,7 @@ from tests.support.envs import (
     mpi,
     pbs,
     sagemaker,
+    skypilot,
     slurm,
     torchrun,
     volcano,
@@ -61,6 +63,8 @@ def _all_envs() -> list[dict[str, str]]:
         volcano,
         sagemaker,
         azureml,
+        skypilot,
+        awsbatch,
     ):
         for name in dir(module):
             value = getattr(module, name)

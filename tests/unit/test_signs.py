@@ -42,7 +42,7 @@ def test_a_value_that_says_one_process_is_no_sign(name: str, field: str) -> None
 
 @pytest.mark.parametrize("unread", UNREAD, ids=[u.name for u in UNREAD])
 def test_a_launcher_distenv_does_not_read_yet_is_refused_not_run_alone(unread: Unread) -> None:
-    """SkyPilot, AWS Batch, HTCondor, Grid Engine: one of N nodes is refused, naming the
+    """A launcher without a module yet (UNREAD): one of N nodes is refused, naming the
     variable, its value and the vendor, with the way to start the ranks or to run alone."""
     name, vendor, field = unread.name, unread.launcher, unread.field
     env = {name: "3" if field in SIZES else "2", "PE_HOSTFILE": "/var/spool/sge/pe_hostfile"}
@@ -69,13 +69,22 @@ def test_launcher_none_runs_alone_on_purpose() -> None:
 
 
 def test_a_value_that_is_no_number_is_no_sign() -> None:
-    assert multi_process_signs(BUILTIN.values(), {"SKYPILOT_NUM_NODES": "two"}) == []
-    assert detect("auto", {"SKYPILOT_NUM_NODES": "two"}).world_size == 1
+    """A world size that is no number, read by no detected launcher, says nothing."""
+    assert multi_process_signs(BUILTIN.values(), {"WORLD_SIZE": "two"}) == []
+    assert detect("auto", {"WORLD_SIZE": "two"}).world_size == 1
+
+
+def test_a_launcher_that_reads_the_value_refuses_it_malformed() -> None:
+    """SkyPilot's node count that is no number: skypilot detects it and names it (issue #29)."""
+    with pytest.raises(DistEnvError) as caught:
+        detect("auto", {"SKYPILOT_NUM_NODES": "two"})
+    assert (caught.value.source, caught.value.variable) == ("skypilot", "SKYPILOT_NUM_NODES")
 
 
 def test_distenv_run_on_one_node_of_such_a_job_is_refused_not_run_as_a_whole_job() -> None:
-    """`distenv run -n 8` on each SkyPilot node, without --nnodes: each would be a job of its
-    own; it is refused, and the message says how to run one node on purpose."""
+    """`distenv run -n 8` on each node of a job no launcher claims (a lone WORLD_SIZE), without
+    --nnodes: each would be a job of its own; it is refused, and the message says how to run one
+    node on purpose."""
     with pytest.raises(InconsistentEnvironmentError) as caught:
-        scheduler_layout("run", {"SKYPILOT_NUM_NODES": "2", "SKYPILOT_NODE_RANK": "0"})
+        scheduler_layout("run", {"WORLD_SIZE": "2"})
     assert "--standalone" in (caught.value.hint or "")
