@@ -10,10 +10,8 @@ batch/latest/userguide/mnp-env-vars.html; "AWS Batch job environment variables",
 from __future__ import annotations
 
 import ipaddress
-import os
 from collections.abc import Mapping
 
-from distenv._hosts import check_hostname
 from distenv.errors import InconsistentEnvironmentError, InvalidVariableError
 from distenv.launchers.base import Nodes, Scheduler, World
 from distenv.master import MASTER_VARS, Default, scheduler_port, scope_tag
@@ -31,14 +29,26 @@ ATTEMPT = "AWS_BATCH_JOB_ATTEMPT"
 HINT = "AWS Batch sets it in every node of a multi-node parallel job (AWS_BATCH_ is its prefix)"
 
 
-def this_host() -> str:
-    """Return this machine's host name (``gethostname``, without importing socket).
+def this_address() -> str | None:
+    """Return the address the other nodes reach this one at: its private IPv4, or None.
 
-    An MNP container has its own network interface and "an internal DNS hostname" (awsvpc
-    network mode, AWS Batch User Guide, mnp-ce.html), which resolves to the primary private IPv4
-    address that AWS hands the child nodes as AWS_BATCH_JOB_MAIN_NODE_PRIVATE_IPV4_ADDRESS.
+    An MNP container has its own elastic network interface and "a primary private IP address"
+    (awsvpc network mode, AWS Batch User Guide, mnp-ce.html): the address AWS hands the child
+    nodes as AWS_BATCH_JOB_MAIN_NODE_PRIVATE_IPV4_ADDRESS. It is the first IPv4 address of an
+    interface that is up and no loopback, skipping link-local ones (169.254.0.0/16: the ECS
+    agent's bridge to the task metadata endpoint). Read from the kernel's interface list
+    (`distenv.netpath`, an ioctl: no subprocess, no network), on the main node only.
     """
-    return os.uname().nodename
+    from distenv.netpath import interfaces  # here: only the main node needs its interfaces
+
+    for interface in interfaces():
+        if not interface.up or interface.loopback:
+            continue
+        for address in interface.addresses:
+            ip = ipaddress.ip_address(address.split("%")[0])
+            if ip.version == 4 and not ip.is_link_local and not ip.is_loopback:
+                return address
+    return None
 
 
 class AwsBatchLauncher(Scheduler):
@@ -59,9 +69,9 @@ class AwsBatchLauncher(Scheduler):
     store must be where the children are told to connect, the main node (which need not be
     index 0): nodes are numbered from it, ``(index - main) mod nodes``. The children's master is
     the main node's private IPv4 address; the main node, which AWS does not tell its own address,
-    uses its host name (`this_host`), which resolves to that address, and a name makes its store
-    listen on every interface. The port is derived from the job id without the ``#N`` that
-    names each node's part of the job, and the attempt, alike on every node.
+    takes it from its interfaces (`this_address`): every rank must name the master alike. The
+    port is derived from the job id without the ``#N`` that names each node's part of the job,
+    and the attempt, alike on every node.
     """
 
     name = "aws-batch"
@@ -197,8 +207,17 @@ class AwsBatchLauncher(Scheduler):
                 f"sets ${MAIN_IP}; set MASTER_ADDR to the main node's address if it is absent",
                 source=self.name,
             )
-        host = check_hostname(self.name, "MASTER_ADDR", this_host(), hint="set MASTER_ADDR")
-        return Default(host, port, source=self.name, variable="")
+        own = this_address()
+        if own is None:
+            return Default(
+                None,
+                port,
+                missing="this is the main node, which AWS Batch does not tell its address, and "
+                "it has no private IPv4 address on an interface that is up: set MASTER_ADDR to "
+                "the address the child nodes reach it at",
+                source=self.name,
+            )
+        return Default(own, port, source=self.name, variable="")
 
     def allocation_master(self, env: Mapping[str, str]) -> Default | None:
         # MPI ranks on other nodes carry the main node's variables (mpirun -x) or none: only the

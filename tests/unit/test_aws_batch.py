@@ -11,10 +11,11 @@ from distenv.errors import (
     InvalidVariableError,
     MissingVariableError,
 )
-from distenv.launchers import AWS_BATCH, get_launcher
-from distenv.launchers.awsbatch import this_host
+from distenv.launchers import AWS_BATCH, awsbatch, get_launcher
 from distenv.local.plan import scheduler_layout
 from distenv.master import scheduler_port
+from distenv.netpath import Interface
+from tests.support import docblocks
 from tests.support.envs import layout
 from tests.support.envs.awsbatch import (
     MNP_2N_CHILD,
@@ -41,23 +42,48 @@ def test_child_node_is_rank_1_with_the_main_nodes_address() -> None:
     assert (info.job_id, info.restart_count) == (JOB, 0)
 
 
-def test_main_node_is_rank_0_on_its_own_host_name() -> None:
-    """The main node, which AWS does not tell its address, is rank 0 and the master on its own
-    host name (which resolves to the private IPv4 the children get); same port as theirs."""
-    detection = locate("auto", MNP_2N_MAIN, runtime=False)
-    info = detection.info
+@pytest.fixture
+def main_address(monkeypatch: pytest.MonkeyPatch) -> str:
+    """The main node's interfaces as an MNP container has them: the ECS agent's link-local
+    bridge first, then its elastic network interface with the private IPv4 AWS hands the
+    children (10.0.1.27 in the recorded child)."""
+    found = (
+        Interface("lo", True, True, ("127.0.0.1", "::1")),
+        Interface("ecs-eth0", True, False, ("169.254.172.2",)),
+        Interface("eth0", True, False, ("fe80::1%eth0", "10.0.1.27")),
+    )
+    monkeypatch.setattr("distenv.netpath.interfaces", lambda: found)
+    return "10.0.1.27"
+
+
+def test_main_node_is_rank_0_on_the_address_the_children_get(main_address: str) -> None:
+    """The main node, which AWS does not tell its address, is rank 0 and names the master as the
+    children do: its interface's private IPv4 (not loopback, not the link-local bridge), on the
+    same port."""
+    info = locate("auto", MNP_2N_MAIN, runtime=False).info
     assert (info.launcher, *layout(info)) == ("aws-batch", 0, 2, 0, 1, 0, 2)
-    assert info.master_addr == this_host()
-    assert info.master_port == locate("auto", MNP_2N_CHILD, runtime=False).info.master_port
+    child = locate("auto", MNP_2N_CHILD, runtime=False).info
+    assert (info.master_addr, info.master_port) == (main_address, child.master_port)
+    assert child.master_addr == main_address
 
 
-def test_every_node_shares_one_scope() -> None:
+def test_a_main_node_without_a_private_address_needs_master_addr(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """No up interface with a routable IPv4: MASTER_ADDR is asked for, never loopback."""
+    monkeypatch.setattr(awsbatch, "this_address", lambda: None)
+    with pytest.raises(MissingVariableError, match="main node") as caught:
+        locate("auto", MNP_2N_MAIN, runtime=False)
+    assert caught.value.variable == "MASTER_ADDR"
+
+
+def test_every_node_shares_one_scope(main_address: str) -> None:
     """AWS_BATCH_JOB_ID ends in each node's '#N': stripped, both nodes name one job."""
     tags = {locate("auto", env, runtime=False).job_tag for env in (MNP_2N_MAIN, MNP_2N_CHILD)}
     assert tags == {f"aws-batch/{JOB}/-"}
 
 
-def test_nodes_are_numbered_from_the_main_node() -> None:
+def test_nodes_are_numbered_from_the_main_node(main_address: str) -> None:
     """mainNode 1 of 3: rank 0 must be where the children connect, so node index 0 (a child)
     is node 2 of distenv's numbering, index 1 node 0, index 2 node 1."""
     info = locate("auto", MNP_3N_MAIN1_NODE0, runtime=False).info
@@ -207,3 +233,12 @@ def test_an_array_job_is_not_a_multi_node_job() -> None:
     }
     assert not AWS_BATCH.detect(env)
     assert locate("auto", env, runtime=False).info.world_size == 1
+
+
+def test_the_pages_refusal_is_what_distenv_prints() -> None:
+    """docs/start/aws-batch.md quotes the refusal of a node index that is no number verbatim."""
+    with pytest.raises(DistEnvError) as caught:
+        locate("auto", {**MNP_2N_CHILD, INDEX: "one"}, runtime=False)
+    page = docblocks.DOCS / "start" / "aws-batch.md"
+    quoted = [b.code.strip() for b in docblocks.blocks(page) if b.lang == "text"]
+    assert f"distenv: {caught.value}" in quoted

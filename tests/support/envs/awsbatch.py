@@ -69,13 +69,13 @@ MNP_TORCHRUN_RANK3 = {
 }
 
 
-def two_nodes(job_id: str) -> list[dict[str, str]]:
+def two_nodes(job_id: str, main_address: str) -> list[dict[str, str]]:
     """Return the main node's and the child's environments of a 2-node job `job_id` on this
-    machine: the main node's address becomes 127.0.0.1."""
+    machine: the main node's private IPv4 becomes `main_address`, one of this machine's own."""
     main = {**MNP_2N_MAIN, "AWS_BATCH_JOB_ID": f"{job_id}#0"}
     child = {
         **MNP_2N_CHILD,
         "AWS_BATCH_JOB_ID": f"{job_id}#1",
-        "AWS_BATCH_JOB_MAIN_NODE_PRIVATE_IPV4_ADDRESS": "127.0.0.1",
+        "AWS_BATCH_JOB_MAIN_NODE_PRIVATE_IPV4_ADDRESS": main_address,
     }
     return [main, child]
