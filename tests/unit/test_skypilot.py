@@ -14,6 +14,7 @@ from distenv.errors import (
 from distenv.launchers import SKYPILOT, get_launcher
 from distenv.local.plan import scheduler_layout
 from distenv.master import scheduler_port
+from tests.support import docblocks
 from tests.support.envs import layout
 from tests.support.envs.skypilot import (
     SKY_2N_NODE0,
@@ -194,3 +195,12 @@ def test_user_master_wins() -> None:
     env = {**SKY_2N_NODE1, "MASTER_ADDR": "head-ib", "MASTER_PORT": "29500"}
     info = locate("auto", env, runtime=False).info
     assert (info.master_addr, info.master_port) == ("head-ib", 29500)
+
+
+def test_the_pages_refusal_is_what_distenv_prints() -> None:
+    """docs/start/skypilot.md quotes the refusal of counts that disagree verbatim."""
+    with pytest.raises(DistEnvError) as caught:
+        locate("auto", {**SKY_2N_NODE1, "SKYPILOT_NUM_NODES": "3"}, runtime=False)
+    page = docblocks.DOCS / "start" / "skypilot.md"
+    quoted = [b.code.strip() for b in docblocks.blocks(page) if b.lang == "text"]
+    assert f"distenv: {caught.value}" in quoted
