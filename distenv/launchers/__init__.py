@@ -27,6 +27,7 @@ from distenv.launchers.sagemaker import SagemakerLauncher
 from distenv.launchers.skypilot import SkypilotLauncher
 from distenv.launchers.slurm import SlurmLauncher
 from distenv.launchers.torchrun import TorchrunLauncher
+from distenv.launchers.vertex import VertexLauncher
 from distenv.launchers.volcano import VolcanoLauncher
 from distenv.master import MASTER_VARS, scheduler_port, scope_tag
 from distenv.settings import PLUGINS_VAR, Settings
@@ -51,6 +52,7 @@ __all__ = [
     "SKYPILOT",
     "SLURM",
     "TORCHRUN",
+    "VERTEX",
     "VOLCANO",
     "AllocationLauncher",
     "Default",
@@ -79,12 +81,13 @@ PBS, FLUX = PbsLauncher(), FluxLauncher()
 KUBEFLOW, INDEXED_JOB, VOLCANO = KubeflowLauncher(), IndexedJobLauncher(), VolcanoLauncher()
 SAGEMAKER, AZUREML = SagemakerLauncher(), AzuremlLauncher()
 SKYPILOT, AWS_BATCH = SkypilotLauncher(), AwsBatchLauncher()
+VERTEX = VertexLauncher()
 BUILTIN: dict[str, Launcher] = {
     launcher.name: launcher
     for launcher in (
         *(TORCHRUN, MPI, SLURM, LSF, NONE, PBS, FLUX),
         *(KUBEFLOW, INDEXED_JOB, VOLCANO, SAGEMAKER, AZUREML),
-        *(SKYPILOT, AWS_BATCH),
+        *(SKYPILOT, AWS_BATCH, VERTEX),
     )
 }
 ALIASES = {alias: launcher.name for launcher in BUILTIN.values() for alias in launcher.aliases}
@@ -102,7 +105,7 @@ DETECTION_ORDER = (
     # Job's too, and their PET_* variables say more than the index alone.
     *("kubeflow", "indexed-job", "volcano"),
     # Cloud training services enclose MPI or torchrun like a scheduler.
-    *("sagemaker", "azureml"),
+    *("sagemaker", "azureml", "vertex"),
     # Cloud clusters that run one process per node; SkyPilot on Slurm runs it as an srun step,
     # whose own numbering answers there.
     *("skypilot", "aws-batch"),

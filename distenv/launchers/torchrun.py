@@ -32,6 +32,9 @@ SCHEDULER_STEP = (
     # A Kubeflow pod (training-operator >= 1.7, Trainer v2): the `kubeflow` backend reads it, and
     # its RANK is the pod's index, not a process's.
     "PET_NNODES",
+    # A Vertex AI replica: the `vertex` backend reads it; a prebuilt PyTorch container's RANK is
+    # the replica's index, checked there against CLUSTER_SPEC.
+    "CLUSTER_SPEC",
 )
 
 
@@ -53,6 +56,7 @@ class TorchrunLauncher(Launcher):
     | DISTENV_SCOPE | detection: distenv's own exports are not a launch | no |
     | SLURM_STEP_ID, OMPI_COMM_WORLD_SIZE, PMI_SIZE, PMIX_RANK, JSM_NAMESPACE_SIZE, LSB_JOBID | veto Kubeflow-style detection | no |
     | PET_NNODES (a Kubeflow pod: the `kubeflow` backend answers) | veto Kubeflow-style detection | no |
+    | CLUSTER_SPEC (a Vertex AI replica: the `vertex` backend answers) | veto Kubeflow-style detection | no |
 
     Detection needs ``TORCHELASTIC_RUN_ID`` (torchrun always sets it) or the full set RANK,
     WORLD_SIZE, LOCAL_RANK, MASTER_ADDR, MASTER_PORT not tagged as distenv's own export of another

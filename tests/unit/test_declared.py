@@ -22,6 +22,7 @@ from tests.support.envs import (
     skypilot,
     slurm,
     torchrun,
+    vertex,
     volcano,
 )
 
@@ -65,6 +66,7 @@ def _all_envs() -> list[dict[str, str]]:
         azureml,
         skypilot,
         awsbatch,
+        vertex,
     ):
         for name in dir(module):
             value = getattr(module, name)

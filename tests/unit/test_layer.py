@@ -29,6 +29,7 @@ from tests.support.envs import (
     sagemaker,
     slurm,
     torchrun,
+    vertex,
     volcano,
 )
 
@@ -42,7 +43,10 @@ HOOKS = (
     "daemon_nodes",
     "allocation_master",
 )
-MODULES = (slurm, mpi, torchrun, lsf, pbs, flux, kubeflow, indexed_job, volcano, sagemaker, azureml)
+MODULES = (
+    *(slurm, mpi, torchrun, lsf, pbs, flux, kubeflow, indexed_job, volcano, sagemaker, azureml),
+    vertex,
+)
 
 
 def _captured() -> Iterator[tuple[str, Mapping[str, str]]]:
