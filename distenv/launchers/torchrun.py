@@ -36,6 +36,11 @@ SCHEDULER_STEP = (
     # the replica's index, checked there against CLUSTER_SPEC.
     "CLUSTER_SPEC",
 )
+# Azure ML's marks. Its PyTorch distribution starts every process itself with RANK, LOCAL_RANK,
+# WORLD_SIZE and MASTER_* but no LOCAL_WORLD_SIZE: such a process is Azure ML's (the `azureml`
+# backend reads it), not a torchrun rank. torchrun or `distenv run` inside Azure ML set
+# LOCAL_WORLD_SIZE (and their own marks), and stay this backend's.
+AZUREML = ("AZUREML_RUN_ID", "AZ_BATCH_MASTER_NODE", "AZ_BATCHAI_MPI_MASTER_NODE")
 
 
 class TorchrunLauncher(Launcher):
@@ -57,6 +62,7 @@ class TorchrunLauncher(Launcher):
     | SLURM_STEP_ID, OMPI_COMM_WORLD_SIZE, PMI_SIZE, PMIX_RANK, JSM_NAMESPACE_SIZE, LSB_JOBID | veto Kubeflow-style detection | no |
     | PET_NNODES (a Kubeflow pod: the `kubeflow` backend answers) | veto Kubeflow-style detection | no |
     | CLUSTER_SPEC (a Vertex AI replica: the `vertex` backend answers) | veto Kubeflow-style detection | no |
+    | AZUREML_RUN_ID, AZ_BATCH_MASTER_NODE, AZ_BATCHAI_MPI_MASTER_NODE | no LOCAL_WORLD_SIZE: Azure ML's process, veto | no |
 
     Detection needs ``TORCHELASTIC_RUN_ID`` (torchrun always sets it) or the full set RANK,
     WORLD_SIZE, LOCAL_RANK, MASTER_ADDR, MASTER_PORT not tagged as distenv's own export of another
@@ -89,6 +95,10 @@ class TorchrunLauncher(Launcher):
             Var(name, "(detection)", "no", "a scheduler step: vetoes Kubeflow style")
             for name in SCHEDULER_STEP
         ),
+        *(
+            Var(name, "(detection)", "no", "Azure ML: without LOCAL_WORLD_SIZE, no torchrun rank")
+            for name in AZUREML
+        ),
     )
 
     def _is_own_export(self, reader: Reader) -> bool:
@@ -100,6 +110,10 @@ class TorchrunLauncher(Launcher):
         if reader.has("TORCHELASTIC_RUN_ID"):
             return True
         if self._is_own_export(reader):
+            return False
+        if any(reader.has(name) for name in AZUREML) and not (
+            reader.has("LOCAL_WORLD_SIZE") or reader.has("LOCAL_SIZE")
+        ):
             return False
         if all(reader.has(name) for name in FULL_SET):
             return True

@@ -20,6 +20,8 @@ from tests.support.envs.azureml import (
     AML_MPI_1X2_RANK1,
     AML_MPI_2X2_RANK3,
     AML_NO_MPI_2,
+    AML_PYTORCH_2X2_COUNTED_RANK0,
+    AML_PYTORCH_2X2_COUNTED_RANK3,
     AML_PYTORCH_2X2_RANK3,
 )
 from tests.support.envs.sagemaker import (
@@ -171,14 +173,74 @@ def test_azureml_malformed_master_node_is_named(value: str) -> None:
     assert value in str(caught.value)
 
 
-def test_azureml_pytorch_distribution_asks_for_local_world_size() -> None:
-    """Azure ML's PyTorch distribution sets no LOCAL_WORLD_SIZE: the pytorch launcher names it."""
-    with pytest.raises(MissingVariableError) as caught:
-        locate("auto", AML_PYTORCH_2X2_RANK3, runtime=False)
-    assert (caught.value.source, caught.value.variable) == ("pytorch", "LOCAL_WORLD_SIZE")
+@pytest.mark.parametrize(
+    ("env", "expected"),
+    [
+        pytest.param(AML_PYTORCH_2X2_RANK3, ("azureml", 3, 4, 1, None, 1, None), id="2x2"),
+        pytest.param(
+            AML_PYTORCH_2X2_COUNTED_RANK3, ("azureml", 3, 4, 1, 2, 1, 2), id="2x2-node-count"
+        ),
+        pytest.param(AML_PYTORCH_2X2_COUNTED_RANK0, ("azureml", 0, 4, 0, 2, 0, 2), id="2x2-rank0"),
+    ],
+)
+def test_azureml_pytorch_distribution_is_read_as_azure_ml_started_it(
+    env: dict[str, str], expected: tuple[object, ...]
+) -> None:
+    """Azure ML's PyTorch distribution (RANK, LOCAL_RANK, WORLD_SIZE, NODE_RANK, MASTER_*, no
+    LOCAL_WORLD_SIZE) is azureml's: its layout, the local size WORLD_SIZE / AZUREML_NODE_COUNT
+    (else the roll call's), and its MASTER_ADDR/MASTER_PORT, not a refusal naming
+    LOCAL_WORLD_SIZE (issue #29)."""
+    detection = locate("auto", env, runtime=False)
+    assert _layout(detection.info) == expected
+    assert (detection.info.master_addr, detection.info.master_port) == ("10.0.0.4", 6105)
+    assert detection.info.job_id == "ddp_1700000002_c9d0e1f2"
+    assert ("pytorch", "not detected: no variables") in detection.considered
+
+
+def test_torchrun_inside_azure_ml_stays_torchrun() -> None:
+    """A process with LOCAL_WORLD_SIZE (torchrun, distenv run) is torchrun's contract."""
     info = locate("auto", {**AML_PYTORCH_2X2_RANK3, "LOCAL_WORLD_SIZE": "2"}, runtime=False).info
     assert _layout(info) == ("pytorch", 3, 4, 1, 2, 1, 2)
     assert (info.master_addr, info.master_port) == ("10.0.0.4", 6105)
+
+
+@pytest.mark.parametrize(
+    ("change", "error", "variable", "match"),
+    [
+        ({"NODE_RANK": "one"}, InvalidVariableError, "NODE_RANK", "'one', expected"),
+        ({"NODE_RANK": ""}, MissingVariableError, "NODE_RANK", "NODE_RANK is not set"),
+        ({"NODE_RANK": "2"}, InconsistentEnvironmentError, "NODE_RANK", "not below"),
+        ({"RANK": "2"}, InconsistentEnvironmentError, "RANK", "x 2 processes per node"),
+        ({"WORLD_SIZE": "5"}, InconsistentEnvironmentError, "WORLD_SIZE", "not a multiple"),
+        ({"LOCAL_RANK": "x"}, InvalidVariableError, "LOCAL_RANK", "'x', expected"),
+        (
+            {"AZUREML_NODE_COUNT": "0"},
+            InvalidVariableError,
+            "AZUREML_NODE_COUNT",
+            r"'0', expected an integer in \[1,",
+        ),
+        ({"MASTER_PORT": ""}, MissingVariableError, "MASTER_PORT", "MASTER_PORT is not set"),
+    ],
+    ids=["node-word", "no-node", "node-beyond", "rank", "world", "local", "count", "no-port"],
+)
+def test_azureml_pytorch_distribution_bad_values_are_named(
+    change: dict[str, str], error: type[DistEnvError], variable: str, match: str
+) -> None:
+    """A malformed or contradicting value of the PyTorch distribution is refused naming it (a
+    malformed NODE_RANK got a message naming LOCAL_WORLD_SIZE), with the fix."""
+    with pytest.raises(error, match=match) as caught:
+        locate("auto", {**AML_PYTORCH_2X2_COUNTED_RANK3, **change}, runtime=False)
+    assert (caught.value.source, caught.value.variable) == ("azureml", variable)
+    assert "distribution of type pytorch" in (caught.value.hint or "")
+
+
+def test_azureml_pytorch_rank_left_over_in_an_mpi_job_is_not_the_mpi_ranks() -> None:
+    """A process of the PyTorch distribution claims the azureml layer; an MPI job's ranks (no
+    RANK/NODE_RANK) stay MPI's."""
+    assert not AZUREML.detect({"AZUREML_RUN_ID": "r"})
+    assert AZUREML.detect({"AZUREML_RUN_ID": "r", "NODE_RANK": "1"})
+    assert AZUREML.world(AML_PYTORCH_2X2_RANK3) == (3, 4)
+    assert AZUREML.world(AML_MPI_2X2_RANK3) is None
 
 
 def test_azureml_master_node_host_over_253_characters_is_refused() -> None:

@@ -50,3 +50,36 @@ AML_PYTORCH_2X2_RANK3 = {
     "RANK": "3",
     "LOCAL_RANK": "1",
 }
+
+# The same process with AZUREML_NODE_COUNT, the job's instance_count: not in the guide, but set
+# on Azure ML's nodes and read by scripts written for Azure ML (e.g. `NODE_COUNT=$AZUREML_NODE_COUNT`
+# in Microsoft's and others' launch scripts); with it, the local world size is WORLD_SIZE / nodes.
+AML_PYTORCH_2X2_COUNTED_RANK3 = {**AML_PYTORCH_2X2_RANK3, "AZUREML_NODE_COUNT": "2"}
+
+# Rank 0 of that job: node 0's first process, on the master itself.
+AML_PYTORCH_2X2_COUNTED_RANK0 = {
+    **AML_PYTORCH_2X2_COUNTED_RANK3,
+    "NODE_RANK": "0",
+    "RANK": "0",
+    "LOCAL_RANK": "0",
+}
+
+
+def pytorch_processes(port: int, nodes: int = 2, per_node: int = 2) -> list[dict[str, str]]:
+    """Return every process's environment of a PyTorch-distribution job on this machine, as
+    Azure ML starts them (`AML_PYTORCH_2X2_COUNTED_RANK3`'s variables), the master at
+    127.0.0.1:`port`."""
+    return [
+        {
+            **AML_PYTORCH_2X2_COUNTED_RANK3,
+            "MASTER_ADDR": "127.0.0.1",
+            "MASTER_PORT": str(port),
+            "WORLD_SIZE": str(nodes * per_node),
+            "AZUREML_NODE_COUNT": str(nodes),
+            "NODE_RANK": str(node),
+            "RANK": str(node * per_node + local),
+            "LOCAL_RANK": str(local),
+        }
+        for node in range(nodes)
+        for local in range(per_node)
+    ]
