@@ -5,7 +5,7 @@ only here and only when a list is read. Before anything is expanded the string i
 hostlist alphabet and its host count is computed from the brackets, so a 30-byte value that names a
 billion hosts is refused instead of eating the node's memory.
 
-Host files (`read_host_file`) are read only if they are regular files, and under a bound: a FIFO
+Host files (`read_host_file`, `read_host_text`) are read only if they are regular files, and under a bound: a FIFO
 with no writer, a device, or a file on a hung network file system must not stall detection.
 """
 
@@ -26,6 +26,7 @@ __all__ = [
     "expand_nodelist",
     "expand_tasks_per_node",
     "read_host_file",
+    "read_host_text",
 ]
 
 # Larger than any machine built so far; a list past it is corrupt or hostile.
@@ -63,15 +64,40 @@ def read_host_file(
 ) -> list[str]:
     """Return the host names of the file `path` (named by `variable`), one per slot, in order.
 
-    Reads at most 16 MiB of a regular file and checks every name; `kind` names the file in errors
-    ("node file"). The whole read, from the path's lookup on, runs in a thread abandoned after
-    `within` seconds (`distenv.timing.HOST_FILE_S`; tests shorten it): on a network file system
-    whose server does not answer, even a stat blocks, and no signal ends it.
+    Reads the file as `read_host_text` does and checks every name; `kind` names the file in
+    errors ("node file").
+
+    Raises:
+        InvalidVariableError: As `read_host_text`, or if the file holds no host names.
+    """
+    text = read_host_text(launcher, variable, path, kind, within=within)
+    hosts = [check_hostname(launcher, variable, h) for h in text.split()]
+    if not hosts:
+        raise InvalidVariableError(launcher, variable, path, f"a {kind} naming at least one host")
+    return hosts
+
+
+def read_host_text(
+    launcher: str,
+    variable: str,
+    path: str,
+    kind: str,
+    *,
+    within: float = HOST_FILE_S,
+    shape: str = "one host per slot",
+) -> str:
+    """Return the text of the scheduler's file `path` (named by `variable`), read safely.
+
+    Reads at most 16 MiB of a regular file; `kind` names the file in errors ("node file"). The
+    whole read, from the path's lookup on, runs in a thread abandoned after `within` seconds
+    (`distenv.timing.HOST_FILE_S`; tests shorten it): on a network file system whose server does
+    not answer, even a stat blocks, and no signal ends it. Bytes that are no UTF-8 are replaced
+    (the caller's parser refuses them). `shape` says what the file holds, in errors.
 
     Raises:
         InvalidVariableError: If the path names no regular file (a FIFO, a device, a directory,
-            a socket), the file cannot be read, is too large, holds no host names, or its read
-            has not returned within `within` seconds.
+            a socket), the file cannot be read, is too large, or its read has not returned
+            within `within` seconds.
     """
 
     def expired() -> InvalidVariableError:
@@ -94,7 +120,7 @@ def read_host_file(
             launcher,
             variable,
             path,
-            f"a {kind}: a regular file, one host per slot, not {exc}",
+            f"a {kind}: a regular file, {shape}, not {exc}",
             hint=f"the scheduler sets ${variable} to the {kind} it writes: correct or remove "
             "whatever overrides it",
         ) from None
@@ -104,10 +130,7 @@ def read_host_file(
         ) from None
     if len(data) > MAX_HOST_FILE_BYTES:
         raise InvalidVariableError(launcher, variable, path, f"a {kind} under 16 MiB")
-    hosts = [check_hostname(launcher, variable, h) for h in data.decode("utf-8", "replace").split()]
-    if not hosts:
-        raise InvalidVariableError(launcher, variable, path, f"a {kind} naming at least one host")
-    return hosts
+    return data.decode("utf-8", "replace")
 
 
 def _read_regular(path: str, limit: int) -> bytes:

@@ -17,6 +17,8 @@ from distenv.launchers.awsbatch import AwsBatchLauncher
 from distenv.launchers.azureml import AzuremlLauncher
 from distenv.launchers.base import AllocationLauncher, Default, Launcher, Nodes, Scheduler, World
 from distenv.launchers.flux import FluxLauncher
+from distenv.launchers.gridengine import GridEngineLauncher
+from distenv.launchers.htcondor import HtcondorLauncher
 from distenv.launchers.indexed_job import IndexedJobLauncher
 from distenv.launchers.kubeflow import KubeflowLauncher
 from distenv.launchers.lsf import LsfLauncher
@@ -39,6 +41,7 @@ __all__ = [
     "BUILTIN",
     "DETECTION_ORDER",
     "FLUX",
+    "HTCONDOR",
     "INDEXED_JOB",
     "KUBEFLOW",
     "LSF",
@@ -50,6 +53,7 @@ __all__ = [
     "PLUGIN_GROUP",
     "SAGEMAKER",
     "SKYPILOT",
+    "SGE",
     "SLURM",
     "TORCHRUN",
     "VERTEX",
@@ -82,12 +86,13 @@ KUBEFLOW, INDEXED_JOB, VOLCANO = KubeflowLauncher(), IndexedJobLauncher(), Volca
 SAGEMAKER, AZUREML = SagemakerLauncher(), AzuremlLauncher()
 SKYPILOT, AWS_BATCH = SkypilotLauncher(), AwsBatchLauncher()
 VERTEX = VertexLauncher()
+SGE, HTCONDOR = GridEngineLauncher(), HtcondorLauncher()
 BUILTIN: dict[str, Launcher] = {
     launcher.name: launcher
     for launcher in (
         *(TORCHRUN, MPI, SLURM, LSF, NONE, PBS, FLUX),
         *(KUBEFLOW, INDEXED_JOB, VOLCANO, SAGEMAKER, AZUREML),
-        *(SKYPILOT, AWS_BATCH, VERTEX),
+        *(SKYPILOT, AWS_BATCH, VERTEX, SGE, HTCONDOR),
     )
 }
 ALIASES = {alias: launcher.name for launcher in BUILTIN.values() for alias in launcher.aliases}
@@ -109,6 +114,9 @@ DETECTION_ORDER = (
     # Cloud clusters that run one process per node; SkyPilot on Slurm runs it as an srun step,
     # whose own numbering answers there.
     *("skypilot", "aws-batch"),
+    # Universities' batch systems: Grid Engine and HTCondor's parallel universe enclose mpirun;
+    # neither runs inside another scheduler's job.
+    *("sge", "htcondor"),
 )
 
 # Third-party backends register under this entry-point group. Scanning entry points costs tens of

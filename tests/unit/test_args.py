@@ -40,10 +40,10 @@ def test_launcher_help_lists_the_registry():
 def test_unknown_launcher_is_usage_error(capsys):
     """An unknown launcher name exits 2 with argparse's usage error."""
     with pytest.raises(SystemExit) as caught:
-        make_parser().parse_args(["--launcher", "condor"])
+        make_parser().parse_args(["--launcher", "cobalt"])
     assert caught.value.code == 2
     err = capsys.readouterr().err
-    assert "argument --launcher: unknown launcher 'condor'. Hint: choose one of auto," in err
+    assert "argument --launcher: unknown launcher 'cobalt'. Hint: choose one of auto," in err
     assert "distenv:" not in err  # argparse names the command; no second prefix
 
 

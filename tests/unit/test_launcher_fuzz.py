@@ -140,19 +140,21 @@ class Bases(dict[str, list[tuple[dict[str, str], frozenset[str]]]]):
 def bases(tmp_path_factory: pytest.TempPathFactory) -> Bases:
     """Each launcher's recorded environments that auto detection answers, with their outcomes.
 
-    The host files that PBS and LSF name are recorded beside their environments; they are written
-    here so that the file variables start from a readable file.
+    The host files that PBS, LSF and Grid Engine name are recorded beside their environments;
+    they are written here so that the file variables start from a readable file.
     """
-    from tests.support.envs import lsf, pbs
+    from tests.support.envs import gridengine, lsf, pbs
 
     folder = tmp_path_factory.mktemp("hostfiles")
     (folder / "nodefile").write_text(pbs.NODES[0] + "\n")
     (folder / "hostfile").write_text(lsf.blaunch_hostfile)
     (folder / "nodefile_2x2").write_text(pbs.nodefile_2x2)
+    (folder / "pe_hostfile").write_text(gridengine.pe_hostfile_2x4)
     # The recorded paths do not exist here: each names the file written beside it.
     files = {
         "PBS_NODEFILE": str(folder / "nodefile_2x2"),
         "LSB_DJOB_HOSTFILE": str(folder / "hostfile"),
+        "PE_HOSTFILE": str(folder / "pe_hostfile"),
     }
     envs = [
         *({**env, **{k: v for k, v in files.items() if env.get(k)}} for env in RECORDED),

@@ -1,7 +1,7 @@
 """``auto`` never answers "rank 0 of 1" where the environment says the process is one of several.
 
 The rule covers every launcher's declared variables (enumerated here, so a launcher added later
-is checked too) and the variables of launchers distenv has no module for yet (`UNREAD`).
+is checked too).
 """
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ from __future__ import annotations
 import pytest
 
 from distenv.detection.pipeline import detect
-from distenv.detection.signs import RANKS, SIZES, UNREAD, Unread, multi_process_signs
+from distenv.detection.signs import RANKS, SIZES, multi_process_signs
 from distenv.errors import DistEnvError, InconsistentEnvironmentError
 from distenv.launchers import BUILTIN
 from distenv.local.plan import scheduler_layout
@@ -40,25 +40,11 @@ def test_a_value_that_says_one_process_is_no_sign(name: str, field: str) -> None
     assert multi_process_signs(BUILTIN.values(), env) == []
 
 
-@pytest.mark.parametrize("unread", UNREAD, ids=[u.name for u in UNREAD])
-def test_a_launcher_distenv_does_not_read_yet_is_refused_not_run_alone(unread: Unread) -> None:
-    """A launcher without a module yet (UNREAD): one of N nodes is refused, naming the
-    variable, its value and the vendor, with the way to start the ranks or to run alone."""
-    name, vendor, field = unread.name, unread.launcher, unread.field
-    env = {name: "3" if field in SIZES else "2", "PE_HOSTFILE": "/var/spool/sge/pe_hostfile"}
-    with pytest.raises(InconsistentEnvironmentError) as caught:
-        detect("auto", env)
-    error = caught.value
-    assert (error.source, error.variable, error.value) == ("auto", name, env[name])
-    assert f"{name}='{env[name]}' ({vendor})" in str(error)
-    assert "rank 0 of 1" in str(error)
-    assert "--launcher none" in (error.hint or "")
-
-
-def test_grid_engine_slots_count_only_in_a_parallel_environment() -> None:
-    """Grid Engine sets NSLOTS in every job: without PE_HOSTFILE it says nothing."""
-    assert detect("auto", {"NSLOTS": "8"}).world_size == 1
-    with pytest.raises(InconsistentEnvironmentError):
+def test_grid_engine_slots_above_one_are_a_sign_where_no_job_is_detected() -> None:
+    """Grid Engine's NSLOTS is 1 in a serial job and above 1 only in a parallel environment's
+    (submit(1)): 1 says nothing; 8 with no Grid Engine job detected is refused, naming `sge`."""
+    assert detect("auto", {"NSLOTS": "1"}).world_size == 1
+    with pytest.raises(InconsistentEnvironmentError, match=r"NSLOTS='8' \(sge\)"):
         detect("auto", {"NSLOTS": "8", "PE_HOSTFILE": "/tmp/pe"})
 
 
