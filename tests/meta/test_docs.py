@@ -177,3 +177,19 @@ def test_claim_and_marker_parsing() -> None:
         (7, ["tests/meta/test_docs.py::test_claim_and_marker_parsing"]),
     ]
     assert hooks.expand_markers("a<!-- not-run: needs detectron2 -->b") == "ab"
+
+
+LISTED = sorted(p for p in DOCS.rglob("*.md") if "how it was chosen:" in p.read_text("utf-8"))
+
+
+@pytest.mark.parametrize("page", LISTED, ids=[str(p.relative_to(DOCS)) for p in LISTED])
+def test_every_how_it_was_chosen_sample_lists_every_launcher_in_order(page: Path) -> None:
+    """A `distenv info` sample shows one line per launcher in detection order: a launcher added
+    later without a regenerated sample would be missing from what the page says was printed."""
+    from distenv.launchers import DETECTION_ORDER
+
+    for block in page.read_text("utf-8").split("how it was chosen:\n")[1:]:
+        lines = block.split("\n\n", 1)[0].split("```", 1)[0].splitlines()
+        parts = [line.split() for line in lines]
+        considered = [p[0] for p in parts if len(p) > 1 and p[1] in ("detected", "not")]
+        assert considered == list(DETECTION_ORDER), (page.name, considered)
