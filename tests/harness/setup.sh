@@ -434,7 +434,11 @@ mkdir -p "$MULTI"/{state,spool,run,log}
 } >"$MULTI/hosts.new"
 {
     common_conf multi "$MULTI" 6827
+    # Job ids of their own: both clusters' nodes share this host, and equal ids (job 607 on each)
+    # would derive the same master port and scope for concurrent tests (a collision no real
+    # cluster has: a node belongs to one cluster, whose job ids are unique).
     cat <<EOF
+FirstJobId=500000
 NodeName=n[1-4] NodeHostname=n[1-4] NodeAddr=127.0.1.[1-4] Port=[6831-6834] CPUs=4 Gres=gpu:2 State=UNKNOWN
 PartitionName=debug Nodes=ALL Default=YES OverSubscribe=FORCE:4 MaxTime=INFINITE State=UP
 EOF
