@@ -24,6 +24,7 @@ import socket
 from collections.abc import Set as AbstractSet
 from typing import TYPE_CHECKING, Any
 
+from distenv.bootstrap.limits import ensure_descriptors
 from distenv.bootstrap.records import (
     MAX_CANDIDATES,
     MAX_SHOWN,
@@ -96,6 +97,10 @@ def meet(boot: Bootstrap, checkin: CheckIn, phase: str, *, check: bool = True) -
     info = session.info
     backends = probed_backends(info, checkin.backend)
     prediction = _predict(info, backends) if backends else None
+    hosts_store = info.rank == 0 and not session.agent_store
+    ensure_descriptors(
+        info, checkin.backend, hosts_store=hosts_store, probes=info.rank == 0 and bool(backends)
+    )
     session.store = connect_store(
         info,
         boot.watch,
