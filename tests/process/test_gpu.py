@@ -189,7 +189,7 @@ info = distenv.init_dist(allow_gpu_sharing=sharing, backend="gloo" if sharing el
 t = torch.ones(1)
 dist.all_reduce(t)
 # One write per line: the two ranks share the launcher's stdout.
-sys.stdout.write(f"rank {info.rank} cuda {torch.cuda.current_device()} sum {int(t.item())}\n")
+sys.stdout.write(f"rank {info.rank} cuda {torch.cuda.current_device()} sum {int(t.item())}\\n")
 """
 
 
