@@ -70,13 +70,22 @@ def test_templates_page_shows_every_template_in_full() -> None:
         assert body in page, name
 
 
-def test_text_blocks_wrap_on_the_site() -> None:
-    """Error examples are ```text blocks; the site's CSS wraps those (the Hint stays visible)."""
+def test_text_and_console_blocks_wrap_on_the_site() -> None:
+    """Error examples are ```text blocks or ```console sessions; the site's CSS wraps both (the
+    Hint stays visible). test_docs_browser.py checks the pages themselves in Chromium."""
     config = (REPO / "mkdocs.yml").read_text()
     assert "pygments_lang_class: true" in config
     (css,) = re.findall(r"^extra_css:\n  - (\S+)$", config, re.M)
-    rule = (REPO / "docs" / css).read_text()
-    assert re.search(r"\.language-text pre > code \{[^}]*white-space: pre-wrap", rule)
+    text = re.sub(r"/\*.*?\*/", "", (REPO / "docs" / css).read_text(), flags=re.S)
+    rules = re.findall(r"([^{}]+)\{([^}]*)\}", text)
+    wrapped = {
+        selector.strip()
+        for selectors, body in rules
+        if "white-space: pre-wrap" in body
+        for selector in selectors.split(",")
+    }
+    for lang in ("text", "console"):
+        assert f".md-typeset .language-{lang} pre > code" in wrapped, wrapped
 
 
 def test_readme_says_how_to_build_the_docs() -> None:
