@@ -39,7 +39,10 @@ __all__ = [
 ]
 
 MARKER = re.compile(r"<!--\s*([a-z-]+)(?::\s*([^<>]*?))?\s*-->")
-HELP_WIDTH = 100
+# The characters a code block's line holds on the site: 78 in Material's narrowest two-column and
+# three-column layouts (960 and 1220 px wide), 80 on wider screens, measured in Chromium. The help
+# blocks do not wrap again (extra.css, cli-help), so argparse's own wrapping is all there is.
+HELP_WIDTH = 78
 REPO = Path(__file__).resolve().parent.parent
 
 
@@ -194,7 +197,11 @@ def subcommands() -> dict[str, argparse.ArgumentParser]:
 
 
 def render_cli_help(name: str) -> str:
-    """Return ``distenv NAME --help`` as a fenced block, formatted at a fixed width."""
+    """Return ``distenv NAME --help`` as a fenced block, formatted at a fixed width.
+
+    The block is a ``text`` block of class ``cli-help``, which the site's CSS leaves unwrapped:
+    argparse's wrapping keeps the options' hanging indent, a browser's would not.
+    """
     if name == "":
         from distenv.cli import build_parser
 
@@ -205,7 +212,7 @@ def render_cli_help(name: str) -> str:
             raise KeyError(f"no distenv subcommand {name!r} (have: {', '.join(found)})")
         parser = found[name]
     parser.formatter_class = lambda prog: argparse.HelpFormatter(prog, width=HELP_WIDTH)
-    return "```text\n" + parser.format_help().rstrip() + "\n```\n"
+    return "```{.text .cli-help}\n" + parser.format_help().rstrip() + "\n```\n"
 
 
 def render_refused_flags() -> str:

@@ -93,7 +93,7 @@ def test_every_subcommand_is_in_the_cli_reference() -> None:
 def test_cli_help_renders(name: str) -> None:
     """The hook renders the --help text of the command and of each subcommand."""
     text = hooks.render_cli_help(name)
-    assert text.startswith("```text\nusage: distenv")
+    assert text.startswith("```{.text .cli-help}\nusage: distenv")
 
 
 def test_expand_markers_refuses_unknown_marker() -> None:
