@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Bring up distenv's real-engine test environment on a Debian bookworm machine, as root.
 #
-#   packages  munge, Slurm 22.05, Open MPI 4.1, MPICH 4.0, shellcheck (apt)
+#   packages  munge, Slurm 22.05, Open MPI 4.1, MPICH 4.0, shellcheck, Chromium and its WebDriver
+#             (apt; tests/meta/test_docs_browser.py opens the docs site in headless Chromium)
 #   venv      $REPO/.venv: torch==2.13.0 (CPU wheel from /opt/wheels), python-hostlist, mpi4py,
 #             pytest, hypothesis, ruff, mypy, then distenv itself (editable) when it exists, with
 #             the frameworks of the docs recipes (setup.cfg's `frameworks` extra: Lightning,
@@ -34,7 +35,8 @@ PYTHON=${PYTHON:-python3}
 HOST=$(hostname)
 WAIT_S=${DISTENV_SETUP_WAIT_S:-60}
 
-APT_PACKAGES=(munge slurm-wlm openmpi-bin libopenmpi-dev mpich libmpich-dev shellcheck)
+APT_PACKAGES=(munge slurm-wlm openmpi-bin libopenmpi-dev mpich libmpich-dev shellcheck
+    chromium chromium-driver)
 MPICH_SO=/usr/lib/x86_64-linux-gnu/libmpich.so.12
 
 log() { printf '[setup %3ds] %s\n' "$((SECONDS - T0))" "$*"; }
