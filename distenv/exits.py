@@ -119,9 +119,12 @@ def _plain_wanted(env: Mapping[str, str]) -> bool:
         return True
     if threading.current_thread() is not threading.main_thread():
         return True
-    return bool(sys.flags.interactive or sys.flags.inspect or hasattr(sys, "ps1")) or (
-        "IPython" in sys.modules
-    )
+    if sys.flags.interactive or sys.flags.inspect or hasattr(sys, "ps1"):
+        return True
+    # An IPython shell or kernel is running (a library may import IPython in a plain script).
+    ipython = sys.modules.get("IPython")
+    get_ipython = getattr(ipython, "get_ipython", None)
+    return callable(get_ipython) and get_ipython() is not None
 
 
 def one_line(function: Callable[P, R]) -> Callable[P, R]:

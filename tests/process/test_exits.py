@@ -147,3 +147,28 @@ def test_a_restarted_rank_reports_the_refusal_as_not_retried() -> None:
     assert report is not None
     assert report.kind == "refused"
     assert report.what.startswith("LauncherNotFoundError: slurm:")
+
+
+IPYTHON = """\
+import sys, types
+
+shell = types.ModuleType("IPython")
+shell.get_ipython = lambda: {running}
+sys.modules["IPython"] = shell
+import distenv
+
+distenv.init_dist("slurm")
+"""
+
+
+def test_ipython_imported_by_a_library_keeps_the_one_line(tmp_path: Path) -> None:
+    """IPython imported in a plain script (tqdm and others may) is no interactive session."""
+    done = _run(tmp_path, IPYTHON.format(running="None"))
+    (line,) = done.stderr.splitlines()
+    assert line.startswith("train.py:8: distenv.errors.LauncherNotFoundError: slurm:"), line
+
+
+def test_a_running_ipython_shell_gets_the_plain_exception(tmp_path: Path) -> None:
+    done = _run(tmp_path, IPYTHON.format(running="object()"))
+    assert done.returncode == 1
+    assert done.stderr.startswith("Traceback (most recent call last):"), done.stderr
