@@ -474,3 +474,22 @@ def test_a_verdict_that_contradicts_what_a_rank_knows_is_forged() -> None:
     # At MAX_SHOWN claimers the list is cut: this one may be beyond it.
     many = tuple(range(100, 100 + MAX_SHOWN))
     assert _claimed(1, many).contradicts(me, holds_key=True) is None
+
+
+def test_a_verdict_without_problems_is_checked_without_importing_the_problems_module() -> None:
+    """Every rank but 0 checks the verdict on its way to init_process_group: the usual verdict,
+    with no problem, must not cost that path the import of the problems module (7 ms here)."""
+    import subprocess
+    import sys
+
+    code = (
+        "import sys\n"
+        "from distenv.bootstrap.verdict import Verdict\n"
+        "assert Verdict(True, ()).contradicts(None, holds_key=True) is None\n"
+        "print('distenv.bootstrap.problems' in sys.modules)\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=False
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "False"
