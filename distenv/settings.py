@@ -25,6 +25,8 @@ __all__ = [
     "AGENT_STORE_VAR",
     "DEBUG_VAR",
     "DEFAULT_RENDEZVOUS_TIMEOUT",
+    "LEADERS_VAR",
+    "LEADER_MODES",
     "OMP_VAR",
     "PLUGINS_VAR",
     "RESTART_VAR",
@@ -41,6 +43,9 @@ PLUGINS_VAR = "DISTENV_PLUGINS"
 AGENT_STORE_VAR = "TORCHELASTIC_USE_AGENT_STORE"
 RESTART_VAR = "TORCHELASTIC_RESTART_COUNT"
 OMP_VAR = "OMP_NUM_THREADS"
+LEADERS_VAR = "DISTENV_NODE_LEADERS"
+#: The values ``DISTENV_NODE_LEADERS`` takes (`distenv.bootstrap.leaders`).
+LEADER_MODES = ("auto", "on", "off")
 
 #: Seconds every rank may take to reach rank 0's store, when neither the argument nor
 #: ``DISTENV_TIMEOUT`` says otherwise (TCPStore's own default).
@@ -78,6 +83,13 @@ SETTINGS = (
         "no",
         "1: an error from a public call raises with distenv's whole traceback instead of "
         "ending the script in one line per rank (docs: errors)",
+    ),
+    Var(
+        LEADERS_VAR,
+        "the roll call",
+        "no",
+        "auto (the default): where ranks share a node, its local rank 0 batches its node's "
+        "roll call in worlds of 256 ranks or more; on: in every world; off: never (docs: scale)",
     ),
     Var(
         OMP_VAR,
@@ -121,6 +133,7 @@ class Settings(NamedTuple):
         agent_store: Whether torchrun's agent hosts the store (``TORCHELASTIC_USE_AGENT_STORE``).
         restart: torchrun's restart count (``TORCHELASTIC_RESTART_COUNT``), ``"0"`` when unset.
         omp_num_threads: ``OMP_NUM_THREADS`` as written, or None.
+        node_leaders: ``DISTENV_NODE_LEADERS`` as written (`LEADER_MODES`), ``"auto"`` when unset.
     """
 
     timeout: str | None = None
@@ -128,6 +141,7 @@ class Settings(NamedTuple):
     agent_store: bool = False
     restart: str = "0"
     omp_num_threads: str | None = None
+    node_leaders: str = "auto"
 
     @classmethod
     def read(cls, env: Mapping[str, str]) -> Settings:
@@ -140,6 +154,7 @@ class Settings(NamedTuple):
             agent_store=reader.get(AGENT_STORE_VAR) == str(True),
             restart=reader.get(RESTART_VAR) or "0",
             omp_num_threads=reader.get(OMP_VAR),
+            node_leaders=(reader.get(LEADERS_VAR) or "auto").strip().lower(),
         )
 
     def rendezvous_seconds(

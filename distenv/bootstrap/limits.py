@@ -37,10 +37,11 @@ class Need(NamedTuple):
     store: int
     mesh: int
     probes: int
+    members: int = 0
 
     @property
     def total(self) -> int:
-        return self.open_now + self.store + self.mesh + self.probes + RESERVE
+        return self.open_now + self.store + self.mesh + self.probes + self.members + RESERVE
 
     def describe(self) -> str:
         parts = [f"{self.open_now} open now"]
@@ -50,6 +51,8 @@ class Need(NamedTuple):
             parts.append(f"{self.mesh} for gloo's connections to every other rank")
         if self.probes:
             parts.append(f"{self.probes} for the network probes")
+        if self.members:
+            parts.append(f"{self.members} for the node's other ranks (it leads the node)")
         return ", ".join([*parts, f"{RESERVE} in reserve"])
 
 
@@ -61,13 +64,25 @@ def open_descriptors() -> int:
         return 0
 
 
-def needed(info: RankInfo, backend: str, *, hosts_store: bool, probes: bool, open_now: int) -> Need:
-    """Return what `info`'s rank will hold with `backend` (`hosts_store`: rank 0's own store)."""
+def needed(
+    info: RankInfo,
+    backend: str,
+    *,
+    hosts_store: bool,
+    probes: bool,
+    open_now: int,
+    members: int = 0,
+) -> Need:
+    """Return what `info`'s rank will hold with `backend` (`hosts_store`: rank 0's own store;
+    `members`: the connections of a node leader's other ranks)."""
     mesh = info.world_size - 1 if "gloo" in backend else 0
-    return Need(open_now, info.world_size if hosts_store else 0, mesh, WINDOW if probes else 0)
+    store = info.world_size if hosts_store else 0
+    return Need(open_now, store, mesh, WINDOW if probes else 0, members)
 
 
-def ensure_descriptors(info: RankInfo, backend: str, *, hosts_store: bool, probes: bool) -> None:
+def ensure_descriptors(
+    info: RankInfo, backend: str, *, hosts_store: bool, probes: bool, members: int = 0
+) -> None:
     """Raise this process's soft RLIMIT_NOFILE to what the rank needs (`needed`), or refuse.
 
     Raises:
@@ -76,7 +91,9 @@ def ensure_descriptors(info: RankInfo, backend: str, *, hosts_store: bool, probe
     import resource  # here: Unix only, and only a rank that meets others needs it
 
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
-    need = needed(info, backend, hosts_store=hosts_store, probes=probes, open_now=0)
+    need = needed(
+        info, backend, hosts_store=hosts_store, probes=probes, open_now=0, members=members
+    )
     if soft == resource.RLIM_INFINITY or need.total <= soft:
         return
     need = need._replace(open_now=open_descriptors())

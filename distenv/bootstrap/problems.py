@@ -393,6 +393,47 @@ class ForeignCount(NamedTuple):
         return cls(fields.integer("counted", records + 1, 1 << 62), records)
 
 
+class SilentNodes(NamedTuple):
+    """Nodes none of whose ranks reached rank 0 where node leaders batch the roll call: their
+    leader (its node's first rank) never reported, so its members could not either.
+
+    `leaders` are the nodes' first ranks (the first `MAX_SHOWN`), `sizes` their rank counts.
+    """
+
+    total: int
+    leaders: tuple[int, ...]
+    nodes: tuple[int, ...]
+    sizes: tuple[int, ...]
+
+    def describe(self, timeout: float) -> str:
+        named = [
+            f"node {node} (its leader, rank {leader}, and {size - 1} more "
+            f"rank{'s' if size != 2 else ''})"
+            for leader, node, size in zip(self.leaders, self.nodes, self.sizes, strict=True)
+        ]
+        more = f" and {self.total - len(named)} more nodes" if self.total > len(named) else ""
+        return (
+            f"{self.total} node(s) sent no report within {timeout:.0f} s: "
+            + ", ".join(named)
+            + more
+            + ": a leader that died, was stopped or started too late takes its node with it"
+        )
+
+    @classmethod
+    def parse(cls, fields: "Fields", world: int) -> "SilentNodes":
+        leaders = _rank_list(fields, "leaders", world)
+        nodes, sizes = fields.items("nodes"), fields.items("sizes")
+        if (
+            len(nodes) != len(leaders)
+            or len(sizes) != len(leaders)
+            or not all(type(n) is int and 0 <= n < world for n in nodes)
+            or not all(type(n) is int and 1 <= n <= world for n in sizes)
+        ):
+            raise ForeignRecordError(fields.key, "nodes and sizes do not match the leaders")
+        total = fields.integer("total", max(len(leaders), 1), world + 1)
+        return cls(total, leaders, tuple(nodes), tuple(sizes))
+
+
 #: What a probe of one address found, as `Unreachable` says it (codes from the probe's results).
 WHY_NOT = {
     "refused": "connection refused",
@@ -471,6 +512,7 @@ Problem = (
     | ForeignCheckIn
     | ForeignCount
     | Unreachable
+    | SilentNodes
 )
 #: Each problem's code in the published verdict.
 CODES: dict[type, str] = {
@@ -485,6 +527,7 @@ CODES: dict[type, str] = {
     ForeignCheckIn: "foreign",
     ForeignCount: "foreign_count",
     Unreachable: "unreachable",
+    SilentNodes: "silent_nodes",
 }
 _PROBLEMS: dict[str, Any] = {code: kind for kind, code in CODES.items()}
 
@@ -657,13 +700,42 @@ def _missing(
     )
 
 
-def missing_ranks(
+def silent_nodes(
     world_size: int, local_world_size: int | None, arrived: Sequence[CheckIn]
+) -> tuple[SilentNodes | None, set[int]]:
+    """Return the nodes of a batched roll call none of whose ranks arrived, and those ranks.
+
+    Nodes are rank 0's reckoning (`local_world_size` consecutive ranks each, as
+    `expected_hosts` places a missing rank); none where it cannot say.
+    """
+    local = local_world_size
+    if local is None or local < 2 or world_size % local:
+        return None, set()
+    seen = {c.rank for c in arrived}
+    silent = [
+        n for n in range(world_size // local) if not seen & set(range(n * local, (n + 1) * local))
+    ]
+    if not silent:
+        return None, set()
+    shown = silent[:MAX_SHOWN]
+    problem = SilentNodes(
+        len(silent), tuple(n * local for n in shown), tuple(shown), (local,) * len(shown)
+    )
+    return problem, {r for n in silent for r in range(n * local, (n + 1) * local)}
+
+
+def missing_ranks(
+    world_size: int,
+    local_world_size: int | None,
+    arrived: Sequence[CheckIn],
+    *,
+    besides: set[int] | None = None,
 ) -> Missing:
     """Return the `Missing` problem for the ranks of ``0..world_size-1`` that did not arrive.
 
-    `local_world_size` places them on nodes; None takes the arrivals' own.
+    `local_world_size` places them on nodes; None takes the arrivals' own. `besides` are ranks
+    already named otherwise (`silent_nodes`).
     """
-    seen = {c.rank for c in arrived}
+    seen = {c.rank for c in arrived} | (besides or set())
     absent = [r for r in range(world_size) if r not in seen]
     return _missing(absent, world_size, arrived, local_world_size)

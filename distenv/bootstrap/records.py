@@ -23,6 +23,7 @@ __all__ = [
     "ForeignRecordError",
     "NetRecord",
     "Switch",
+    "checkin_of",
     "claim",
     "load_json",
     "matches",
@@ -51,7 +52,7 @@ PATTERNS = {
     "device": r"(?:GPU|MIG)-[0-9A-Fa-f-]{1,64}|[0-9a-f]{4,8}:[0-9a-f]{2}:[0-9a-f]{2}",
     # scope_tag(launcher, job, step): see distenv.master.RUN_ID_PATTERN for the run ids inside.
     "scope": r"[A-Za-z0-9][A-Za-z0-9._:/@+\[\]-]{0,299}",
-    "record_key": r"(?:checkin|extra)/[0-9]{1,8}",
+    "record_key": r"(?:checkin|extra|batches)/[0-9]{1,8}",
     "address": r"[0-9]{1,3}(?:\.[0-9]{1,3}){3}|[0-9A-Fa-f:.]{2,45}(?:%[A-Za-z0-9_.-]{1,32})?",
     "interface": r"[A-Za-z0-9_.@-]{1,15}",
     "token": r"[0-9a-f]{16}",
@@ -276,7 +277,8 @@ class CheckIn(NamedTuple):
 _CHECKIN_FIELDS = frozenset(CheckIn._fields)
 
 
-def _checkin(key: str, data: object) -> CheckIn:
+def checkin_of(key: str, data: object) -> CheckIn:
+    """Return the check-in in `data`, a decoded JSON value read under `key` (`parse_checkin`)."""
     fields = Fields(key, data, _CHECKIN_FIELDS)
     world = fields.integer("world_size", 1, MAX_RANK + 1)
     local_world = fields.optional_integer("local_world_size", 1, MAX_RANK + 1)
@@ -306,7 +308,7 @@ def parse_checkin(key: str, raw: str | bytes) -> CheckIn:
         ForeignRecordError: If it is too large, not JSON, or any field is missing, extra, of the wrong
             type, out of range or does not match its pattern.
     """
-    return _checkin(key, load_json(key, raw, MAX_CHECKIN_BYTES))
+    return checkin_of(key, load_json(key, raw, MAX_CHECKIN_BYTES))
 
 
 def parse_claim(key: str, raw: str | bytes) -> tuple[str, str | None, NetRecord | None]:

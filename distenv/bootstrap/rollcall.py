@@ -24,6 +24,8 @@ import socket
 from collections.abc import Set as AbstractSet
 from typing import TYPE_CHECKING, Any
 
+from distenv.bootstrap.batches import CUT, Batch, parse_batches, shard_key, shard_keys
+from distenv.bootstrap.leaders import SLACK_S, Link, NodeListener, Role
 from distenv.bootstrap.limits import ensure_descriptors
 from distenv.bootstrap.records import (
     MAX_CANDIDATES,
@@ -36,7 +38,9 @@ from distenv.bootstrap.records import (
 from distenv.bootstrap.scope import ScopeCheck
 from distenv.bootstrap.session import FOREIGN_HINT, Bootstrap, Session
 from distenv.bootstrap.store import (
+    CHUNK,
     connect_store,
+    peek,
     poll_cap,
     read_many,
     wait_count,
@@ -44,14 +48,16 @@ from distenv.bootstrap.store import (
     wait_value,
 )
 from distenv.bootstrap.verdict import (
+    Place,
     Verdict,
     host_sizes,
     node_hosts,
+    parse_place,
     parse_verdict,
     refusal,
     validate,
 )
-from distenv.deadline import Deadline
+from distenv.deadline import Deadline, pause
 from distenv.device import device_identity
 from distenv.errors import DistEnvError, RendezvousError, RendezvousTimeoutError
 from distenv.rankinfo import RankInfo
@@ -65,6 +71,7 @@ if TYPE_CHECKING:
 __all__ = [
     "check_in",
     "fill_layout",
+    "gather_batches",
     "make_checkin",
     "meet",
     "network_exports",
@@ -84,6 +91,9 @@ def meet(boot: Bootstrap, checkin: CheckIn, phase: str, *, check: bool = True) -
     Where the job may span hosts, the roll call also probes the network path
     (`probed_backends`): rank 0 offers its node's addresses in its claim, a probing rank dials
     them before it checks in and offers its own, and each listener closes when the roll call ends.
+    Where node leaders batch the roll call (`distenv.bootstrap.leaders.Role`), a member hands its
+    check-in to its node's leader and reaches rank 0's store only later, for the process group;
+    the leader keeps its node's connections in ``boot.session.node`` for the group-up check.
     Runs inside `Bootstrap.run`; leaves the store in ``boot.session.store``.
 
     Raises:
@@ -95,11 +105,36 @@ def meet(boot: Bootstrap, checkin: CheckIn, phase: str, *, check: bool = True) -
     """
     session = boot.session
     info = session.info
-    backends = probed_backends(info, checkin.backend)
+    role = Role.of(info, session.leaders, session.scope, session.restart, checkin.hostname)
+    if role is not None and not role.leader:
+        return _as_member(boot, checkin, role.path, check=check)
+    # The node's socket first: its members connect as soon as they start.
+    node = None if role is None else NodeListener(role.path, info)
+    try:
+        verdict = _meet(boot, checkin, phase, node, check=check)
+    except BaseException:
+        if node is not None:
+            node.close()
+        raise
+    session.node = node
+    return verdict
+
+
+def _meet(
+    boot: Bootstrap, checkin: CheckIn, phase: str, node: NodeListener | None, *, check: bool
+) -> Verdict:
+    """`meet` for rank 0, a rank of a flat roll call, or a node's leader (`node`)."""
+    session = boot.session
+    info = session.info
+    backends = probed_backends(info, checkin.backend, batched=node is not None)
     prediction = _predict(info, backends) if backends else None
     hosts_store = info.rank == 0 and not session.agent_store
     ensure_descriptors(
-        info, checkin.backend, hosts_store=hosts_store, probes=info.rank == 0 and bool(backends)
+        info,
+        checkin.backend,
+        hosts_store=hosts_store,
+        probes=info.rank == 0 and bool(backends),
+        members=0 if node is None else int(info.local_world_size or 1) - 1,
     )
     session.store = connect_store(
         info,
@@ -136,7 +171,9 @@ def meet(boot: Bootstrap, checkin: CheckIn, phase: str, *, check: bool = True) -
                 net0 = scope_check.net0
                 if net0 is not None and scope_check.host0 != checkin.hostname:
                     listener, checkin = _offer(prediction, checkin, _dial(net0))
-        return roll_call(session.scoped(phase), boot, checkin, check=check, scope_check=scope_check)
+        return roll_call(
+            session.scoped(phase), boot, checkin, check=check, scope_check=scope_check, node=node
+        )
     except RuntimeError as exc:  # torch's DistError
         raise session.lost("during the roll call", exc) from None
     finally:
@@ -144,16 +181,59 @@ def meet(boot: Bootstrap, checkin: CheckIn, phase: str, *, check: bool = True) -
             listener.close()
 
 
-def probed_backends(info: RankInfo, backend: str) -> tuple[str, ...]:
+def _as_member(boot: Bootstrap, checkin: CheckIn, path: str, *, check: bool) -> Verdict:
+    """Check in through this node's leader and return the verdict it hands on (or raise it)."""
+    session = boot.session
+    info, timeout = session.info, boot.timeout
+    ensure_descriptors(info, checkin.backend, hosts_store=False, probes=False)
+    link = Link.connect(path, info, boot.waits.within(timeout))
+    session.node = link
+
+    def silent() -> DistEnvError:
+        return RendezvousTimeoutError(
+            info.launcher,
+            f"rank {info.rank} of {info.world_size} checked in with its node's leader (pid "
+            f"{link.leader_pid}) but received no verdict within {boot.deadline.seconds:g} s",
+            hint="the leader may be stopped (SIGSTOP, a debugger) or cannot reach rank 0's "
+            "store: its log says which",
+        )
+
+    boot.enter("the roll call (through its node's leader)", boot.deadline, silent)
+    if not link.send(checkin.to_json(), boot.waits):
+        raise link.gone()
+    line = link.receive(boot.waits.within(timeout + VERDICT_GRACE_S))
+    if line is None:
+        raise silent()
+    kind, _, rest = line.partition("\t")
+    if kind == "late":
+        raise _late(info, checkin, timeout, "its node's leader had reported the node")
+    if kind != "verdict":
+        raise RendezvousError(
+            info.launcher,
+            f"rank {info.rank} of {info.world_size}: its node's leader (pid {link.leader_pid}) "
+            f"refused its check-in ({kind!r}): it belongs to another job or world",
+            hint="two jobs share this node's socket name: give each job its own MASTER_PORT, or "
+            "export DISTENV_NODE_LEADERS=off",
+        )
+    raw, _, place = rest.partition("\t")
+    verdict = _read_verdict(info, checkin, raw.encode(), holds_key=False)
+    verdict = _placed(info, checkin, verdict, place.encode() or None)
+    if check and not verdict.ok:
+        raise _negative(info, verdict, timeout)
+    return verdict
+
+
+def probed_backends(info: RankInfo, backend: str, *, batched: bool = False) -> tuple[str, ...]:
     """Return the backends whose network path this rank's roll call probes (none: no probe).
 
     Only where the job may span hosts (its launcher does not say one node), only on rank 0 and
-    each node's first rank (every rank where the launcher names no layout), and never a backend
-    whose path the user chose (`distenv.netpath.USER_CHOICE`).
+    each node's first rank (every rank where the launcher names no layout and no leader leads
+    the node: `batched`), and never a backend whose path the user chose
+    (`distenv.netpath.USER_CHOICE`).
     """
     if info.world_size == 1 or info.num_nodes == 1:
         return ()
-    if info.rank != 0 and info.layout_known and info.local_rank != 0:
+    if info.rank != 0 and (info.layout_known or batched) and info.local_rank != 0:
         return ()
     from distenv.netpath import backends_to_probe
 
@@ -256,15 +336,14 @@ def network_exports(verdict: Verdict, checkin: CheckIn) -> dict[str, str]:
 
     Never a backend whose path the user chose: this rank's own environment is asked again.
     """
-    if not verdict.paths:
+    place = verdict.place_of(checkin.hostname)
+    if place is None or not place.paths:
         return {}
     from distenv.netpath import backends_to_probe, export
 
     probed = backends_to_probe(checkin.backend, os.environ)
     return dict(
-        export(switch.backend, switch.interface)
-        for switch in verdict.paths
-        if switch.host == checkin.hostname and switch.backend in probed
+        export(backend, interface) for backend, interface in place.paths if backend in probed
     )
 
 
@@ -275,11 +354,14 @@ def roll_call(
     *,
     check: bool = True,
     scope_check: ScopeCheck | None = None,
+    node: NodeListener | None = None,
 ) -> Verdict:
     """Check in, and on rank 0 gather, validate and publish; return the verdict or raise it.
 
     Rank 0 waits the rendezvous timeout (``boot.timeout``) for everybody, the others
-    `VERDICT_GRACE_S` longer for the verdict; every wait ends by ``boot.waits``.
+    `VERDICT_GRACE_S` longer for the verdict; every wait ends by ``boot.waits``. A node's leader
+    (`node`) first gathers its members' check-ins, writes them as one batch, and hands the
+    verdict (and its node's place) on to them.
 
     Args:
         store: The store of this job's roll call (``Session.scoped``).
@@ -288,6 +370,7 @@ def roll_call(
         check: Raise when the verdict is negative (`distenv doctor` passes False to print it).
         scope_check: A rank other than 0 whose scope is not confirmed yet: the wait for the
             verdict confirms it first.
+        node: This node's socket, where this rank leads its node.
 
     Raises:
         StoreTakenError: The scope key names another job (`scope_check`).
@@ -295,50 +378,110 @@ def roll_call(
         RendezvousError: The verdict found problems, or was not written by this job's rank 0.
     """
     info, timeout = boot.session.info, boot.timeout
-    held = check_in(store, checkin)
-    if held == CLOSED:
-        raise RendezvousTimeoutError(
-            info.launcher,
-            f"rank {info.rank} of {info.world_size} reached the roll call at {checkin.master} "
-            f"after rank 0 had stopped waiting for the ranks ({timeout:g} s from its own start), "
-            "or a process outside this job closed this rank's key",
-            hint="start every rank within the rendezvous timeout of rank 0 (raise it with "
-            f"rendezvous_timeout= or ${TIMEOUT_VAR}); rank 0's log names every missing rank",
+    readers = info.world_size - 1
+    if node is None:
+        held = check_in(store, checkin)
+        if held == CLOSED:
+            raise _late(info, checkin, timeout, "rank 0 had stopped waiting for the ranks")
+    else:
+        # Reported before rank 0 stops waiting, so that it names a missing member with its node.
+        slack = min(SLACK_S, timeout / 4)
+        batch = Batch(
+            info.rank,
+            node.gather(checkin, info.local_world_size or 1, boot.waits.within(timeout - slack)),
         )
+        held = _check_in_batch(store, batch)
+        if held == CLOSED:
+            node.answer("late", boot.waits)
+            raise _late(info, checkin, timeout, "rank 0 had stopped waiting for the ranks")
     if scope_check is not None:
         scope_check.wrote = True
     if info.rank == 0:
-        verdict = _gather(store, info, checkin.scope, boot.waits.within(timeout))
+        if node is None:
+            verdict = _gather(store, info, checkin.scope, boot.waits.within(timeout))
+        else:
+            verdict, readers = gather_batches(
+                store, info, checkin.scope, boot.waits.within(timeout)
+            )
         if verdict.ok and checkin.net is not None:
             verdict = _judged(verdict, checkin)
-        # The others need the outcome, not every record: a verdict carrying N check-ins, read by
-        # N - 1 ranks, would make rank 0's store serve O(N^2) bytes.
-        published = verdict.to_json()
-        if store.compare_set("verdict", "", published) != published.encode():
-            own = "; ".join(verdict.describe(timeout)) if not verdict.ok else "all is well"
-            raise RendezvousError(
-                info.launcher,
-                f"rank 0: a process outside this job wrote this job's roll-call verdict in the "
-                f"store at {checkin.master} before rank 0 did; rank 0's own verdict: {own}",
-                hint=FOREIGN_HINT,
-            )
+        _publish(store, info, verdict, checkin, timeout, batched=node is not None)
+        if node is not None:
+            place = verdict.place_of(checkin.hostname) if verdict.placed else None
+            own = "" if place is None else place.to_json(verdict.scope)
+            node.answer(f"verdict\t{verdict.to_json()}\t{own}", boot.waits)
         if not verdict.ok or not check:
             # Rank 0 may exit next (a negative verdict, `distenv doctor`), and its store with
             # it: let the others read first.
-            arrived = len(verdict.checkins) - 1
+            arrived = readers if node is not None else len(verdict.checkins) - 1
             wait_count(store, "read", arrived, boot.waits.within(VERDICT_GRACE_S))
     else:
-        verdict = _await_verdict(store, boot, checkin, scope_check, holds_key=held is None)
+        # A batch can be spoiled by a forger's fragment after it was written (rank 0 then names
+        # its ranks missing, beside the foreign line): only a rank's own key proves it arrived.
+        verdict, raw, place_raw = _await_verdict(
+            store, boot, checkin, scope_check, holds_key=held is None and node is None
+        )
+        if node is not None:
+            node.answer(f"verdict\t{raw.decode()}\t{(place_raw or b'').decode()}", boot.waits)
         if not verdict.ok or not check:
             store.add("read", 1)
     if check and not verdict.ok:
-        error = RendezvousTimeoutError if verdict.missing else RendezvousError
-        raise error(
-            info.launcher,
-            "roll call failed: " + "; ".join(verdict.describe(timeout)),
-            hint="run `distenv doctor` under the same launcher for a per-rank table",
-        )
+        raise _negative(info, verdict, timeout)
     return verdict
+
+
+def _late(info: RankInfo, checkin: CheckIn, timeout: float, after: str) -> DistEnvError:
+    """Return the error of a rank that reached the roll call too late."""
+    return RendezvousTimeoutError(
+        info.launcher,
+        f"rank {info.rank} of {info.world_size} reached the roll call at {checkin.master} "
+        f"after {after} ({timeout:g} s from its own start), or a process outside this job closed "
+        "this rank's key",
+        hint="start every rank within the rendezvous timeout of rank 0 (raise it with "
+        f"rendezvous_timeout= or ${TIMEOUT_VAR}); rank 0's log names every missing rank",
+    )
+
+
+def _negative(info: RankInfo, verdict: Verdict, timeout: float) -> DistEnvError:
+    """Return the error of a negative verdict."""
+    error = RendezvousTimeoutError if verdict.missing else RendezvousError
+    return error(
+        info.launcher,
+        "roll call failed: " + "; ".join(verdict.describe(timeout)),
+        hint="run `distenv doctor` under the same launcher for a per-rank table",
+    )
+
+
+def _publish(
+    store: Any, info: RankInfo, verdict: Verdict, own: CheckIn, timeout: float, *, batched: bool
+) -> None:
+    """Rank 0: write each rank's place (where the verdict places ranks), then the verdict.
+
+    The others need the outcome and their own place, not every record: a verdict carrying N
+    check-ins or N host names, read by N - 1 ranks, would make rank 0's store serve O(N^2) bytes.
+    A place is keyed by the rank that reads it: each rank's in a flat roll call, each leader's
+    (for its node) in a batched one. The places go first, so that a rank that reads a placed
+    verdict finds its own at once.
+    """
+    if verdict.placed:
+        readers = [c for c in verdict.checkins if not batched or c.local_rank == 0]
+        items = [
+            (f"place/{c.rank}", place.to_json(verdict.scope))
+            for c in readers
+            if (place := verdict.place_of(c.hostname)) is not None
+        ]
+        for start in range(0, len(items), CHUNK):
+            chunk = items[start : start + CHUNK]
+            store.multi_set([key for key, _ in chunk], [value for _, value in chunk])
+    published = verdict.to_json()
+    if store.compare_set("verdict", "", published) != published.encode():
+        said = "; ".join(verdict.describe(timeout)) if not verdict.ok else "all is well"
+        raise RendezvousError(
+            info.launcher,
+            f"rank 0: a process outside this job wrote this job's roll-call verdict in the "
+            f"store at {own.master} before rank 0 did; rank 0's own verdict: {said}",
+            hint=FOREIGN_HINT,
+        )
 
 
 def fill_layout(info: RankInfo, verdict: Verdict, checkin: CheckIn) -> RankInfo:
@@ -346,7 +489,8 @@ def fill_layout(info: RankInfo, verdict: Verdict, checkin: CheckIn) -> RankInfo:
 
     The verdict numbers the hosts in order of their lowest rank (`distenv.bootstrap.verdict.node_hosts`);
     this rank's node is the position of the host name it checked in with, and its local world
-    size, where unknown, the verdict's count of ranks on that host (`distenv.bootstrap.verdict.host_sizes`).
+    size, where unknown, the verdict's count of ranks on that host (`distenv.bootstrap.verdict.host_sizes`):
+    its `distenv.bootstrap.verdict.Place`.
     A known layout is kept as the launcher stated it (the roll call checked it against the hosts).
 
     Raises:
@@ -355,12 +499,18 @@ def fill_layout(info: RankInfo, verdict: Verdict, checkin: CheckIn) -> RankInfo:
     """
     if info.layout_known or not verdict.ok:
         return info
-    node = verdict.node_of(checkin.hostname)
-    size = None if node is None else verdict.size_of(node)
-    if node is None or (info.local_world_size is None and size is None):
+    place = verdict.place_of(checkin.hostname)
+    node = None if place is None else place.node
+    size = None if place is None else place.size
+    if (
+        place is None
+        or place.nodes is None
+        or node is None
+        or (info.local_world_size is None and size is None)
+    ):
         what = (
-            f"numbers {len(verdict.nodes)} node(s) but not this rank's host "
-            f"{checkin.hostname!r}, so its node is unknown"
+            f"does not place this rank's host {checkin.hostname!r} on a node, so its node is "
+            "unknown"
             if node is None
             else f"does not count the ranks on this rank's host {checkin.hostname!r}, so its "
             "local world size is unknown"
@@ -373,7 +523,7 @@ def fill_layout(info: RankInfo, verdict: Verdict, checkin: CheckIn) -> RankInfo:
         )
     return info.replace(
         node_rank=node if info.node_rank is None else info.node_rank,
-        num_nodes=len(verdict.nodes) if info.num_nodes is None else info.num_nodes,
+        num_nodes=place.nodes if info.num_nodes is None else info.num_nodes,
         local_world_size=size if info.local_world_size is None else info.local_world_size,
     )
 
@@ -405,15 +555,17 @@ def _await_verdict(
     scope_check: ScopeCheck | None,
     *,
     holds_key: bool,
-) -> Verdict:
-    """Return rank 0's verdict, confirming the scope first where `scope_check` has not yet.
+) -> tuple[Verdict, bytes, bytes | None]:
+    """Return rank 0's verdict (with this rank's place), and both as read.
 
-    A verdict that contradicts what this rank knows (`Verdict.contradicts`) is refused as forged.
+    Confirms the scope first where `scope_check` has not yet. A verdict that contradicts what
+    this rank knows (`Verdict.contradicts`) is refused as forged.
     """
     info = boot.session.info
     deadline = boot.waits.within(boot.timeout + VERDICT_GRACE_S)
     ready = None if scope_check is None else scope_check.poll
-    raw = wait_value(store, "verdict", deadline, poll_cap(info.world_size), ready)
+    cap = poll_cap(info.world_size)
+    raw = wait_value(store, "verdict", deadline, cap, ready)
     if raw is None:
         if scope_check is not None and not scope_check.confirmed:
             raise scope_check.absent()
@@ -423,8 +575,25 @@ def _await_verdict(
             f"verdict within {deadline.seconds:.0f} s",
             hint="rank 0 may have died or be stuck before init_dist; check its log",
         )
+    verdict = _read_verdict(info, checkin, raw, holds_key=holds_key)
+    place = None
+    if verdict.place is not None:  # placed: this rank's place was written before the verdict
+        place = peek(store, f"place/{info.rank}") or wait_value(
+            store, f"place/{info.rank}", deadline, cap
+        )
+    return _placed(info, checkin, verdict, place), raw, place
+
+
+def _read_verdict(info: RankInfo, checkin: CheckIn, raw: bytes, *, holds_key: bool) -> Verdict:
+    """Return the verdict in `raw`, validated; `place` is a placeholder where it places ranks.
+
+    Raises:
+        RendezvousError: It was not written by this job's rank 0.
+    """
     try:
-        verdict = parse_verdict("verdict", raw, scope=checkin.scope, world_size=info.world_size)
+        verdict, placed = parse_verdict(
+            "verdict", raw, scope=checkin.scope, world_size=info.world_size
+        )
         why = verdict.contradicts(checkin, holds_key=holds_key)
         if why is not None:
             raise ForeignRecordError("verdict", why)
@@ -435,7 +604,91 @@ def _await_verdict(
             f"written by this job's distenv ({exc.why})",
             hint=FOREIGN_HINT,
         ) from None
-    return verdict
+    return verdict._replace(place=Place()) if placed else verdict
+
+
+def _placed(info: RankInfo, checkin: CheckIn, verdict: Verdict, raw: bytes | None) -> Verdict:
+    """Return `verdict` with this rank's place read from `raw`, where the verdict places ranks.
+
+    Raises:
+        RendezvousError: The verdict places ranks but this rank's place is missing or forged.
+    """
+    if verdict.place is None:
+        return verdict
+    try:
+        if raw is None:
+            raise ForeignRecordError(f"place/{info.rank}", "absent")
+        place = parse_place(
+            f"place/{info.rank}", raw, scope=checkin.scope, world_size=info.world_size
+        )
+    except ForeignRecordError as exc:
+        raise RendezvousError(
+            info.launcher,
+            f"rank {info.rank}: the verdict in the store at {checkin.master} places the ranks, "
+            f"but this rank's place is not this job's rank 0's ({exc.why})",
+            hint=FOREIGN_HINT,
+        ) from None
+    return verdict._replace(place=place)
+
+
+def _check_in_batch(store: Any, batch: Batch) -> bytes | None:
+    """Count a node's ranks in, then append their batch; return `CLOSED` if rank 0 stopped
+    waiting first (nothing is written then), else None.
+
+    Counted first: a count past `CUT` says rank 0 has made its cut (`gather_batches`), and rank 0
+    waits for the batches of every count it saw before the cut.
+    """
+    if int(store.add("written", len(batch.checkins))) >= CUT:
+        return CLOSED
+    store.append(shard_key(batch.leader), batch.to_line())
+    return None
+
+
+def gather_batches(
+    store: Any, info: RankInfo, scope: str, deadline: Deadline
+) -> tuple[Verdict, int]:
+    """Rank 0 of a batched roll call: return the verdict on the nodes' batches by `deadline`,
+    and how many leaders besides rank 0 will read it.
+
+    The count says when to look. At `deadline` rank 0 adds `CUT` to it: a leader that counts
+    its node after that learns it came late and writes nothing, and every leader that counted
+    before is waited for (its append follows its count at once) for `VERDICT_GRACE_S` at most.
+    Then the shards (`shard_keys`: a few keys at any scale) are read whole. Ranks in no batch are
+    named missing; a count that exceeds the batches' ranks, or a line that does not parse, was
+    written by a process outside the job.
+    """
+    world = info.world_size
+    wait_count(store, "written", world, deadline)
+    counted = int(store.add("written", 0))
+    if counted < world:
+        counted = int(store.add("written", CUT)) - CUT
+    keys = shard_keys(world)
+    grace = Deadline.after(VERDICT_GRACE_S)
+    delay = MIN_POLL_S / 8
+    while True:
+        raws = read_many(store, keys)
+        parsed = [
+            parse_batches(key, raw, scope=scope, world_size=world)
+            for key, raw in zip(keys, raws, strict=True)
+        ]
+        batches = [b for found, _ in parsed for b in found]
+        carried = sum(len(b.checkins) for b in batches)
+        foreign = [key for key, (_, bad) in zip(keys, parsed, strict=True) if bad]
+        if carried >= counted or foreign or grace.passed():
+            break
+        pause(delay)
+        delay = min(delay * 2, MIN_POLL_S)
+    found = tuple(sorted((c for b in batches for c in b.checkins), key=lambda c: c.rank))
+    ahead = (counted, carried) if counted > carried else None
+    readers = len(batches) - 1
+    if carried == world and not foreign and ahead is None:
+        problems = validate(found, world)
+        nodes = () if problems else node_hosts(found, layout_known=info.layout_known)
+        sizes = host_sizes(found, nodes)
+        return Verdict(not problems, tuple(problems), found, scope, nodes, sizes), readers
+    complete = {c.rank for c in found} == set(range(world))
+    verdict = refusal(found, info, scope, foreign, complete=complete, ahead=ahead, batched=True)
+    return verdict, readers
 
 
 def _gather(store: Any, info: RankInfo, scope: str, deadline: Deadline) -> Verdict:

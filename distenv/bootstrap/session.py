@@ -27,6 +27,7 @@ from distenv.settings import TIMEOUT_VAR, Settings
 from distenv.timing import GRACE_S, MARGIN_S, SIGNAL_MARK_S
 
 if TYPE_CHECKING:
+    from distenv.bootstrap.leaders import Link, NodeListener
     from distenv.detection.pipeline import Detection
 
 __all__ = ["FOREIGN_HINT", "STATES", "Bootstrap", "Session"]
@@ -55,6 +56,7 @@ class Session:
             keys.
         agent_store: Whether torchrun's agent store serves the job (every rank is its client).
         master_from: Where the master address came from, for the error when it does not resolve.
+        leaders: ``DISTENV_NODE_LEADERS`` (`distenv.bootstrap.leaders.Role`).
     """
 
     def __init__(
@@ -65,10 +67,14 @@ class Session:
         restart: str = "0",
         agent_store: bool = False,
         master_from: str = "MASTER_ADDR",
+        leaders: str = "auto",
     ) -> None:
         self.info, self.scope, self.restart = info, scope, restart
-        self.agent_store, self.master_from = agent_store, master_from
+        self.agent_store, self.master_from, self.leaders = agent_store, master_from, leaders
         self.store: Any = None  # rank 0's store, once reached (`distenv.bootstrap.rollcall.meet`)
+        #: This rank's end of its node's socket where node leaders batch the roll call: the
+        #: leader's listener or a member's link, kept for the group-up check.
+        self.node: NodeListener | Link | None = None
 
     @classmethod
     def of(cls, detection: Detection, info: RankInfo, settings: Settings) -> Session:
@@ -79,6 +85,7 @@ class Session:
             restart=settings.restart,
             agent_store=settings.agent_store,
             master_from=detection.master_from,
+            leaders=settings.node_leaders,
         )
 
     @property

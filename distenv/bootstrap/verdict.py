@@ -33,9 +33,11 @@ if TYPE_CHECKING:
 
 __all__ = [
     "MAX_VERDICT_BYTES",
+    "Place",
     "Verdict",
     "host_sizes",
     "node_hosts",
+    "parse_place",
     "parse_verdict",
     "refusal",
     "validate",
@@ -43,10 +45,57 @@ __all__ = [
 
 MAX_VERDICT_BYTES = 64 * 1024
 MAX_PROBLEMS = 64
-# A verdict that numbers the nodes carries their host names: this much more per possible node;
-# one that moves a node's backends to another interface carries up to two switches per node.
-NODE_BYTES = 256
-SWITCH_BYTES = 300
+MAX_PLACE_BYTES = 1024
+
+
+class Place(NamedTuple):
+    """What one rank (or one node's leader, for its node) learns of its own node from the verdict.
+
+    Published under ``place/<rank>`` only where the verdict has something to place: a node
+    index and count (`node`, `nodes`) where the launcher left the layout to the roll call, the
+    node's rank count (`size`) where it counted none, the backends the network probe moved to
+    another interface on this node (`paths`, ``(backend, interface)``). Its size does not grow
+    with the world: every rank reads its own, never the whole job's.
+    """
+
+    node: int | None = None
+    nodes: int | None = None
+    size: int | None = None
+    paths: tuple[tuple[str, str], ...] = ()
+
+    def to_json(self, scope: str) -> str:
+        place = {"scope": scope, "node": self.node, "nodes": self.nodes, "size": self.size}
+        return json.dumps({**place, "paths": [list(p) for p in self.paths]}, separators=(",", ":"))
+
+
+_PLACE_FIELDS = frozenset(("scope", "node", "nodes", "size", "paths"))
+
+
+def parse_place(key: str, raw: str | bytes, *, scope: str, world_size: int) -> Place:
+    """Return the place stored under `key`, validated for this job's `scope` and world.
+
+    Raises:
+        ForeignRecordError: If it is too large, malformed, of another scope or inconsistent.
+    """
+    fields = Fields(key, load_json(key, raw, MAX_PLACE_BYTES), _PLACE_FIELDS)
+    if fields.text("scope") != scope:
+        raise ForeignRecordError(key, "written for another scope")
+    nodes = fields.optional_integer("nodes", 1, world_size + 1)
+    node = fields.optional_integer("node", 0, world_size if nodes is None else nodes)
+    size = fields.optional_integer("size", 1, world_size + 1)
+    paths = []
+    for entry in fields.items("paths", 2):
+        if (
+            not isinstance(entry, list)
+            or len(entry) != 2
+            or not matches("probed_backend", entry[0])
+            or not matches("interface", entry[1])
+        ):
+            raise ForeignRecordError(key, "field 'paths' is not a list of interface switches")
+        paths.append((entry[0], entry[1]))
+    if (node is None) != (nodes is None):
+        raise ForeignRecordError(key, "a node index without a node count, or the reverse")
+    return Place(node, nodes, size, tuple(paths))
 
 
 class Verdict(NamedTuple):
@@ -59,7 +108,8 @@ class Verdict(NamedTuple):
     (`host_sizes`) where a check-in's ``local_world_size`` is None, so a rank's local world size
     is the count at its node's position. Both are empty when every rank knew its layout, or when
     the verdict is negative. `paths` are the network probe's switches: the nodes whose ranks
-    move a backend to another interface (`distenv.bootstrap.paths`).
+    move a backend to another interface (`distenv.bootstrap.paths`). Rank 0 holds all of that;
+    the others read the outcome (`ok`, `problems`) and, where `placed`, their own `place`.
     """
 
     ok: bool
@@ -69,24 +119,37 @@ class Verdict(NamedTuple):
     nodes: tuple[str, ...] = ()
     sizes: tuple[int, ...] = ()
     paths: tuple[Switch, ...] = ()
+    place: Place | None = None
+
+    @property
+    def placed(self) -> bool:
+        """Whether ranks read a `Place` beside this verdict (rank 0's view)."""
+        return self.ok and bool(self.nodes or self.paths)
 
     def to_json(self) -> str:
-        """Return the published form: scope, ok, problems, nodes and, if any, sizes."""
+        """Return the published form, the same size at any scale: scope, outcome, problems."""
         published: dict[str, object] = {
             "scope": self.scope,
             "ok": self.ok,
             "problems": [_problems().problem_json(p) for p in self.problems[:MAX_PROBLEMS]],
-            "nodes": list(self.nodes),
+            "placed": self.placed,
         }
-        if self.sizes:  # only where a rank's local world size is unknown: no bytes otherwise
-            published["sizes"] = list(self.sizes)
-        if self.paths:  # only where the network probe moved a backend
-            published["paths"] = [list(switch) for switch in self.paths]
         return json.dumps(published, separators=(",", ":"))
 
-    def size_of(self, node: int) -> int | None:
-        """Return how many ranks run on node `node` (`sizes`), or None if it counts none."""
-        return self.sizes[node] if 0 <= node < len(self.sizes) else None
+    def place_of(self, hostname: str) -> Place | None:
+        """Return the place of the ranks on `hostname`: the one read, or rank 0's reckoning."""
+        if self.place is not None:
+            return self.place
+        if not self.placed:
+            return None
+        node = self.node_of(hostname)
+        switches = tuple((s.backend, s.interface) for s in self.paths if s.host == hostname)
+        if not self.nodes:
+            return Place(paths=switches)
+        if node is None:
+            return None
+        size = self.sizes[node] if self.sizes else None
+        return Place(node, len(self.nodes), size, switches)
 
     def node_of(self, hostname: str) -> int | None:
         """Return the index of `hostname`'s node in `nodes`, or None if it names no such host."""
@@ -132,27 +195,26 @@ class Verdict(NamedTuple):
     @property
     def missing(self) -> bool:
         """Whether a problem is that ranks never arrived (a timeout, not a misconfiguration)."""
-        return bool(self.problems) and any(
-            isinstance(p, _problems().Missing) for p in self.problems
-        )
+        if not self.problems:
+            return False
+        absent = (_problems().Missing, _problems().SilentNodes)
+        return any(isinstance(p, absent) for p in self.problems)
 
 
-_VERDICT_FIELDS = frozenset(("scope", "ok", "problems", "nodes"))
-_OPTIONAL_FIELDS = frozenset(("sizes", "paths"))
+_VERDICT_FIELDS = frozenset(("scope", "ok", "problems", "placed"))
 
 
-def parse_verdict(key: str, raw: str | bytes, *, scope: str, world_size: int) -> Verdict:
-    """Return the verdict stored under `key`, validated for this job's `scope` and world.
+def parse_verdict(
+    key: str, raw: str | bytes, *, scope: str, world_size: int
+) -> tuple[Verdict, bool]:
+    """Return the verdict stored under `key`, validated for this job's `scope` and world, and
+    whether it places ranks: then each reads its own `Place` (`parse_place`).
 
     Raises:
         ForeignRecordError: If it is too large, malformed, of another scope, or inconsistent (an "ok"
-            verdict with problems, a failing one without).
+            verdict with problems, a failing one without, a failing one that places ranks).
     """
-    cap = MAX_VERDICT_BYTES + (NODE_BYTES + 2 * SWITCH_BYTES) * world_size
-    data = load_json(key, raw, cap)
-    present = _OPTIONAL_FIELDS & data.keys() if isinstance(data, dict) else frozenset()
-    sized = "sizes" in present
-    fields = Fields(key, data, _VERDICT_FIELDS | present)
+    fields = Fields(key, load_json(key, raw, MAX_VERDICT_BYTES), _VERDICT_FIELDS)
     if fields.text("scope") != scope:
         raise ForeignRecordError(key, "written for another scope")
     ok = fields.flag("ok")
@@ -160,34 +222,10 @@ def parse_verdict(key: str, raw: str | bytes, *, scope: str, world_size: int) ->
     problems = tuple(_problems().parse_problem(key, p, world_size) for p in items)
     if ok == bool(problems):
         raise ForeignRecordError(key, "its outcome contradicts its problems")
-    hosts = fields.items("nodes", world_size)
-    if not all(matches("hostname", host) for host in hosts) or len(set(hosts)) != len(hosts):
-        raise ForeignRecordError(key, "field 'nodes' is not a list of distinct host names")
-    if hosts and not ok:
-        raise ForeignRecordError(key, "a negative verdict numbers no nodes")
-    sizes = fields.items("sizes", world_size) if sized else []
-    if sized and (
-        not all(type(n) is int and 1 <= n <= world_size for n in sizes)
-        or len(sizes) != len(hosts)
-        or sum(sizes) != world_size
-    ):
-        raise ForeignRecordError(
-            key, "field 'sizes' does not count the ranks of each node in 'nodes'"
-        )
-    paths = []
-    for entry in fields.items("paths", 2 * world_size) if "paths" in present else []:
-        if (
-            not isinstance(entry, list)
-            or len(entry) != 3
-            or not matches("hostname", entry[0])
-            or not matches("probed_backend", entry[1])
-            or not matches("interface", entry[2])
-        ):
-            raise ForeignRecordError(key, "field 'paths' is not a list of interface switches")
-        paths.append(Switch(*entry))
-    if paths and not ok:
-        raise ForeignRecordError(key, "a negative verdict switches no interface")
-    return Verdict(ok, problems, (), scope, tuple(hosts), tuple(sizes), tuple(paths))
+    placed = fields.flag("placed")
+    if placed and not ok:
+        raise ForeignRecordError(key, "a negative verdict places no rank")
+    return Verdict(ok, problems, (), scope), placed
 
 
 # ---- validation of a complete set of check-ins (rank 0) -----------------------------------------
@@ -295,20 +333,34 @@ def refusal(
     *,
     complete: bool,
     ahead: tuple[int, int] | None = None,
+    batched: bool = False,
 ) -> Verdict:
     """Return rank 0's negative verdict on foreign writes, or on missing ranks.
 
     `foreign` are the keys of records this job did not write (one problem names a few and counts
     them all); `ahead` is ``(count, records)`` where the check-in count ran ahead of the records.
     With `complete`, every rank checked in and the valid records are also validated; otherwise
-    the ranks that did not are named, placed on nodes by rank 0's (`info`) local world size.
+    the ranks that did not are named, placed on nodes by rank 0's (`info`) local world size; in a
+    `batched` roll call a node none of whose ranks arrived is named as a node, by its leader.
     """
     problems = _problems()
     named: list[Problem] = [problems.foreign_records(foreign)] if foreign else []
     if ahead is not None:
         named.append(problems.ForeignCount(*ahead))
     if not complete:
-        named.append(problems.missing_ranks(info.world_size, info.local_world_size, checkins))
+        silent, covered = (
+            problems.silent_nodes(info.world_size, info.local_world_size, checkins)
+            if batched
+            else (None, set())
+        )
+        if silent is not None:
+            named.append(silent)
+        if len(covered) + len(checkins) < info.world_size or silent is None:
+            named.append(
+                problems.missing_ranks(
+                    info.world_size, info.local_world_size, checkins, besides=covered
+                )
+            )
     else:
         named += validate(checkins, info.world_size)
     return Verdict(False, tuple(named), checkins, scope)

@@ -105,7 +105,9 @@ def test_forged_ok_verdict_fails_within_the_bound() -> None:
 
     def forge(store: Any, scope: str) -> None:
         _checked_in(store, 2)
-        store.set("verdict", json.dumps({"scope": scope, "ok": True, "problems": [], "nodes": []}))
+        store.set(
+            "verdict", json.dumps({"scope": scope, "ok": True, "problems": [], "placed": False})
+        )
 
     results, elapsed = _run(forge)
     _no_forged_text(results)
@@ -153,7 +155,7 @@ def _missing_verdict(scope: str, rank: int, host: str) -> str:
     from distenv.bootstrap.problems import Missing, problem_json
 
     problem = problem_json(Missing(1, 3, (rank,), ((host,),), (None,)))
-    return json.dumps({"scope": scope, "ok": False, "problems": [problem], "nodes": []})
+    return json.dumps({"scope": scope, "ok": False, "problems": [problem], "placed": False})
 
 
 def test_a_verdict_naming_a_rank_that_checked_in_missing_is_named_as_forged() -> None:
@@ -185,7 +187,7 @@ def test_a_verdict_listing_other_claimers_of_a_rank_is_named_as_forged() -> None
     def forge(store: Any, scope: str) -> None:
         _checked_in(store, 2)
         problem = problem_json(ClaimedTwice(1, (11, 12), ("a", "b")))
-        verdict = {"scope": scope, "ok": False, "problems": [problem], "nodes": []}
+        verdict = {"scope": scope, "ok": False, "problems": [problem], "placed": False}
         store.set("verdict", json.dumps(verdict))
 
     results, _ = _run(forge)

@@ -113,10 +113,14 @@ def test_what_each_rank_counts() -> None:
         16,
         15,
         WINDOW,
+        0,
     )
-    assert needed(rank0, "nccl", hosts_store=False, probes=False, open_now=10)[1:] == (0, 0, 0)
+    assert needed(rank0, "nccl", hosts_store=False, probes=False, open_now=10)[1:] == (0, 0, 0, 0)
     assert needed(rank5, "cpu:gloo,cuda:nccl", hosts_store=False, probes=False, open_now=3)[1:] == (
         0,
         15,
         0,
+        0,
     )
+    # A node's leader holds a connection from each of its node's other ranks.
+    assert needed(rank0, "nccl", hosts_store=True, probes=False, open_now=0, members=7).members == 7

@@ -11,10 +11,11 @@ import pytest
 from distenv import DistEnvError, detect
 from distenv.bootstrap.records import CheckIn
 from distenv.bootstrap.rollcall import fill_layout
-from distenv.bootstrap.verdict import Verdict, node_hosts, parse_verdict, validate
+from distenv.bootstrap.verdict import Verdict, node_hosts, validate
 from distenv.errors import LauncherMismatchError, LauncherNotFoundError, NotLaunchedError
 from distenv.master import scheduler_port
 from tests.support.envs import Layout, layout, mpi, slurm, torchrun
+from tests.support.verdicts import as_read
 
 CAPTURES = Path(__file__).resolve().parents[1] / "support" / "envs" / "captures"
 
@@ -358,7 +359,6 @@ def test_roll_call_numbers_the_nodes_of_every_captured_run(
         for i, host in zip(infos, hosts, strict=True)
     ]
     assert validate(checkins, len(checkins)) == []
-    published = Verdict(True, (), tuple(checkins), "mpi/-/4/n4", node_hosts(checkins)).to_json()
-    verdict = parse_verdict("verdict", published, scope="mpi/-/4/n4", world_size=len(checkins))
-    filled = [fill_layout(i, verdict, c) for i, c in zip(infos, checkins, strict=True)]
+    verdict = Verdict(True, (), tuple(checkins), "mpi/-/4/n4", node_hosts(checkins))
+    filled = [fill_layout(i, as_read(verdict, c), c) for i, c in zip(infos, checkins, strict=True)]
     assert [layout(i) for i in filled] == expected

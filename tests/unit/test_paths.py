@@ -26,9 +26,10 @@ from distenv.bootstrap.records import (
     parse_claim,
 )
 from distenv.bootstrap.rollcall import network_exports, probed_backends
-from distenv.bootstrap.verdict import Verdict, parse_verdict
+from distenv.bootstrap.verdict import Place, Verdict, parse_place, parse_verdict
 from distenv.netpath import backends_to_probe, export
 from distenv.rankinfo import RankInfo
+from tests.support.verdicts import as_read
 
 SCOPE = "pytorch/none/n3"
 TOKEN = "0123456789abcdef"  # noqa: S105 (the probe's answer, not a secret)
@@ -137,12 +138,11 @@ def test_records_claims_and_verdicts_carry_the_probe_and_parse_back() -> None:
     assert parse_claim("distenv/scope/0", claim(SCOPE)) == (SCOPE, None, None)
     assert parse_claim("distenv/scope/0", claim(SCOPE, "node0", record)) == (SCOPE, "node0", record)
     problem = Unreachable("node2", 2, "nccl", (("10.0.0.2", "ib0", "foreign"),), ("node0",))
-    for verdict in (
-        Verdict(True, (), scope=SCOPE, paths=(Switch("node1", "gloo", "eth0"),)),
-        Verdict(False, (problem,), scope=SCOPE),
-    ):
-        parsed = parse_verdict("verdict", verdict.to_json(), scope=SCOPE, world_size=3)
-        assert parsed == verdict
+    ok = Verdict(True, (), scope=SCOPE, paths=(Switch("node1", "gloo", "eth0"),))
+    assert as_read(ok, checkin(1, "node1", None)).place == Place(paths=(("gloo", "eth0"),))
+    assert as_read(ok, checkin(2, "node2", None)).place == Place()
+    failed = Verdict(False, (problem,), scope=SCOPE)
+    assert parse_verdict("verdict", failed.to_json(), scope=SCOPE, world_size=3) == (failed, False)
     assert "another process answered there" in problem.describe(10)
     assert "NCCL_SOCKET_IFNAME=" in problem.describe(10)
 
@@ -176,15 +176,15 @@ def test_forged_network_records_are_refused(change: dict[str, Any], why: str) ->
 @pytest.mark.parametrize(
     "paths",
     [
-        [["node1", "gloo", "eth0 && curl"]],
-        [["node1", "tensorpipe", "eth0"]],
-        [["node1", "gloo"]],
+        [["gloo", "eth0 && curl"]],
+        [["tensorpipe", "eth0"]],
+        [["gloo"]],
     ],
 )
 def test_forged_switches_are_refused(paths: list[list[str]]) -> None:
-    published = {"scope": SCOPE, "ok": True, "problems": [], "nodes": [], "paths": paths}
+    published = {"scope": SCOPE, "node": None, "nodes": None, "size": None, "paths": paths}
     with pytest.raises(ForeignRecordError, match="paths"):
-        parse_verdict("verdict", json.dumps(published), scope=SCOPE, world_size=3)
+        parse_place("place/1", json.dumps(published), scope=SCOPE, world_size=3)
 
 
 def test_a_rank_applies_its_own_nodes_switch_in_each_backends_syntax(

@@ -25,6 +25,7 @@ from distenv.bootstrap.problems import (
     Placement,
     SharedGpu,
     SharedLocalRank,
+    SilentNodes,
     foreign_records,
 )
 from distenv.bootstrap.records import (
@@ -39,7 +40,7 @@ from distenv.bootstrap.records import (
     parse_scope,
 )
 from distenv.bootstrap.scope import job_scope
-from distenv.bootstrap.verdict import Verdict, parse_verdict, validate
+from distenv.bootstrap.verdict import Place, Verdict, parse_place, parse_verdict, validate
 
 SCOPE = "slurm/4242/0/n4"
 
@@ -225,12 +226,14 @@ def test_verdicts_round_trip_and_render_the_same_on_every_rank() -> None:
         ForeignCount(1002, 2),
         MixedLayout("node_rank", (0, 1), 2, ("gpu000",), (2, 3), 2, ("gpu001",)),
         LocalLayout("gpu001", None, 2, (2, 3), (0, 3), (4,)),
+        SilentNodes(1, (2,), (1,), (2,)),
     )
     kinds = {type(p) for p in problems}
     assert {Disagreement, ClaimedTwice, Missing, Placement, SharedGpu, ForeignCheckIn} <= kinds
-    assert {MixedLayout, LocalLayout, ForeignCount} <= kinds
+    assert {MixedLayout, LocalLayout, ForeignCount, SilentNodes} <= kinds
     published = Verdict(False, problems, (), SCOPE).to_json()
-    parsed = parse_verdict("verdict", published, scope=SCOPE, world_size=4)
+    parsed, placed = parse_verdict("verdict", published, scope=SCOPE, world_size=4)
+    assert not placed
     assert parsed.problems == problems
     assert parsed.describe(30) == Verdict(False, problems).describe(30)
     assert (
@@ -294,7 +297,9 @@ def test_verdicts_round_trip_and_render_the_same_on_every_rank() -> None:
 def test_forged_verdicts_are_refused(verdict: dict[str, Any], why: str) -> None:
     """Free text, contradictions, another scope, out-of-range ranks: refused, never rendered."""
     with pytest.raises(ForeignRecordError) as info:
-        parse_verdict("verdict", json.dumps({"nodes": [], **verdict}), scope=SCOPE, world_size=4)
+        parse_verdict(
+            "verdict", json.dumps({"placed": False, **verdict}), scope=SCOPE, world_size=4
+        )
     assert why in info.value.why
     assert "EVIL" not in str(info.value)
 
@@ -323,66 +328,76 @@ def numbered_nodes(draw: st.DrawFn) -> tuple[int, tuple[str, ...], tuple[int, ..
 
 @settings(max_examples=200, deadline=None)
 @given(numbered_nodes())
-def test_verdicts_that_count_the_ranks_per_node_round_trip(
+def test_each_rank_reads_its_own_place_the_same_size_at_any_scale(
     numbered: tuple[int, tuple[str, ...], tuple[int, ...]],
 ) -> None:
-    """A verdict carrying nodes and their rank counts parses back to the same layout."""
+    """A verdict that numbers nodes publishes the outcome only; each host's place parses back
+    to its node, the node count and its rank count, in bytes that do not grow with the world."""
     world, nodes, sizes = numbered
-    published = Verdict(True, (), (), SCOPE, nodes, sizes).to_json()
-    parsed = parse_verdict("verdict", published, scope=SCOPE, world_size=world)
-    assert (parsed.nodes, parsed.sizes) == (nodes, sizes)
-    assert [parsed.size_of(parsed.node_of(h) or 0) for h in nodes[:1]] == [sizes[0]]
+    verdict = Verdict(True, (), (), SCOPE, nodes, sizes)
+    published, placed = parse_verdict("verdict", verdict.to_json(), scope=SCOPE, world_size=world)
+    assert placed
+    assert published.ok
+    assert '"nodes"' not in verdict.to_json()
+    for index, host in enumerate(nodes):
+        place = verdict.place_of(host)
+        assert place is not None
+        raw = place.to_json(SCOPE)
+        assert len(raw) < 200
+        assert parse_place("place/0", raw, scope=SCOPE, world_size=world) == Place(
+            index, len(nodes), sizes[index]
+        )
 
 
 @settings(max_examples=300, deadline=None)
 @given(numbered_nodes(), json_values)
-def test_any_sizes_field_parses_only_if_it_counts_every_rank_of_the_nodes(
+def test_any_size_field_parses_only_if_it_counts_ranks(
     numbered: tuple[int, tuple[str, ...], tuple[int, ...]], value: object
 ) -> None:
-    """`sizes` replaced by any JSON value: refused by name unless it counts each node's ranks."""
+    """A place's `size` replaced by any JSON value: refused by name unless it is a rank count."""
     world, nodes, _ = numbered
-    data = {"scope": SCOPE, "ok": True, "problems": [], "nodes": list(nodes), "sizes": value}
+    data = {"scope": SCOPE, "node": 0, "nodes": len(nodes), "size": value, "paths": []}
     refused = _refusal(
-        lambda: parse_verdict("verdict", json.dumps(data), scope=SCOPE, world_size=world)
+        lambda: parse_place("place/3", json.dumps(data), scope=SCOPE, world_size=world)
     )
     if refused is not None:
-        assert refused.key == "verdict"
+        assert refused.key == "place/3"
         return
-    parsed = parse_verdict("verdict", json.dumps(data), scope=SCOPE, world_size=world)
-    assert len(parsed.sizes) == len(nodes)
-    assert sum(parsed.sizes) == world
-    assert all(type(n) is int and n >= 1 for n in parsed.sizes)
+    parsed = parse_place("place/3", json.dumps(data), scope=SCOPE, world_size=world)
+    assert parsed.size is None or (type(parsed.size) is int and 1 <= parsed.size <= world)
 
 
 @pytest.mark.parametrize(
-    ("nodes", "sizes", "why"),
+    ("change", "why"),
     [
-        (["a", "b"], [2], "'sizes'"),  # a node not counted
-        (["a", "b"], [2, 1], "'sizes'"),  # 3 ranks in a world of 4
-        (["a", "b"], [4, 0], "'sizes'"),  # an empty node
-        (["a", "b"], [True, 3], "'sizes'"),  # a boolean is not a count
-        (["a", "b"], ["2", "2"], "'sizes'"),
-        ([], [4], "'sizes'"),  # counts without nodes
-        (["a", "b"], [2] * 5, "'sizes' is not a list of at most 4"),
+        ({"size": 0}, "'size'"),  # an empty node
+        ({"size": 5}, "'size'"),  # more ranks than the world
+        ({"size": True}, "'size'"),  # a boolean is not a count
+        ({"size": "2"}, "'size'"),
+        ({"node": 2}, "'node'"),  # past the node count
+        ({"nodes": None}, "without a node count"),
+        ({"scope": "slurm/1/0/n4"}, "another scope"),
+        ({"paths": [["gloo", "eth0 up"]]}, "'paths'"),
+        ({"extra": 1}, "unexpected or missing fields"),
     ],
 )
-def test_forged_node_counts_are_refused(nodes: list[str], sizes: list[object], why: str) -> None:
-    """Counts that do not add up to the world over the verdict's nodes: refused, never used."""
-    data = {"scope": SCOPE, "ok": True, "problems": [], "nodes": nodes, "sizes": sizes}
+def test_forged_places_are_refused(change: dict[str, Any], why: str) -> None:
+    """A place that does not fit the world, its node count or this scope: refused, never used."""
+    data = {"scope": SCOPE, "node": 1, "nodes": 2, "size": 2, "paths": [], **change}
     with pytest.raises(ForeignRecordError) as info:
-        parse_verdict("verdict", json.dumps(data), scope=SCOPE, world_size=4)
+        parse_place("place/3", json.dumps(data), scope=SCOPE, world_size=4)
     assert why in info.value.why
 
 
-def test_sizes_are_published_only_where_a_local_size_is_unknown() -> None:
-    """Ranks that all know their local size get no counts (the verdict stays as it was)."""
+def test_sizes_are_placed_only_where_a_local_size_is_unknown() -> None:
+    """Ranks that all know their local size get no counts in their place."""
     from distenv.bootstrap.verdict import host_sizes, node_hosts
 
     known = [checkin(r, node_rank=None) for r in range(4)]
     nodes = node_hosts(known)
     assert nodes == ("gpu000", "gpu001")
     assert host_sizes(known, nodes) == ()
-    assert '"sizes"' not in Verdict(True, (), (), SCOPE, nodes).to_json()
+    assert Verdict(True, (), (), SCOPE, nodes).place_of("gpu001") == Place(1, 2, None)
     flux = [c._replace(local_world_size=None) for c in known]
     assert host_sizes(flux, node_hosts(flux)) == (2, 2)
 
@@ -424,13 +439,13 @@ LOCAL = {
 )
 def test_forged_layout_problems_are_refused(problem: dict[str, Any], why: str) -> None:
     """The layout cross-checks' problems are validated like the others: never free text."""
-    verdict = {"scope": SCOPE, "ok": False, "problems": [problem], "nodes": []}
+    verdict = {"scope": SCOPE, "ok": False, "problems": [problem], "placed": False}
     with pytest.raises(ForeignRecordError) as info:
         parse_verdict("verdict", json.dumps(verdict), scope=SCOPE, world_size=4)
     assert why in info.value.why
     assert "EVIL" not in str(info.value)
     valid = {**verdict, "problems": [MIXED, LOCAL]}
-    parsed = parse_verdict("verdict", json.dumps(valid), scope=SCOPE, world_size=4)
+    parsed, _ = parse_verdict("verdict", json.dumps(valid), scope=SCOPE, world_size=4)
     assert [type(p) for p in parsed.problems] == [MixedLayout, LocalLayout]
 
 

@@ -329,7 +329,7 @@ def test_a_verdict_that_does_not_name_this_host_is_refused() -> None:
         node_rank=None, num_nodes=None, master_addr="h", master_port=1,
     )  # fmt: skip
     verdict = Verdict(True, (), (), "mpi/-/2/n2", ("a", "b"))
-    with pytest.raises(RendezvousError, match="not this rank's host 'c'"):
+    with pytest.raises(RendezvousError, match="does not place this rank's host 'c'"):
         fill_layout(info, verdict, checkin(1, 2, hostname="c", node_rank=None))
     assert fill_layout(info, verdict, checkin(1, 2, hostname="b", node_rank=None)).node_rank == 1
 

@@ -20,7 +20,13 @@ launcher or the store), one ``--fault RANK:WHAT[:SECONDS]`` each:
 - ``forge-up-then-stop``: as ``stop-after-init``, after writing what a forger on the network would
   to pass the group-up check of 0.2.0 and earlier: the "all up" key, and 1000 on the up count;
 - ``hold-start``, ``hold-init``, ``hold-groupup``: stay until killed before init_dist, inside the bounded
-  init_process_group call, or before the group-up check.
+  init_process_group call, or before the group-up check;
+- ``kill-before-batch``: (a node leader) SIGKILL itself once it has gathered its node's check-ins,
+  before it reports them to rank 0;
+- ``forge-batch``: (a node leader) append what a forger on the network would to the roll call's
+  batches (a line of garbage, no newline), then report its node as usual;
+- ``kill-after-init``: SIGKILL itself once its init_process_group returned (before the group-up
+  check).
 
 The marker ``--tag`` (in argv) lets the test find every process of the launch in /proc.
 """
@@ -83,6 +89,7 @@ def inject(what: str, events: Events) -> None:
     import torch.distributed as dist
 
     import distenv.bootstrap.group
+    import distenv.bootstrap.rollcall
 
     def before(module: Any, name: str, action: Callable[[], None]) -> None:
         original = getattr(module, name)
@@ -129,6 +136,25 @@ def inject(what: str, events: Events) -> None:
             return group_up(boot, *args, **kwargs)
 
         distenv.bootstrap.group.group_up = forged
+    elif what == "kill-before-batch":
+        before(
+            distenv.bootstrap.rollcall,
+            "_check_in_batch",
+            die(signal.SIGKILL, "before reporting its node"),
+        )
+    elif what == "forge-batch":
+        report = distenv.bootstrap.rollcall._check_in_batch
+
+        def forged_batch(store: Any, batch: Any) -> Any:
+            from distenv.bootstrap.batches import shard_key
+
+            events.write("fault", fault="forged a batch line", pid=os.getpid())
+            store.append(shard_key(0), '{"leader": 0, "EVIL TEXT"')
+            return report(store, batch)
+
+        distenv.bootstrap.rollcall._check_in_batch = forged_batch
+    elif what == "kill-after-init":
+        before(distenv.bootstrap.group, "group_up", die(signal.SIGKILL, "after init_process_group"))
     elif what == "hold-init":
         before(dist, "init_process_group", hold("init_process_group"))
     elif what == "hold-groupup":

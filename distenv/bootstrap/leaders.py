@@ -1,0 +1,446 @@
+"""Node leaders: one rank per node speaks to rank 0's store for all of its node's ranks.
+
+A flat roll call makes every rank a client of rank 0's store, and rank 0's single-threaded server
+pays per request: at 16 384 ranks, eight round trips each are seconds of its time. Where several
+ranks share a node, the node's local rank 0 leads it: the others (its *members*) hand their
+check-in to it over a Unix socket, it writes one batched record for the node
+(`distenv.bootstrap.batches`), reads rank 0's verdict once and hands it to each member, and the
+group-up check goes the same way. Rank 0 then serves a few requests per node instead of per rank.
+
+Who leads is decided by what every rank knows alike (`Role.of`): the world size, the node's rank
+count and ``DISTENV_NODE_LEADERS``. Small worlds keep the flat path, which needs no extra hop.
+
+The node's socket lives in a private directory (``/tmp/distenv-<uid>``, mode 0700, owned by this
+user, checked, never followed through a link) under a name derived from the job's scope, the
+attempt, the host name and the node index, so two jobs, two attempts or two "nodes" on one host
+never meet. Both ends check the other's user id (``SO_PEERCRED``); the leader refuses a check-in
+of another scope or world. Every wait is bounded by the bootstrap's deadlines, and a closed
+connection is named at once: a member whose leader died says so; a leader whose member died
+reports it to rank 0, which names it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import hashlib
+import os
+import selectors
+import socket
+import stat
+import struct
+from typing import NamedTuple
+
+from distenv.bootstrap.records import MAX_CHECKIN_BYTES, CheckIn, ForeignRecordError, parse_checkin
+from distenv.deadline import Deadline, pause
+from distenv.errors import ConfigurationError, RendezvousError, RendezvousTimeoutError
+from distenv.rankinfo import RankInfo
+from distenv.settings import LEADER_MODES, LEADERS_VAR
+
+__all__ = ["MIN_WORLD", "Link", "NodeListener", "Role", "private_dir", "socket_path"]
+
+#: The smallest world in which ``DISTENV_NODE_LEADERS=auto`` batches: below it, rank 0's store
+#: serves the flat roll call in milliseconds and the extra hop would cost more than it saves.
+MIN_WORLD = 256
+#: The longest line either end sends: a check-in, or a verdict and its place.
+MAX_LINE = 128 * 1024
+# The leader reports its node this long before the rendezvous timeout ends (at most), so that
+# rank 0 names a member that never arrived with its node, not just as absent.
+SLACK_S = 5.0
+_CRED = struct.Struct("3i")  # struct ucred: pid, uid, gid
+
+
+class Role(NamedTuple):
+    """This rank's part in a batched roll call: its node's leader, or one of its members."""
+
+    leader: bool
+    path: str
+
+    @classmethod
+    def of(cls, info: RankInfo, mode: str, scope: str, restart: str, hostname: str) -> Role | None:
+        """Return this rank's role, or None where the job takes the flat roll call.
+
+        Batched where ranks share a node whose ranks are counted and numbered
+        (``local_world_size`` > 1), in a world of at least `MIN_WORLD` ranks (``auto``) or in
+        any (``on``); never with ``off``. Every rank of the job decides alike.
+
+        Raises:
+            ConfigurationError: ``DISTENV_NODE_LEADERS`` is none of `LEADER_MODES`, or rank 0
+                is not its node's local rank 0 (it must gather the whole job).
+        """
+        if mode not in LEADER_MODES:
+            raise ConfigurationError(
+                info.launcher,
+                f"${LEADERS_VAR} is {mode!r}, expected one of {', '.join(LEADER_MODES)}",
+                hint=f"unset {LEADERS_VAR} (auto), or set it to on or off",
+                variable=LEADERS_VAR,
+                value=mode,
+            )
+        local = info.local_world_size
+        if mode == "off" or info.world_size == 1 or local is None or local == 1:
+            return None
+        if mode == "auto" and info.world_size < MIN_WORLD:
+            return None
+        if info.rank == 0 and info.local_rank != 0:
+            raise ConfigurationError(
+                info.launcher,
+                f"rank 0 is local rank {info.local_rank} of its node, and node leaders need rank "
+                "0 to lead its own node",
+                hint=f"place rank 0 first on its node, or export {LEADERS_VAR}=off",
+                variable=LEADERS_VAR,
+                value=mode,
+            )
+        return cls(info.local_rank == 0, socket_path(scope, restart, hostname, info.node_rank))
+
+
+def private_dir(root: str = "/tmp") -> str:  # noqa: S108 -- checked: see below
+    """Return this user's private directory for node sockets under `root`, creating it (0700).
+
+    Raises:
+        ConfigurationError: It exists but is a link, not a directory, another user's, or open
+            to others.
+    """
+    uid = os.getuid()
+    # Checked below (a directory of this user, mode 0700, not a link): not a guessable file.
+    path = os.path.join(root, f"distenv-{uid}")
+    with contextlib.suppress(FileExistsError):
+        os.mkdir(path, 0o700)
+    st = os.lstat(path)
+    if not stat.S_ISDIR(st.st_mode) or st.st_uid != uid or st.st_mode & 0o077:
+        raise ConfigurationError(
+            "init",
+            f"{path} is not a private directory of this user (mode {stat.filemode(st.st_mode)}, "
+            f"owner uid {st.st_uid}): node leaders will not put their sockets there",
+            hint=f"remove {path} (distenv creates it with mode 0700), or export {LEADERS_VAR}=off",
+            variable=LEADERS_VAR,
+        )
+    return path
+
+
+def socket_path(scope: str, restart: str, hostname: str, node: int | None) -> str:
+    """Return the path of the node socket of `scope`'s attempt `restart` on this node."""
+    digest = hashlib.sha256(f"{scope}\0{restart}\0{hostname}\0{node}".encode()).hexdigest()
+    return os.path.join(private_dir(), digest[:32] + ".sock")
+
+
+def _peer(sock: socket.socket) -> tuple[int, int]:
+    """Return the pid and user id of the process at the other end of a Unix socket."""
+    pid, uid, _ = _CRED.unpack(sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, _CRED.size))
+    return pid, uid
+
+
+class _Lines:
+    """A socket's incoming lines, read without blocking past a deadline."""
+
+    def __init__(self, sock: socket.socket) -> None:
+        self.sock, self.buffer, self.closed = sock, b"", False
+
+    def feed(self) -> None:
+        """Read what is there (the socket is readable); note a closed connection."""
+        try:
+            data = self.sock.recv(65536)
+        except (BlockingIOError, InterruptedError):
+            return
+        except OSError:
+            data = b""
+        if not data:
+            self.closed = True
+        self.buffer += data
+        if len(self.buffer) > MAX_LINE and b"\n" not in self.buffer:
+            self.closed = True  # nobody of this job sends that much: drop the connection
+
+    def line(self) -> bytes | None:
+        """Return the next whole line, without its newline, or None."""
+        head, newline, rest = self.buffer.partition(b"\n")
+        if not newline:
+            return None
+        self.buffer = rest
+        return head
+
+
+def _send(sock: socket.socket, line: str, deadline: Deadline) -> bool:
+    """Send one line within `deadline`; return False if the other end is gone."""
+    sock.settimeout(max(deadline.left(), 0.01))
+    try:
+        sock.sendall(line.encode() + b"\n")
+        return True
+    except OSError:
+        return False
+    finally:
+        sock.setblocking(False)
+
+
+class Member(NamedTuple):
+    """A member as its leader sees it: its check-in and its connection."""
+
+    checkin: CheckIn
+    lines: _Lines
+
+
+class NodeListener:
+    """The leader's end: its node's socket, its members' check-ins, and the answers it sends.
+
+    Args:
+        path: The node's socket (`socket_path`).
+        info: The leader's RankInfo (its launcher and rank, for messages).
+    """
+
+    def __init__(self, path: str, info: RankInfo) -> None:
+        self.path, self.info = path, info
+        self.members: list[Member] = []
+        self.late: list[_Lines] = []
+        self.sock = self._bind()
+        self.selector = selectors.DefaultSelector()
+        self.selector.register(self.sock, selectors.EVENT_READ)
+        self.pending: list[_Lines] = []  # accepted, their check-in not read yet
+
+    def _bind(self) -> socket.socket:
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        try:
+            sock.bind(self.path)
+        except OSError as exc:
+            if exc.errno != errno.EADDRINUSE:
+                sock.close()
+                raise
+            if _answers(self.path):
+                sock.close()
+                raise RendezvousError(
+                    self.info.launcher,
+                    f"rank {self.info.rank}: another process already leads this node for this "
+                    f"job (its socket {self.path} answers): two processes were started as local "
+                    "rank 0 of one node",
+                    hint="start one process per local rank on each node (check the launcher's "
+                    f"task layout), or export {LEADERS_VAR}=off",
+                ) from None
+            os.unlink(self.path)  # left by a process of this attempt that died: nobody answers
+            sock.bind(self.path)
+        sock.listen(socket.SOMAXCONN)
+        sock.setblocking(False)
+        return sock
+
+    def _accept(self) -> None:
+        with contextlib.suppress(BlockingIOError, InterruptedError):
+            conn, _ = self.sock.accept()
+            if _peer(conn)[1] != os.getuid():
+                conn.close()  # another user's process: never read
+                return
+            conn.setblocking(False)
+            lines = _Lines(conn)
+            self.pending.append(lines)
+            self.selector.register(conn, selectors.EVENT_READ, lines)
+
+    def _turn(self, deadline: Deadline) -> None:
+        """Wait for one event (at most until `deadline`) and handle it."""
+        for key, _ in self.selector.select(max(min(deadline.left(), 0.5), 0)):
+            if key.data is None:
+                self._accept()
+            else:
+                key.data.feed()
+
+    def gather(self, checkin: CheckIn, count: int, deadline: Deadline) -> tuple[CheckIn, ...]:
+        """Return this node's check-ins, the leader's first: all `count`, or those in by `deadline`.
+
+        A check-in of another scope or world is answered ``refused`` and dropped; one that does
+        not parse is dropped (nothing from the socket is trusted more than the store).
+        """
+        while len(self.members) < count - 1 and not deadline.passed():
+            self._turn(deadline)
+            self._take(checkin)
+        self._take(checkin)
+        return (checkin, *(m.checkin for m in self.members))
+
+    def _take(self, own: CheckIn) -> None:
+        for lines in list(self.pending):
+            raw = lines.line()
+            if raw is None and not lines.closed:
+                continue
+            self.pending.remove(lines)
+            try:
+                if raw is None or len(raw) > MAX_CHECKIN_BYTES:
+                    raise ForeignRecordError("node socket", "no check-in")
+                record = parse_checkin("node socket", raw)
+            except ForeignRecordError:
+                self._drop(lines)
+                continue
+            if record.scope != own.scope or record.world_size != own.world_size:
+                _send(lines.sock, "refused", Deadline.after(1.0))
+                self._drop(lines)
+                continue
+            self.members.append(Member(record, lines))
+
+    def _drop(self, lines: _Lines) -> None:
+        with contextlib.suppress(KeyError, ValueError):
+            self.selector.unregister(lines.sock)
+        lines.sock.close()
+
+    def answer(self, line: str, deadline: Deadline) -> None:
+        """Send `line` to every member; a late arrival is told ``late``."""
+        for member in self.members:
+            _send(member.lines.sock, line, deadline)
+        self.close_door(deadline)
+
+    def close_door(self, deadline: Deadline) -> None:
+        """Stop taking members: whoever connected or connects now is told it came late."""
+        self.selector.unregister(self.sock)
+        with contextlib.suppress(BlockingIOError, InterruptedError):
+            while True:
+                conn, _ = self.sock.accept()
+                self.pending.append(_Lines(conn))
+        for lines in self.pending:
+            _send(lines.sock, "late", deadline)
+            self._drop(lines)
+        self.pending = []
+        self.sock.close()
+        with contextlib.suppress(OSError):
+            os.unlink(self.path)
+
+    def collect_up(self, deadline: Deadline) -> tuple[dict[int, str], list[int], list[int]]:
+        """Return the members' group-up tokens, those whose connection closed, and the silent.
+
+        Waits until every member has answered or closed, or until `deadline`.
+        """
+        tokens: dict[int, str] = {}
+        gone: list[int] = []
+        waiting = {m.checkin.rank: m for m in self.members}
+        while waiting:
+            for rank, member in list(waiting.items()):
+                raw = member.lines.line()
+                if raw is not None:
+                    kind, _, token = raw.decode("ascii", "replace").partition("\t")
+                    if kind == "up" and len(token) == 16:
+                        tokens[rank] = token
+                    else:
+                        gone.append(rank)
+                    del waiting[rank]
+                elif member.lines.closed:
+                    gone.append(rank)
+                    del waiting[rank]
+            if not waiting or deadline.passed():
+                break
+            self._turn(deadline)
+        return tokens, gone, sorted(waiting)
+
+    def acknowledge(self, tokens: dict[int, str], deadline: Deadline) -> None:
+        """Echo each member's token to it: rank 0 saw the whole job up."""
+        for member in self.members:
+            token = tokens.get(member.checkin.rank)
+            if token is not None:
+                _send(member.lines.sock, f"ack\t{token}", deadline)
+
+    def close(self) -> None:
+        """Close every connection and the socket (idempotent)."""
+        for member in self.members:
+            member.lines.sock.close()
+        for lines in self.pending:
+            lines.sock.close()
+        self.members, self.pending = [], []
+        with contextlib.suppress(OSError):
+            self.selector.close()
+        if self.sock.fileno() != -1:
+            self.sock.close()
+            with contextlib.suppress(OSError):
+                os.unlink(self.path)
+
+
+def _answers(path: str) -> bool:
+    """Return whether a process listens on the Unix socket at `path`."""
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as probe:
+        try:
+            probe.connect(path)
+            return True
+        except OSError:
+            return False
+
+
+class Link:
+    """A member's end: its connection to its node's leader.
+
+    Args:
+        path: The node's socket.
+        info: The member's RankInfo, for messages.
+    """
+
+    def __init__(self, sock: socket.socket, info: RankInfo, leader_pid: int) -> None:
+        self.sock, self.info, self.leader_pid = sock, info, leader_pid
+        self.lines = _Lines(sock)
+
+    @classmethod
+    def connect(cls, path: str, info: RankInfo, deadline: Deadline) -> Link:
+        """Connect to the node's leader, retrying until it listens or `deadline` passes.
+
+        Raises:
+            RendezvousTimeoutError: No leader listened by `deadline`.
+            RendezvousError: What listens there is another user's process.
+        """
+        delay = 0.001
+        while True:
+            sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            try:
+                sock.connect(path)
+                break
+            except OSError as exc:
+                sock.close()
+                if exc.errno not in (errno.ENOENT, errno.ECONNREFUSED, errno.EAGAIN):
+                    raise
+            if deadline.passed():
+                raise RendezvousTimeoutError(
+                    info.launcher,
+                    f"rank {info.rank} of {info.world_size}: its node's leader (local rank 0 on "
+                    f"this host) did not open the node's socket {path} within "
+                    f"{deadline.seconds:g} s",
+                    hint="local rank 0 of this node did not start, or died first: its log (or "
+                    "the launcher's exit codes) says why",
+                )
+            pause(min(delay, max(deadline.left(), 0)))
+            delay = min(delay * 2, 0.05)
+        pid, uid = _peer(sock)
+        if uid != os.getuid():
+            sock.close()
+            raise RendezvousError(
+                info.launcher,
+                f"rank {info.rank}: the node socket {path} is held by another user's process "
+                f"(uid {uid}, pid {pid})",
+                hint=f"remove that process or socket, or export {LEADERS_VAR}=off",
+            )
+        sock.setblocking(False)
+        return cls(sock, info, pid)
+
+    def send(self, line: str, deadline: Deadline) -> bool:
+        """Send one line to the leader; return False if it is gone."""
+        return _send(self.sock, line, deadline)
+
+    def receive(self, deadline: Deadline) -> str | None:
+        """Return the leader's next line, or None if `deadline` passed; raise if it is gone.
+
+        Raises:
+            RendezvousError: The leader closed the connection (it died or gave up).
+        """
+        selector = selectors.DefaultSelector()
+        selector.register(self.sock, selectors.EVENT_READ)
+        try:
+            while True:
+                raw = self.lines.line()
+                if raw is not None:
+                    return raw.decode("utf-8", "replace")
+                if self.lines.closed:
+                    raise self.gone()
+                if deadline.passed():
+                    return None
+                if selector.select(max(min(deadline.left(), 0.5), 0)):
+                    self.lines.feed()
+        finally:
+            selector.close()
+
+    def gone(self) -> RendezvousError:
+        """Return the error of a member whose leader closed the connection."""
+        info = self.info
+        return RendezvousError(
+            info.launcher,
+            f"rank {info.rank} of {info.world_size}: its node's leader (local rank 0, pid "
+            f"{self.leader_pid}) closed its connection: it died, was stopped, or gave up",
+            hint="the leader's log (or the launcher's exit codes) says why; rank 0's log names "
+            "the ranks that did not check in",
+        )
+
+    def close(self) -> None:
+        self.sock.close()
