@@ -13,10 +13,12 @@ the verdict once; in the timed roll call their acknowledgements are pre-counted)
 
 Part B runs each size twice per repetition, in a shuffled order: with the node layout known (every
 check-in names its node, as under srun) and with it left to the roll call (node index and count
-unknown, as under Open MPI 5 alone or Flux, 8 ranks per host): then the verdict also lists the N/8
-hosts, which every rank reads and parses (`parse_verdict` and `fill_layout`, timed as
-"verdict_parse"). Each size reports the roll-call layout's verdict bytes and rank-0 time as
-ratios to the known layout's in the same run (medians of the paired per-repetition ratios).
+unknown, as under Open MPI 5 alone or Flux, 8 ranks per host): then rank 0 also writes each
+rank's place (its node, the node count), which every rank reads beside the verdict and parses
+(`parse_verdict`, `parse_place` and `fill_layout`, timed as "verdict_parse"; "verdict_bytes" is
+what one rank reads: the verdict and its place). Each size reports the roll-call layout's verdict
+bytes and rank-0 time as ratios to the known layout's in the same run (medians of the paired
+per-repetition ratios).
 
     python benchmarks/bench_scaling.py [--sizes 2,4,8,16,32] [--repeats 2] [--smoke] [--out F]
     python benchmarks/bench_scaling.py --rollcall-only --rollcall-sizes 1024,4096 --out F
@@ -110,7 +112,7 @@ def _one_roll_call(store: Any, info: Any, checkins: list[Any]) -> tuple[dict[str
     """Time one roll call of `checkins` on `store` (all of part B's steps); return the verdict's size."""
     from distenv.bootstrap.rollcall import check_in, fill_layout, roll_call
     from distenv.bootstrap.session import Bootstrap, Session
-    from distenv.bootstrap.verdict import parse_verdict, validate
+    from distenv.bootstrap.verdict import parse_place, parse_verdict, validate
     from distenv.deadline import Deadline
 
     n = len(checkins)
@@ -145,17 +147,22 @@ def _one_roll_call(store: Any, info: Any, checkins: list[Any]) -> tuple[dict[str
         raw = store.get("verdict")
     times["verdict_read"] = (time.perf_counter() - start) / VERDICT_READ_SAMPLE
 
-    # What the last rank does with it: parse it against its schema, take its node from it.
+    # What the last rank does with it: parse it against its schema, and where it places ranks,
+    # its own place (written by rank 0 under place/<rank>), and take its node from them.
     last = checkins[-1]
     last_info = info.replace(rank=n - 1, local_rank=last.local_rank, node_rank=last.node_rank)
+    placed_raw = store.get(f"place/{n - 1}") if store.check([f"place/{n - 1}"]) else b""
     start = time.perf_counter()
     for _ in range(VERDICT_READ_SAMPLE):
-        read = parse_verdict("verdict", raw, scope=last.scope, world_size=n)
+        read, placed = parse_verdict("verdict", raw, scope=last.scope, world_size=n)
+        if placed:
+            place = parse_place(f"place/{n - 1}", placed_raw, scope=last.scope, world_size=n)
+            read = read._replace(place=place)
         filled = fill_layout(last_info, read, last)
     times["verdict_parse"] = (time.perf_counter() - start) / VERDICT_READ_SAMPLE
     layout = (filled.node_rank, filled.num_nodes)
     assert layout == ((n - 1) // RANKS_PER_NODE, n // RANKS_PER_NODE), layout
-    return times, len(raw)
+    return times, len(raw) + len(placed_raw)
 
 
 def _paired_ratio(

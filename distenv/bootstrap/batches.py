@@ -26,7 +26,7 @@ from distenv.bootstrap.records import (
     ForeignRecordError,
     checkin_of,
     load_json,
-    matches,
+    pattern_of,
 )
 
 __all__ = [
@@ -95,32 +95,50 @@ class Batch(NamedTuple):
 
 
 def _rows(key: str, fields: Fields, common: dict[str, Any], world: int) -> list[CheckIn]:
-    """Return the check-ins of a batch's rows, each field checked as a check-in's would be."""
+    """Return the check-ins of a batch's rows, each field checked as a check-in's would be.
+
+    Rank 0 runs this on every rank of a large world: one pattern match per device (each differs)
+    and no keyword arguments.
+    """
     local_world = common["local_world_size"]
+    locals_below = world if local_world is None else local_world
+    device_ok = pattern_of("device").fullmatch
+    shared = (
+        common["world_size"],
+        local_world,
+        common["node_rank"],
+        common["hostname"],
+    )
+    tail = (
+        common["launcher"],
+        common["master"],
+        common["backend"],
+        common["torch_version"],
+    )
+    scope = common["scope"]
+    make = CheckIn._make
     out = []
     for row in fields.items("ranks", MAX_RANK):
-        if not isinstance(row, list) or len(row) != 5:
+        if type(row) is not list or len(row) != 5:
             raise ForeignRecordError(key, "field 'ranks' is not a list of rows of five")
         rank, local_rank, pid, device, sharing = row
         if not (
             type(rank) is int
             and 0 <= rank < world
             and type(local_rank) is int
-            and 0 <= local_rank < (world if local_world is None else local_world)
+            and 0 <= local_rank < locals_below
             and type(pid) is int
             and 1 <= pid <= MAX_PID
-            and (device is None or matches("device", device))
+            and (device is None or (type(device) is str and device_ok(device) is not None))
             and type(sharing) is bool
         ):
             raise ForeignRecordError(key, "a row of field 'ranks' is out of its range")
+        # CheckIn's field order: rank, world_size, local_rank, local_world_size, node_rank,
+        # hostname, pid, launcher, master, backend, torch_version, device, allow_gpu_sharing,
+        # scope, net.
         out.append(
-            CheckIn(
-                rank=rank,
-                local_rank=local_rank,
-                pid=pid,
-                device=device,
-                allow_gpu_sharing=sharing,
-                **common,
+            make(
+                (rank, shared[0], local_rank, *shared[1:], pid, *tail, device, sharing, scope, None)
             )
         )
     return out

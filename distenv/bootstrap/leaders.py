@@ -103,9 +103,17 @@ def private_dir(root: str = "/tmp") -> str:  # noqa: S108 -- checked: see below
     uid = os.getuid()
     # Checked below (a directory of this user, mode 0700, not a link): not a guessable file.
     path = os.path.join(root, f"distenv-{uid}")
-    with contextlib.suppress(FileExistsError):
-        os.mkdir(path, 0o700)
-    st = os.lstat(path)
+    try:
+        with contextlib.suppress(FileExistsError):
+            os.mkdir(path, 0o700)
+        st = os.lstat(path)
+    except OSError as exc:
+        raise ConfigurationError(
+            "init",
+            f"node leaders cannot create their socket directory {path}: {exc.strerror}",
+            hint=f"make {root} writable for this user, or export {LEADERS_VAR}=off",
+            variable=LEADERS_VAR,
+        ) from None
     if not stat.S_ISDIR(st.st_mode) or st.st_uid != uid or st.st_mode & 0o077:
         raise ConfigurationError(
             "init",
@@ -201,7 +209,13 @@ class NodeListener:
         except OSError as exc:
             if exc.errno != errno.EADDRINUSE:
                 sock.close()
-                raise
+                raise ConfigurationError(
+                    self.info.launcher,
+                    f"rank {self.info.rank}: cannot open its node's socket {self.path}: "
+                    f"{exc.strerror}",
+                    hint=f"check the directory's file system, or export {LEADERS_VAR}=off",
+                    variable=LEADERS_VAR,
+                ) from None
             if _answers(self.path):
                 sock.close()
                 raise RendezvousError(

@@ -30,6 +30,7 @@ __all__ = [
     "parse_checkin",
     "parse_claim",
     "parse_scope",
+    "pattern_of",
 ]
 
 # Caps, checked after reading (TCPStore cannot tell a value's size before).
@@ -77,6 +78,15 @@ class ForeignRecordError(Exception):
         super().__init__(f"{key}: {why}")
         self.key = key
         self.why = why
+
+
+def pattern_of(field: str) -> re.Pattern[str]:
+    """Return `field`'s compiled pattern (for a caller that checks many values of one field)."""
+    pattern = _COMPILED.get(field)
+    if pattern is None:
+        pattern = _COMPILED[field] = re.compile(PATTERNS[field])
+        _MATCHED[field] = set()
+    return pattern
 
 
 def matches(field: str, value: object) -> bool:

@@ -2,9 +2,10 @@
 
 Each launch runs tests/support/scripts/faulty_rank.py with ``DISTENV_NODE_LEADERS=on`` (the default
 batches only in worlds of 256 ranks or more): srun with two tasks on each of the simulated
-cluster's two nodes (ranks 0 and 2 lead), and Open MPI's mpirun, whose layout only the roll call
-numbers. Faults: a leader killed before it reports its node, a member killed after joining the
-group, a leader that starts after rank 0 stopped waiting, a forged line among the batches. Each
+cluster's two nodes (ranks 0 and 2 lead), Open MPI's mpirun, whose layout only the roll call
+numbers, and torchrun, whose agent hosts the store. Faults: a leader killed before it reports its
+node, a member killed after joining the group, a leader that starts after rank 0 stopped waiting,
+a forged line among the batches. Each
 test asserts the time bound (`ended_in_time`: DISTENV_TIMEOUT + 10 s, plus the slack to print and
 exit), the exits, the rank or node named, and that no process of the launch survived. The
 launches start together (a module fixture).
@@ -28,7 +29,7 @@ from tests.support.integration.faults import (
     _fault_time,
     _finish,
 )
-from tests.support.integration.helpers import OMPI, Harness
+from tests.support.integration.helpers import OMPI, TORCHRUN, Harness
 
 TIMEOUT_S = 5.0
 LEADERS = {"DISTENV_NODE_LEADERS": "on"}
@@ -76,6 +77,15 @@ def mpirun_from_roll_call(harness: Harness) -> Outcome:
     return _finish(run, launch, "leaders-mpirun", "mpirun -np 4", TIMEOUT_S, 0.0)
 
 
+def torchrun_agent_store(harness: Harness) -> Outcome:
+    run = Run(harness, "leaders-torchrun")
+    port = str(free_port())
+    argv = [TORCHRUN, "--nnodes", "1", "--nproc-per-node", "4", "--master-addr", "127.0.0.1",
+            "--master-port", port, *run.rank_argv()[1:]]  # fmt: skip
+    launch = harness.start(argv, env=_env(run, TIMEOUT_S, **LEADERS), timeout=150)
+    return _finish(run, launch, "leaders-torchrun", "torchrun --nproc-per-node 4", TIMEOUT_S, 0.0)
+
+
 SCENARIOS: dict[str, Callable[[Harness], Outcome]] = {
     "ok": leaders_ok,
     "leader-killed": leader_killed,
@@ -83,6 +93,7 @@ SCENARIOS: dict[str, Callable[[Harness], Outcome]] = {
     "late-leader": late_leader,
     "forged-batch": forged_batch,
     "mpirun": mpirun_from_roll_call,
+    "torchrun": torchrun_agent_store,
 }
 
 
@@ -184,6 +195,17 @@ def test_mpi_ranks_whose_layout_comes_from_the_roll_call_are_placed_through_thei
     """Open MPI's mpirun -np 4 (no node index): the leader forwards the verdict and its node's
     place, and every rank comes up."""
     o = launches["mpirun"].result()
+    assert o.result.returncode == 0, o.text()
+    assert all(o.first(rank, "ok") for rank in range(4)), o.text()
+    for member in (1, 2, 3):
+        assert "connecting" not in phases(o, member), o.text()
+    assert o.survivors == [], o.text()
+
+
+def test_torchrun_ranks_lead_through_its_agent_store(launches: dict[str, Future[Outcome]]) -> None:
+    """torchrun --nproc-per-node 4: its agent hosts the store and rank 0 is one of its clients,
+    leading its node like any leader; every rank comes up."""
+    o = launches["torchrun"].result()
     assert o.result.returncode == 0, o.text()
     assert all(o.first(rank, "ok") for rank in range(4)), o.text()
     for member in (1, 2, 3):

@@ -76,7 +76,7 @@ def test_allreduce_benchmark_averages_with_fewer_collectives() -> None:
 
 def test_scaling_benchmark_runs_the_roll_call() -> None:
     """One `distenv run -n 2` launch and a 16-rank simulated roll call with a valid verdict, with
-    the node layout known and left to the roll call: then the verdict also lists the 2 hosts."""
+    the node layout known and left to the roll call: then each rank also reads its own place."""
     data = smoke("bench_scaling.py")
     assert data["init"]["2"]["distenv"]["processes_per_rank"] == 0
     rollcall = data["rollcall"]["16"]
@@ -159,3 +159,32 @@ def test_the_security_page_states_the_versions_benchmark_as_recorded() -> None:
             f"[{low:+.1f}, {high:+.1f}] |"
         )
         assert expected in page, expected
+
+
+def test_rendezvous_scale_benchmark_counts_fewer_requests_per_node_with_leaders() -> None:
+    """64 simulated ranks over a real TCPStore, flat and through node leaders: every rank's (or
+    leader's) requests reach the store and are counted, the verdict does not grow with the
+    world, and leaders make the store serve fewer requests and bytes per node than flat."""
+    data = smoke("bench_rendezvous_scale.py")
+    assert data["benchmark"] == "rendezvous_scale"
+    size = data["sizes"]["64"]
+    flat, leaders = size["flat"], size["leaders"]
+    for result in (flat, leaders):
+        assert result["rank0_wall_s"]["n"] == 1
+        assert result["verdict_bytes"] <= data["targets"][result["mode"]]["verdict_bytes"]["target"]
+        assert result["store"]["requests"] == sum(
+            row["requests"] for row in result["store"]["by_type"].values()
+        )
+    # Each of ranks 1..63 peeks at the scope, claims its key, counts itself, reads the verdict.
+    steps = flat["store"]["by_step"]
+    assert [steps[s]["requests"] for s in ("peek scope", "claim checkin/<r>", "add written")] == [
+        63
+    ] * 3
+    assert steps["peek verdict"]["requests"] == 63
+    # Each of the 7 other leaders peeks, counts its node, appends its batch, reads the verdict.
+    steps = leaders["store"]["by_step"]
+    assert [steps[s]["requests"] for s in ("peek scope", "add written", "append batch")] == [7] * 3
+    assert steps["peek verdict"]["requests"] == 7
+    assert leaders["store"]["per_node"]["requests"] < flat["store"]["per_node"]["requests"]
+    assert leaders["store"]["bytes_out"] < flat["store"]["bytes_out"]
+    assert set(data["targets"]) == {"flat", "leaders"}

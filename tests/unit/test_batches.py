@@ -187,3 +187,9 @@ def test_the_socket_directory_is_refused_unless_private(tmp_path: Path) -> None:
     (other / f"distenv-{os.getuid()}").symlink_to(path)
     with pytest.raises(ConfigurationError, match="is not a private directory"):
         private_dir(str(other))
+
+
+def test_a_socket_directory_that_cannot_be_made_is_refused_with_the_fix(tmp_path: Path) -> None:
+    with pytest.raises(ConfigurationError, match="cannot create their socket directory") as info:
+        private_dir(str(tmp_path / "absent"))
+    assert "DISTENV_NODE_LEADERS=off" in str(info.value)
