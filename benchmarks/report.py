@@ -466,6 +466,76 @@ def layout_section(results: Path, scaling: dict[str, Any]) -> str:
     return text
 
 
+# The roll call at the scale that matters, flat and through node leaders (bench_rendezvous_scale.py).
+SCALE_FILE = "rendezvous_scale.json"
+SCALE_COMMAND = (
+    ".venv/bin/python benchmarks/bench_rendezvous_scale.py --sizes 4096,16384,131072 "
+    "--repeats 3 --out docs/benchmarks/" + SCALE_FILE
+)
+
+
+def leaders_section(results: Path) -> str:
+    """Flat and node leaders side by side at each size: what rank 0's store served per node,
+    rank 0's time, the verdict each rank reads; and the targets at the largest size."""
+    if not (results / SCALE_FILE).exists():
+        return "Not measured yet: run `" + SCALE_COMMAND + "`."
+    data = json.loads((results / SCALE_FILE).read_text())
+    rows = []
+    for n in sorted(data["sizes"], key=int):
+        for mode in ("flat", "leaders"):
+            r = data["sizes"][n][mode]
+            per = r["store"]["per_node"]
+            rows.append(
+                [
+                    n,
+                    mode,
+                    f"{per['requests']:.2f}",
+                    f"{per['bytes_in']:.0f} / {per['bytes_out']:.0f}",
+                    ms(r["rank0_wall_s"]["median"]),
+                    ms(r["rank0_cpu_s"]["median"]),
+                    ms(r["rank0_gc_s"]["median"]),
+                    r["verdict_bytes"],
+                    f"{r['verdict_parse_s']['median'] * 1e6:.0f}",
+                ]
+            )
+    text = table(
+        [
+            "ranks",
+            "roll call",
+            "requests per node",
+            "bytes per node in / out",
+            "rank 0 ms",
+            "rank 0 CPU ms",
+            "of it in Python's collector",
+            "verdict B",
+            "verdict parse µs",
+        ],
+        rows,
+    )
+    targets = []
+    for mode, t in data["targets"].items():
+        req = t["requests_per_node"]
+        targets.append(
+            [
+                mode,
+                f"{req['value']:.2f} {yes(req['met'])}",
+                f"{t['rank0_roll_call_s']['value'] * 1000:.0f} ms {yes(t['rank0_roll_call_s']['met'])}",
+                f"{t['verdict_bytes']['value']} B {yes(t['verdict_bytes']['met'])}",
+            ]
+        )
+    largest = max(data["sizes"], key=int)
+    load = data.get("load_average", {})
+    return (
+        f"Measured on {data['machine']['date']} (`{SCALE_COMMAND}`, medians of the repetitions; "
+        f"1-minute load average {load.get('before', math.nan):.1f} before, "
+        f"{load.get('after', math.nan):.1f} after).\n\n"
+        + text
+        + f"\n\nTargets at {largest} simulated ranks (issue #28: at most 3 requests per node, "
+        "rank 0's roll call within 1 s, at most 1 KiB of verdict per rank):\n\n"
+        + table(["roll call", "requests per node", "rank 0", "verdict"], targets)
+    )
+
+
 PAGE = """\
 # Benchmarks
 
@@ -598,16 +668,33 @@ with rank 0's chunks; "verdict B" is the size of the verdict every other rank re
 
 #### The node layout from the roll call
 
-Where the launcher names no node index or node count (Open MPI 5 alone, Flux, Cray PALS), rank 0's
-verdict also lists the ranks' hosts in order of their lowest rank, and every rank takes its node
-from that list (`distenv.bootstrap.rollcall.fill_layout`). The same simulated roll call, {ranks_per_host}
-ranks per host, runs each size twice per repetition in a shuffled order: once with every check-in
-naming its node ("known") and once with the layout left to the roll call. "rank 0 CPU" is the
-CPU time of rank 0's process (with its store's threads) during its roll call, steadier than the wall
-time when other work shares the machine. "verdict parse" is what each other rank then does with the
-verdict it read: `parse_verdict` against its schema and `fill_layout`.
+Where the launcher names no node index or node count (Open MPI 5 alone, Flux, Cray PALS), rank 0
+numbers the ranks' hosts in order of their lowest rank and writes each rank its own place (its
+node, the node count) beside the verdict; every rank takes its node from it
+(`distenv.bootstrap.rollcall.fill_layout`). The same simulated roll call, {ranks_per_host} ranks per
+host, runs each size twice per repetition in a shuffled order: once with every check-in naming its
+node ("known") and once with the layout left to the roll call. "rank 0 CPU" is the CPU time of
+rank 0's process (with its store's threads) during its roll call, steadier than the wall time when
+other work shares the machine. "verdict B" is what one rank reads (with the layout from the roll
+call: the verdict and its place), "verdict parse" what it then does: `parse_verdict`,
+`parse_place` and `fill_layout`.
 
 {layout_table}
+
+### Node leaders
+
+Where ranks share a node, its local rank 0 speaks for it ([Scale](scale.md)). A real TCPStore
+(libuv) and rank 0's real roll call in one process; the other ranks' store traffic is real too:
+client processes speak TCPStore's wire protocol over real TCP connections
+(`benchmarks/_store_wire.py`) and make each rank's (flat) or each leader's requests exactly as
+distenv does, so every request and byte rank 0's store serves is counted. 8 ranks per node; flat:
+the N-1 ranks over at most 1 024 connections; node leaders: one connection per leader (16 383 at
+131 072 ranks, from 2 processes), and rank 0 leads node 0, whose 7 members are real processes on
+its node's socket. Requests per node are those of the check-in and one verdict read (a rank that
+waits polls more); rank 0's time includes its own node's gathering, its store's thread and
+Python's collector, which rank 0 holds off while it parses.
+
+{leaders_table}
 
 **At scale.** Rank 0 reads the N records in `multi_get` chunks of {chunk} keys (a `check` first, since
 `multi_get` waits for a missing key), parses each against its schema (`distenv.bootstrap.records`, with a cache
@@ -707,6 +794,7 @@ def render(results: Path, page: Path) -> None:
         rc_table=rc_table,
         ranks_per_host=s["rollcall"].get("ranks_per_host", 8),
         layout_table=layout_section(results, s),
+        leaders_table=leaders_section(results),
         total_min=total / 60,
         **projection(s["rollcall"]),
     )
