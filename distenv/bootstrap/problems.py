@@ -374,8 +374,8 @@ class ForeignCheckIn(NamedTuple):
 
 
 class ForeignCount(NamedTuple):
-    """A counter in this job's keys that ran ahead of the records every rank writes before it
-    counts itself: only a process outside the job can have added to it."""
+    """A counter in this job's keys that ran ahead of the records this job's ranks (or their
+    nodes' leaders) count: only a process outside the job can have added to it."""
 
     counted: int
     records: int
@@ -383,8 +383,8 @@ class ForeignCount(NamedTuple):
     def describe(self, timeout: float) -> str:
         return (
             f"the check-in count in rank 0's store read {self.counted} while {self.records} "
-            "check-in records were there (every rank writes its record before it counts "
-            "itself): a process that is not part of this job added to it"
+            "check-in records were there (a rank, or its node's leader, counts only the records "
+            "it writes): a process that is not part of this job added to it"
         )
 
     @classmethod
