@@ -16,7 +16,8 @@ counted as foreign, never skipped as if absent. Pure: no torch, no store, no pro
 from __future__ import annotations
 
 import json
-from typing import Any, NamedTuple
+from collections.abc import Callable
+from typing import Any, NamedTuple, TypeVar
 
 from distenv.bootstrap.records import (
     MAX_PID,
@@ -84,7 +85,7 @@ class Batch(NamedTuple):
             if c.net is None and all(getattr(c, n) == common[n] for n in common):
                 rows.append([c.rank, c.local_rank, c.pid, c.device, c.allow_gpu_sharing])
             else:
-                odd.append(json.loads(c.to_json()))
+                odd.append(c.to_dict())
         line = {
             "leader": self.leader,
             "common": common,
@@ -162,30 +163,31 @@ def _batch(key: str, data: object, scope: str, world: int) -> Batch:
     return Batch(leader, tuple(checkins))
 
 
-def _lines(key: str, raw: bytes | None) -> list[str]:
+T = TypeVar("T")
+
+
+def _parse_lines(key: str, raw: bytes | None, parse: Callable[[object], T]) -> tuple[list[T], int]:
+    """Return what `parse` makes of each line of a shard, and how many lines it refused.
+
+    A fragment after the last newline is nobody's whole record: it counts as refused.
+    """
     if raw is None:
-        return []
-    text = raw.decode("utf-8", "replace")
-    lines = text.split("\n")
-    if lines[-1]:  # a fragment after the last newline: nobody's whole record
-        lines.append("")
-    return lines[:-1]
+        return [], 0
+    *lines, fragment = raw.decode("utf-8", "replace").split("\n")
+    found, foreign = [], int(bool(fragment))
+    for line in lines:
+        try:
+            found.append(parse(load_json(key, line, MAX_BATCH_BYTES)))
+        except ForeignRecordError:
+            foreign += 1
+    return found, foreign
 
 
 def parse_batches(
     key: str, raw: bytes | None, *, scope: str, world_size: int
 ) -> tuple[list[Batch], int]:
     """Return the valid batches in one shard, and how many of its lines this job did not write."""
-    batches, foreign = [], 0
-    for line in _lines(key, raw):
-        try:
-            data = load_json(key, line, MAX_BATCH_BYTES)
-            batches.append(_batch(key, data, scope, world_size))
-        except ForeignRecordError:
-            foreign += 1
-    if raw is not None and not raw.endswith(b"\n"):
-        foreign += 1
-    return batches, foreign
+    return _parse_lines(key, raw, lambda data: _batch(key, data, scope, world_size))
 
 
 class UpBatch(NamedTuple):
@@ -252,12 +254,4 @@ def _up(key: str, data: object, world: int) -> UpBatch:
 
 def parse_up_batches(key: str, raw: bytes | None, *, world_size: int) -> tuple[list[UpBatch], int]:
     """Return the valid group-up reports in one shard, and how many lines this job did not write."""
-    batches, foreign = [], 0
-    for line in _lines(key, raw):
-        try:
-            batches.append(_up(key, load_json(key, line, MAX_BATCH_BYTES), world_size))
-        except ForeignRecordError:
-            foreign += 1
-    if raw is not None and not raw.endswith(b"\n"):
-        foreign += 1
-    return batches, foreign
+    return _parse_lines(key, raw, lambda data: _up(key, data, world_size))

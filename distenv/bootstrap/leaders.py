@@ -196,7 +196,6 @@ class NodeListener:
     def __init__(self, path: str, info: RankInfo) -> None:
         self.path, self.info = path, info
         self.members: list[Member] = []
-        self.late: list[_Lines] = []
         self.sock = self._bind()
         self.selector = selectors.DefaultSelector()
         self.selector.register(self.sock, selectors.EVENT_READ)
@@ -367,11 +366,12 @@ def _answers(path: str) -> bool:
 
 
 class Link:
-    """A member's end: its connection to its node's leader.
+    """A member's end: its connection to its node's leader (made by `connect`).
 
     Args:
-        path: The node's socket.
+        sock: The connected socket.
         info: The member's RankInfo, for messages.
+        leader_pid: The leader's process id (``SO_PEERCRED``), for messages.
     """
 
     def __init__(self, sock: socket.socket, info: RankInfo, leader_pid: int) -> None:

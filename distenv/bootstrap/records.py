@@ -278,10 +278,14 @@ class CheckIn(NamedTuple):
     scope: str = "-/-/-"
     net: NetRecord | None = None
 
-    def to_json(self) -> str:
+    def to_dict(self) -> dict[str, Any]:
+        """Return the record as JSON-ready values (`checkin_of` reads it back)."""
         record = self._asdict()
         record["net"] = None if self.net is None else self.net.to_dict()
-        return json.dumps(record, sort_keys=True)
+        return record
+
+    def to_json(self) -> str:
+        return json.dumps(self.to_dict(), sort_keys=True)
 
 
 _CHECKIN_FIELDS = frozenset(CheckIn._fields)

@@ -43,7 +43,6 @@ from distenv.bootstrap.session import FOREIGN_HINT, Bootstrap, Session
 from distenv.bootstrap.store import (
     CHUNK,
     connect_store,
-    peek,
     poll_cap,
     read_many,
     wait_count,
@@ -51,7 +50,6 @@ from distenv.bootstrap.store import (
     wait_value,
 )
 from distenv.bootstrap.verdict import (
-    Place,
     Verdict,
     host_sizes,
     node_hosts,
@@ -219,8 +217,9 @@ def _as_member(boot: Bootstrap, checkin: CheckIn, path: str, *, check: bool) -> 
             "export DISTENV_NODE_LEADERS=off",
         )
     raw, _, place = rest.partition("\t")
-    verdict = _read_verdict(info, checkin, raw.encode(), holds_key=False)
-    verdict = _placed(info, checkin, verdict, place.encode() or None)
+    verdict, placed = _read_verdict(info, checkin, raw.encode(), holds_key=False)
+    if placed:
+        verdict = _placed(info, checkin, verdict, place.encode() or None)
     if check and not verdict.ok:
         raise _negative(info, verdict, timeout)
     return verdict
@@ -411,7 +410,7 @@ def roll_call(
             verdict = _judged(verdict, checkin)
         _publish(store, info, verdict, checkin, timeout, batched=node is not None)
         if node is not None:
-            place = verdict.place_of(checkin.hostname) if verdict.placed else None
+            place = verdict.place_of(checkin.hostname)
             own = "" if place is None else place.to_json(verdict.scope)
             node.answer(f"verdict\t{verdict.to_json()}\t{own}", boot.waits)
         if not verdict.ok or not check:
@@ -596,17 +595,18 @@ def _await_verdict(
             f"verdict within {deadline.seconds:.0f} s",
             hint="rank 0 may have died or be stuck before init_dist; check its log",
         )
-    verdict = _read_verdict(info, checkin, raw, holds_key=holds_key)
-    place = None
-    if verdict.place is not None:  # placed: this rank's place was written before the verdict
-        place = peek(store, f"place/{info.rank}") or wait_value(
-            store, f"place/{info.rank}", deadline, cap
-        )
+    verdict, placed = _read_verdict(info, checkin, raw, holds_key=holds_key)
+    if not placed:
+        return verdict, raw, None
+    # Written before the verdict: found at the first look unless someone deleted it.
+    place = wait_value(store, f"place/{info.rank}", deadline, cap)
     return _placed(info, checkin, verdict, place), raw, place
 
 
-def _read_verdict(info: RankInfo, checkin: CheckIn, raw: bytes, *, holds_key: bool) -> Verdict:
-    """Return the verdict in `raw`, validated; `place` is a placeholder where it places ranks.
+def _read_verdict(
+    info: RankInfo, checkin: CheckIn, raw: bytes, *, holds_key: bool
+) -> tuple[Verdict, bool]:
+    """Return the verdict in `raw`, validated, and whether it places ranks (`_placed`).
 
     Raises:
         RendezvousError: It was not written by this job's rank 0.
@@ -625,17 +625,15 @@ def _read_verdict(info: RankInfo, checkin: CheckIn, raw: bytes, *, holds_key: bo
             f"written by this job's distenv ({exc.why})",
             hint=FOREIGN_HINT,
         ) from None
-    return verdict._replace(place=Place()) if placed else verdict
+    return verdict, placed
 
 
 def _placed(info: RankInfo, checkin: CheckIn, verdict: Verdict, raw: bytes | None) -> Verdict:
-    """Return `verdict` with this rank's place read from `raw`, where the verdict places ranks.
+    """Return a verdict that places ranks with this rank's place, read from `raw`.
 
     Raises:
-        RendezvousError: The verdict places ranks but this rank's place is missing or forged.
+        RendezvousError: This rank's place is missing or forged.
     """
-    if verdict.place is None:
-        return verdict
     try:
         if raw is None:
             raise ForeignRecordError(f"place/{info.rank}", "absent")

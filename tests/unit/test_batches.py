@@ -76,7 +76,7 @@ def test_a_fragment_without_newline_spoils_the_line_it_joins_and_is_counted() ->
     assert [b.leader for b in batches] == [0, 4]
     assert foreign == 1
     tail = parse_batches("batches/0", good.encode() + b"xx", scope=SCOPE, world_size=16)
-    assert tail[1] == 2  # the fragment is not a line, and it is not whole
+    assert tail == (parse_batches("batches/0", good.encode(), scope=SCOPE, world_size=16)[0], 1)
 
 
 @pytest.mark.parametrize(
