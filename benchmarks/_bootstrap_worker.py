@@ -12,7 +12,8 @@ Started by bench_bootstrap.py / bench_scaling.py under ``srun``, ``torchrun`` or
 Every library is imported, and every rank has imported torch, before the clock starts: a file
 barrier in $BENCH_SYNC_DIR lines the ranks up, so that one rank's slow ``import torch`` is not
 counted as another rank's bootstrap. The clock stops when the first all_reduce returns. An audit
-hook counts the processes started in between. Rank 0 gathers every rank's numbers and prints one
+hook counts the processes started in between. With ``$BENCH_TRACE_DIR`` each rank also times its
+bootstrap's phases (_trace_probes.py) and writes them there. Rank 0 gathers every rank's numbers and prints one
 JSON line prefixed with ``BENCH``.
 """
 
@@ -39,8 +40,10 @@ def _audit(event: str, args: tuple[object, ...]) -> None:
 
 sys.addaudithook(_audit)
 
+import _trace_probes  # noqa: E402
 import torch  # noqa: E402 - after the hook, so the hook sees everything that follows
 import torch.distributed as dist  # noqa: E402
+from _trace_probes import TRACE_VAR  # noqa: E402
 
 
 def _rank_and_size() -> tuple[int, int]:
@@ -109,6 +112,8 @@ def main() -> int:
     else:
         raise SystemExit(f"unknown --method {method!r}")
 
+    if TRACE_VAR in os.environ:
+        bootstrap = _trace_probes.install(rank, Path(os.environ[TRACE_VAR]))(bootstrap)
     _line_up(rank, size)
     counting = True
     start = time.perf_counter()

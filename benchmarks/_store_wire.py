@@ -65,12 +65,13 @@ __all__ = [
     "set_",
     "store_thread_cpu",
     "validate",
+    "wait",
 ]
 
 MAGIC = 0x3C85F7CE
 KEY_PREFIX = "/"
 # QueryType (torch/csrc/distributed/c10d/TCPStoreBackend.hpp).
-VALIDATE, SET, COMPARE_SET, GET, ADD, CHECK = 0, 1, 2, 3, 4, 5
+VALIDATE, SET, COMPARE_SET, GET, ADD, CHECK, WAIT = 0, 1, 2, 3, 4, 5, 6
 APPEND, MULTI_GET, MULTI_SET, PING = 9, 10, 11, 13
 #: What `peek` compares with (distenv.bootstrap.store._ABSENT): never a value distenv writes.
 ABSENT = b"\x00distenv:absent"
@@ -125,6 +126,12 @@ def peek(key: str, step: str = "") -> Request:
 
 def get(key: str, step: str = "") -> Request:
     return Request("get", bytes([GET]) + _key(key), VALUE, step=step)
+
+
+def wait(keys: Sequence[str], step: str = "") -> Request:
+    """TCPStore's WAIT: answered (one byte, STOP_WAITING) once every key exists."""
+    data = bytes([WAIT]) + _U64.pack(len(keys)) + b"".join(_key(k) for k in keys)
+    return Request("wait", data, BYTE, step=step)
 
 
 def add(key: str, amount: int, step: str = "") -> Request:

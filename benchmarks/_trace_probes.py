@@ -1,20 +1,23 @@
-"""Phase probes for one rank of a bootstrap benchmark (bench_versions.py --trace).
+"""Phase probes for one rank of a bootstrap benchmark (bench_bootstrap.py, bench_versions.py --trace).
 
-Wraps the calls every version of distenv makes on its way to a first all_reduce — torch's
+Wraps the calls every way of bootstrapping makes on its way to a first all_reduce — torch's
 ``TCPStore`` constructor, ``init_process_group``, ``all_reduce``, and the socket calls
 ``getaddrinfo`` and ``create_connection`` — with timers, and writes this rank's events as JSON to
-``$BENCH_TRACE_DIR/<rank>.json`` at exit. Times are seconds from ``init_dist``'s entry. The probes
-name torch's and the standard library's functions only, so the same probes fit distenv 0.1.0 and
-later versions alike (both import ``TCPStore`` from ``torch._C._distributed_c10d`` at call time).
+``$BENCH_TRACE_DIR/<rank>.json`` at exit. Times are seconds from the entry to the bootstrap call
+that `install` wraps (``distenv.init_dist``, or the bare shim). The probes name torch's and the
+standard library's functions only, so the same probes fit distenv 0.1.0, later versions and bare
+torch alike (distenv imports ``TCPStore`` from ``torch._C._distributed_c10d`` at call time; bare
+``env://`` creates its store inside ``init_process_group``).
 
-`phases` turns one rank's events into the spans bench_versions.py reports:
+`phases` turns one rank's events into the spans the benchmarks report:
 
-  before_store   init_dist's entry to the TCPStore constructor (detection, the master, the
-                 device; for ranks other than 0 also the wait for rank 0's store to listen)
+  before_store   the bootstrap's entry to its store (detection, the master, the device; for
+                 ranks other than 0 also the wait for rank 0's store to listen)
   store          the TCPStore constructor (rank 0: create the server; others: connect)
-  roll_call      TCPStore's return to init_process_group's entry (scope check, roll call)
-  process_group  init_process_group
-  after_group    init_process_group's return to init_dist's return (distenv's group-up check)
+  roll_call      the store's return to init_process_group's entry (distenv's scope check and
+                 roll call; 0 for bare torch)
+  process_group  init_process_group, less a store it created itself (bare ``env://``)
+  after_group    init_process_group's return to the bootstrap's return (distenv's group-up check)
   all_reduce     the first all_reduce
   probes         time inside create_connection (the others' wait for rank 0's store)
   resolve        time inside getaddrinfo
@@ -27,6 +30,7 @@ import functools
 import json
 import os
 import socket
+import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -35,8 +39,9 @@ from typing import Any
 TRACE_VAR = "BENCH_TRACE_DIR"
 
 
-def install(rank: int, out_dir: Path, distenv_module: Any) -> None:
-    """Wrap the probed calls for this process; write the events at exit."""
+def install(rank: int, out_dir: Path) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+    """Wrap the probed calls for this process (events written at exit); return `traced`, which
+    wraps the bootstrap call whose entry is every event's origin."""
     import torch._C._distributed_c10d as c10d
     import torch.distributed as dist
 
@@ -61,18 +66,21 @@ def install(rank: int, out_dir: Path, distenv_module: Any) -> None:
 
         return wrapper
 
-    init_dist = distenv_module.init_dist
+    def traced(bootstrap: Callable[..., Any]) -> Callable[..., Any]:
+        @functools.wraps(bootstrap)
+        def wrapper(*args: Any, **kwargs: Any) -> Any:
+            origin.append(time.perf_counter())
+            try:
+                return bootstrap(*args, **kwargs)
+            finally:
+                events.append(("bootstrap", 0.0, now()))
 
-    @functools.wraps(init_dist)
-    def traced_init_dist(*args: Any, **kwargs: Any) -> Any:
-        origin.append(time.perf_counter())
-        try:
-            return init_dist(*args, **kwargs)
-        finally:
-            events.append(("init_dist", 0.0, now()))
+        return wrapper
 
-    distenv_module.init_dist = traced_init_dist
     c10d.TCPStore = timed("TCPStore", c10d.TCPStore)
+    # Bare env:// makes its store in torch.distributed.rendezvous (the package's attribute of
+    # that name is a function).
+    sys.modules["torch.distributed.rendezvous"].TCPStore = c10d.TCPStore
     dist.init_process_group = timed("init_process_group", dist.init_process_group)
     dist.all_reduce = timed("all_reduce", dist.all_reduce, first_only=True)
     socket.getaddrinfo = timed("getaddrinfo", socket.getaddrinfo)
@@ -83,6 +91,7 @@ def install(rank: int, out_dir: Path, distenv_module: Any) -> None:
         (out_dir / f"{rank}.json").write_text(json.dumps({"rank": rank, "events": events}))
 
     atexit.register(write)
+    return traced
 
 
 def phases(events: list[list[Any]]) -> dict[str, float]:
@@ -99,14 +108,15 @@ def phases(events: list[list[Any]]) -> dict[str, float]:
 
     store = first("TCPStore")
     group = first("init_process_group")
-    init = first("init_dist")
+    boot = first("bootstrap")
     reduce = first("all_reduce")
+    inside = group[0] <= store[0] and store[1] <= group[1]  # bare env:// makes its own store
     spans = {
-        "before_store": store[0],
+        "before_store": min(store[0], group[0]),
         "store": store[1] - store[0],
-        "roll_call": group[0] - store[1],
-        "process_group": group[1] - group[0],
-        "after_group": init[1] - group[1],
+        "roll_call": 0.0 if inside else group[0] - store[1],
+        "process_group": group[1] - group[0] - (store[1] - store[0] if inside else 0.0),
+        "after_group": boot[1] - group[1],
         "all_reduce": reduce[1] - reduce[0],
         "probes": total("create_connection"),
         "resolve": total("getaddrinfo"),

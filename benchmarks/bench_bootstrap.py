@@ -6,7 +6,9 @@ line (after ``import torch`` and the library's import) to the first finished all
 reports the maximum over ranks. Methods are interleaved in a shuffled order every round, after a
 warm-up round (first launcher only) that is dropped; 15 pairs + 5 mmengine rounds on 2 launchers
 take about 6 minutes on a 2-core machine. The overhead of distenv over the bare shim is the ratio of medians
-over paired rounds, with a paired bootstrap 95 % interval.
+over paired rounds, with a paired bootstrap 95 % interval. Every rank also times its bootstrap's
+phases (_trace_probes.py: the store, distenv's roll call, init_process_group, distenv's group-up
+check, ...), reported per method with distenv's paired difference per phase.
 
     python benchmarks/bench_bootstrap.py [--rounds 15] [--mmengine-rounds 5] [--smoke] [--out F]
 """
@@ -27,6 +29,7 @@ import uuid
 from pathlib import Path
 from typing import Any
 
+import _trace_probes
 from _common import (
     HERE,
     REPO,
@@ -59,6 +62,8 @@ def launch(
     """Run one launch; return rank 0's record plus the launch's own wall time."""
     env = clean_env()
     env["BENCH_SYNC_DIR"] = str(sync_root / uuid.uuid4().hex)
+    trace_dir = sync_root / f"trace-{uuid.uuid4().hex}"
+    env[_trace_probes.TRACE_VAR] = str(trace_dir)
     worker = [sys.executable, str(WORKER), "--method", method]
     if launcher == "srun":
         env["SLURM_CONF"] = str(slurm_conf)
@@ -100,6 +105,11 @@ def launch(
         )
     record: dict[str, Any] = json.loads(lines[0][len("BENCH ") :])
     record["launch_wall_s"] = wall
+    ranks = [json.loads(f.read_text()) for f in sorted(trace_dir.glob("*.json"))]
+    shutil.rmtree(trace_dir, ignore_errors=True)
+    if len(ranks) != nprocs:
+        raise SystemExit(f"bench_bootstrap: {len(ranks)} phase traces of {nprocs} ranks")
+    record["phases"] = {r["rank"]: _trace_probes.phases(r["events"]) for r in ranks}
     return record
 
 
@@ -191,6 +201,7 @@ def analyse(records: dict[str, list[dict[str, Any]]]) -> dict[str, Any]:
         }
     # Rounds are paired: distenv's i-th and bare's i-th come from the same round.
     pairs = list(zip(records["distenv"], records["bare"], strict=False))
+    out["phases"] = phase_table(records, pairs)
     ab = [(a["max_s"], b["max_s"]) for a, b in pairs]
     if ab:
         ratio = ratio_of_medians(ab)
@@ -212,6 +223,28 @@ def analyse(records: dict[str, list[dict[str, Any]]]) -> dict[str, Any]:
             "ratio_ci": [low, high],
         }
     return out
+
+
+def phase_table(
+    records: dict[str, list[dict[str, Any]]], pairs: list[tuple[dict[str, Any], dict[str, Any]]]
+) -> dict[str, Any]:
+    """Each phase (_trace_probes.phases): its median per method, over launches of the median over
+    the launch's ranks, and distenv's median paired difference with bare (ms)."""
+
+    def span(record: dict[str, Any], phase: str) -> float:
+        return median([spans[phase] for spans in record["phases"].values()])
+
+    names = list(next(iter(records["distenv"][0]["phases"].values())))
+    table: dict[str, Any] = {}
+    for phase in names:
+        row: dict[str, Any] = {
+            method: median([span(r, phase) for r in recs])
+            for method, recs in records.items()
+            if recs
+        }
+        row["distenv_minus_bare_ms"] = median([span(a, phase) - span(b, phase) for a, b in pairs])
+        table[phase] = row
+    return table
 
 
 if __name__ == "__main__":

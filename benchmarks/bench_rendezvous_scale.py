@@ -23,14 +23,16 @@ Then rank 0's whole roll call is timed (wall, and CPU of this process: its own t
 store's libuv thread, and the time Python's collector took), with rank 0's own store calls
 counted through `_store_wire.CountedStore` (distenv holds the collector off while rank 0 gathers
 and validates: what it still takes is reported).
-Then every simulated rank (flat) or leader reads the verdict once (``peek``), all N-1 or N/8-1
-reads real and counted, and one rank's `parse_verdict` + `fill_layout` is timed. The node layout is
-known (as under srun), so the verdict places no rank (no ``place/<rank>`` reads).
+Then every simulated rank (flat) or leader reads the verdict as `distenv.bootstrap.store.wait_value`
+does, with TCPStore's ``get`` (a WAIT, answered once the key exists, then the GET: two requests
+however long a rank waits, and no polls), all N-1 or N/8-1 reads real and counted, and one rank's
+`parse_verdict` + `fill_layout` is timed. The node layout is known (as under srun), so the verdict
+places no rank (no ``place/<rank>`` reads).
 
-What this does not measure: the store serving verdict polls *while* rank 0 gathers (the waiting
-ranks poll every `poll_cap` at most; an estimate from the backoff schedule is reported as
-``verdict_polls``), the members' hop to their leader on other nodes, connection set-up (reported
-apart, as ``connect``), and a real network (loopback here).
+What this does not measure: the waits arriving *while* rank 0 gathers (here they are sent once the
+verdict exists; their count is the same, and the store only registers a wait until the key is
+written), the members' hop to their leader on other nodes, connection set-up (reported apart, as
+``connect``), and a real network (loopback here).
 
     python benchmarks/bench_rendezvous_scale.py [--sizes 4096,16384,131072] [--repeats 3]
         [--processes 2] [--profile] [--smoke] [--out F]
@@ -56,7 +58,7 @@ from collections.abc import Iterator, Sequence
 from typing import Any
 
 import _store_wire as wire
-from _common import SEED, emit, machine, median, note, parser, summary
+from _common import SEED, emit, machine, note, parser, summary
 from bench_scaling import RANKS_PER_NODE, _checkin
 
 SIZES = (4096, 16384, 131072)
@@ -112,19 +114,18 @@ def _leader_checkin(leader: int, n: int, scope_key: str, prefix: str) -> wire.Ta
 
 
 def verdict_reads(ranks: Sequence[int], extra: tuple[str, bool]) -> Iterator[wire.Task]:
-    """Each rank (or leader) peeks at the verdict once it exists; where placed, its place too."""
+    """Each rank (or leader) waits for the verdict and reads it; where placed, its place too."""
     prefix, placed = extra
     for rank in ranks:
         yield _verdict_read(rank, prefix, placed)
 
 
 def _verdict_read(rank: int, prefix: str, placed: bool) -> wire.Task:
-    raw = yield wire.peek(f"{prefix}/verdict", "peek verdict")
-    while raw == wire.ABSENT:  # not in this benchmark's order; kept honest anyway
-        yield 0.001
-        raw = yield wire.peek(f"{prefix}/verdict", "peek verdict")
+    yield wire.wait([f"{prefix}/verdict"], "wait verdict")
+    raw = yield wire.get(f"{prefix}/verdict", "get verdict")
     if placed:
-        yield wire.peek(f"{prefix}/place/{rank}", "peek place/<r>")
+        yield wire.wait([f"{prefix}/place/{rank}"], "wait place/<r>")
+        yield wire.get(f"{prefix}/place/{rank}", "get place/<r>")
     return len(raw)
 
 
@@ -217,19 +218,6 @@ class GcClock:
         gc.callbacks.remove(self)
 
 
-def _polls(wait_s: float, cap: float) -> int:
-    """How many times one rank peeks at the verdict while waiting `wait_s` for it
-    (`distenv.bootstrap.store.wait_value`'s schedule), the peek that finds it included."""
-    from distenv.timing import FIRST_POLL_S
-
-    polls, waited, pause = 1, 0.0, FIRST_POLL_S
-    while waited < wait_s:
-        waited += pause
-        polls += 1
-        pause = min(pause * 2, cap)
-    return polls
-
-
 class Run:
     """One size's roll calls: the store, the client processes, rank 0's state."""
 
@@ -246,7 +234,6 @@ class Run:
         from distenv.bootstrap.rollcall import fill_layout, roll_call
         from distenv.bootstrap.scope import scope_key
         from distenv.bootstrap.session import Bootstrap, Session
-        from distenv.bootstrap.store import poll_cap
         from distenv.bootstrap.verdict import parse_verdict
         from distenv.deadline import Deadline
 
@@ -355,7 +342,6 @@ class Run:
         out["handshake"] = {
             k: connect[k] / connect["connections"] for k in ("requests", "bytes_in", "bytes_out")
         }
-        out["poll_cap_s"] = poll_cap(n)
         return out
 
 
@@ -387,7 +373,6 @@ def _aggregate(n: int, records: list[dict[str, Any]]) -> dict[str, Any]:
     roll = report["requests"]
     connect = {k: v * opened for k, v in handshake.items()}
     rank0_wall = [r["rank0"]["wall_s"] for r in records]
-    polls = _polls(median(rank0_wall), first["poll_cap_s"])
     return {
         "ranks": n,
         "nodes": nodes,
@@ -423,15 +408,7 @@ def _aggregate(n: int, records: list[dict[str, Any]]) -> dict[str, Any]:
         ),
         "verdict_bytes": first["verdict_bytes"],
         "verdict_parse_s": summary([r["verdict_parse_s"] for r in records]),
-        "verdict_polls": {
-            # Each waiting rank peeks at most every poll_cap_s (doubling from FIRST_POLL_S): if
-            # it waited as long as rank 0's roll call took, it peeked this often.
-            "poll_cap_s": first["poll_cap_s"],
-            "waiters": first["waiters"],
-            "per_waiter_if_waiting_rank0_wall": polls,
-            "total_if_waiting_rank0_wall": polls * first["waiters"],
-            "per_node_if_waiting_rank0_wall": polls * first["waiters"] / nodes,
-        },
+        "waiters": first["waiters"],
         **({"profile": first["profile"]} if "profile" in first else {}),
     }
 
@@ -441,7 +418,12 @@ def _targets(result: dict[str, Any]) -> dict[str, Any]:
     per_node = result["store"]["per_node"]
     requests = per_node["requests"]
     steps = result["store"]["by_step"]
-    polls = steps.get("peek verdict", {"requests": 0})["requests"] / result["nodes"]
+    reads = (
+        sum(
+            steps.get(step, {"requests": 0})["requests"] for step in ("wait verdict", "get verdict")
+        )
+        / result["nodes"]
+    )
     wall = result["rank0_wall_s"]["median"]
     return {
         "ranks": result["ranks"],
@@ -449,11 +431,8 @@ def _targets(result: dict[str, Any]) -> dict[str, Any]:
         "requests_per_node": {
             "target": TARGET_REQUESTS_PER_NODE,
             "value": requests,
-            "without_verdict_reads": requests - polls,
-            "verdict_reads": polls,
-            "plus_verdict_polls_if_waiting_rank0_wall": requests
-            - polls
-            + result["verdict_polls"]["per_node_if_waiting_rank0_wall"],
+            "without_verdict_reads": requests - reads,
+            "verdict_reads": reads,
             "with_connect": per_node["requests_with_connect"],
             "met": requests <= TARGET_REQUESTS_PER_NODE,
         },
@@ -579,8 +558,8 @@ def main(argv: list[str] | None = None) -> int:
             "thread (which serves only rank 0 then)",
             "leaders: rank 0's roll call includes gathering node 0's 7 members over the node's "
             "Unix socket (real processes, sent before the clock starts)",
-            "verdict_polls are estimated (the backoff schedule over rank 0's wall time), not "
-            "served concurrently with rank 0's roll call",
+            "the verdict reads (a WAIT and a GET each) are sent once the verdict exists, not "
+            "while rank 0 gathers; their count is the same",
         ],
         "machine": machine(),
         "sources": _sources(),

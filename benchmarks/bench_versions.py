@@ -145,10 +145,7 @@ def rank_main() -> int:
     if bad:
         raise SystemExit(f"bench_versions rank: distenv not from {expect}: {bad}")
     distenv.init_dist = functools.partial(real, launcher=os.environ[LAUNCHER_VAR])
-    if _trace_probes.TRACE_VAR in os.environ:
-        _trace_probes.install(
-            _trace_probes.rank_of_env(), Path(os.environ[_trace_probes.TRACE_VAR]), distenv
-        )
+    # With $BENCH_TRACE_DIR the worker installs the phase probes (_trace_probes.py).
     sys.argv[0] = str(WORKER)
     try:
         runpy.run_path(str(WORKER), run_name="__main__")

@@ -16,9 +16,6 @@ from typing import Any
 
 from _common import REPO
 
-from distenv.bootstrap.store import poll_cap
-from distenv.timing import POLL_S, POLLS_PER_S
-
 MIB = 1024 * 1024
 NAMES = ("import", "bootstrap", "allreduce", "scaling")
 # Bootstrap times are bimodal on this machine; launches above this are counted separately.
@@ -251,6 +248,14 @@ def bootstrap_section(d: dict[str, Any]) -> tuple[str, str, list[list[str]]]:
                     yes(ab["overhead_pct"] <= 3),
                 ]
             )
+            targets.append(
+                [
+                    f"bootstrap overhead over bare env:// ≤ +2 ms ({launcher}, {d['nprocs']} "
+                    "ranks; issue #28 item 7)",
+                    f"median paired difference {ab['median_paired_diff_ms']:+.1f} ms",
+                    yes(ab["median_paired_diff_ms"] <= 2),
+                ]
+            )
     distenv_procs = max(
         res["methods"]["distenv"]["events_per_rank_max"] for res in d["launchers"].values()
     )
@@ -276,7 +281,43 @@ def bootstrap_section(d: dict[str, Any]) -> tuple[str, str, list[list[str]]]:
     procs = table(
         ["launcher", "method", "processes per rank (max)", "what rank 0 started"], proc_rows
     )
-    return times, procs, targets
+    return times + phase_section(d), procs, targets
+
+
+PHASES = {
+    "before_store": "to the store (detection, device, checks)",
+    "store": "the store (create or connect)",
+    "roll_call": "distenv's roll call",
+    "process_group": "init_process_group",
+    "after_group": "distenv's group-up check",
+    "all_reduce": "the first all_reduce",
+}
+
+
+def phase_section(d: dict[str, Any]) -> str:
+    """Each launcher's phases (bench_bootstrap.phase_table): where distenv's overhead lies."""
+    rows = []
+    for launcher, res in d["launchers"].items():
+        for phase, label in PHASES.items():
+            row = res.get("phases", {}).get(phase)
+            if row is None:
+                continue
+            rows.append(
+                [
+                    launcher,
+                    label,
+                    f"{row['bare']:.2f}",
+                    f"{row['distenv']:.2f}",
+                    f"{row['distenv_minus_bare_ms']:+.2f}",
+                ]
+            )
+    if not rows:
+        return ""
+    return (
+        "\n\nPer phase (each rank times its own; the median over a launch's ranks, then over "
+        "launches; the difference is the median of the paired launches' differences):\n\n"
+        + table(["launcher", "phase", "bare ms", "distenv ms", "distenv - bare ms"], rows)
+    )
 
 
 def allreduce_section(d: dict[str, Any]) -> tuple[str, list[list[str]]]:
@@ -560,7 +601,7 @@ def leaders_section(results: Path) -> str:
         "rendezvous at 4 000 hosts from 373 s to 10 s; pytorch/gloo#408 took gloo's "
         "initialisation at 8 000 ranks from about 55 min to 85 s. The projection leaves out "
         "what this benchmark does not run: network round trips (each leader's requests are "
-        "sequential), the stragglers a roll call waits for, the polls of waiting leaders, "
+        "sequential), the stragglers a roll call waits for, "
         "every rank's own connection for `init_process_group` and the process group's set-up "
         "itself, and the group-up check after it."
     )
@@ -641,7 +682,7 @@ How to read it: on this machine the times are **bimodal** (the "launches > 200 m
 dots in the plot): most launches finish in tens of milliseconds, some take half a second or more, in
 every method. The slow mode looks like connection retries (a rank reaching rank 0's TCPStore port
 before rank 0 listens backs off for hundreds of milliseconds); distenv probes the port itself with a
-short back-off before making its store client, and its roll call then polls the store. With 15
+short back-off before making its store client, and its ranks then wait in the store. With 15
 launches a median can sit in either mode, which is why the interval on the overhead is wide and the
 median paired difference is given too. None of this is visible at a single launch; run more rounds
 (`--rounds`) before reading a few milliseconds into it.
@@ -730,8 +771,8 @@ client processes speak TCPStore's wire protocol over real TCP connections
 distenv does, so every request and byte rank 0's store serves is counted. 8 ranks per node; flat:
 the N-1 ranks over at most 1 024 connections; node leaders: one connection per leader (16 383 at
 131 072 ranks, from 2 processes), and rank 0 leads node 0, whose 7 members are real processes on
-its node's socket. Requests per node are those of the check-in and one verdict read (a rank that
-waits polls more); rank 0's time includes its own node's gathering, its store's thread and
+its node's socket. Requests per node are those of the check-in and the verdict read (a WAIT and a
+GET: a waiting rank does not poll); rank 0's time includes its own node's gathering, its store's thread and
 Python's collector, which rank 0 holds off while it parses.
 
 {leaders_table}
@@ -742,11 +783,9 @@ of the strings each pattern has matched) and validates the world with set compar
 {per_rank_us:.0f} µs per rank at {n_max} ranks, {rc_ms:.0f} ms in all (issue #12's target: at most
 400 ms at 16384 ranks). One `multi_get` of all {n_max} records in a single request took
 {multi_ms:.0f} ms: one huge request costs more than its chunks. Every other rank makes four store
-round trips when nobody is late (peek at the scope, claim its key, count itself, peek at the
-verdict; `tests/unit/test_rollcall.py` counts them), and while it waits it polls, backing off to one
-request every {poll_cap_ms:.0f} ms at {n_max} ranks (the cap grows with N, so that the waiting ranks ask
-rank 0's store at most {polls_per_s} times a second in all, up to {poll_max_ms:.0f} ms: {poll_rate:.0f} requests a
-second at {n_max} ranks). The verdict holds only the outcome and the
+round trips when nobody is late, however long it waits (peek at the scope, claim its key, count
+itself, and one ``get`` of the verdict, which waits in the store: a WAIT and a GET on the wire;
+`tests/unit/test_rollcall.py` counts them): no rank but rank 0 polls. The verdict holds only the outcome and the
 problems ({verdict_b} bytes when all is well), so the N-1 reads cost O(N) bytes: {reads_kib:.0f} KiB
 at {n_max} ranks. torch's own `init_process_group` on gloo is O(N) connections per rank, O(N^2) in
 all; NCCL's bootstrap goes through the same store.
@@ -776,10 +815,6 @@ def projection(rollcall: dict[str, Any]) -> dict[str, Any]:
         "rc_ms": r["rank0_roll_call"]["median"] * 1000,
         "verdict_b": r["verdict_bytes"],
         "reads_kib": r["all_verdict_reads_bytes"] / 1024,
-        "poll_cap_ms": poll_cap(n_max) * 1000,
-        "polls_per_s": POLLS_PER_S,
-        "poll_max_ms": POLL_S * 1000,
-        "poll_rate": (n_max - 1) / poll_cap(n_max),
         "chunk": rollcall.get("chunk", 512),
     }
 

@@ -15,9 +15,7 @@ __all__ = [
     "LOOKUP_S",
     "MARGIN_S",
     "MIN_CONNECT_S",
-    "MIN_POLL_S",
     "NET_PROBE_S",
-    "POLLS_PER_S",
     "POLL_S",
     "PROBE_FIRST_S",
     "PROBE_MAX_S",
@@ -73,15 +71,12 @@ MIN_CONNECT_S = 1.0
 #: How long the roll call's network probe waits for one node's addresses to answer (all are
 #: dialled at once): a refusal or a missing route answers at once, a dropped packet never does.
 NET_PROBE_S = 1.0
-# ---- polling rank 0's store (distenv.bootstrap.store, distenv.bootstrap.rollcall) -----------------------------------
-#: A wait's first pause between polls; it doubles up to the wait's cap (`poll_cap`).
+# ---- rank 0 polling its store (distenv.bootstrap.store, distenv.bootstrap.rollcall) ---------------------------
+#: Rank 0's first pause between polls of a count; it doubles up to `POLL_S`.
 FIRST_POLL_S = 0.0002
-#: The longest pause between one rank's polls, however large the job.
-POLL_S = 0.5
-#: The waiting ranks' polls of rank 0's store, all together, per second (a rate, not seconds).
-POLLS_PER_S = 8000
-#: The shortest cap on the pause between one rank's polls (and rank 0's own, on the counts).
-MIN_POLL_S = 0.0005
+#: The longest pause between rank 0's polls (the others wait in the store, without polling), and
+#: a waiting rank's pause after a wake-up that found nothing written.
+POLL_S = 0.0005
 #: Rank 0 publishes the verdict only after its own wait; the others allow it this much longer.
 VERDICT_GRACE_S = 10.0
 

@@ -26,7 +26,6 @@ from distenv.bootstrap.store import (
     CHUNK,
     connect_store,
     first_line,
-    poll_cap,
     read_many,
     wait_count,
     wait_value,
@@ -282,7 +281,7 @@ def group_up(boot: Bootstrap, hosts: Mapping[int, str]) -> None:
         if info.rank == 0:
             _acknowledge(boot, hosts, missing)
             return
-        echo = wait_value(store, f"{keys}/ack/{info.rank}", boot.waits, poll_cap(info.world_size))
+        echo = wait_value(store, f"{keys}/ack/{info.rank}", boot.waits)
         if echo is None:
             raise missing()
     except RuntimeError as exc:  # torch's DistError: the store went away
@@ -333,7 +332,7 @@ def _up_batched(
     if info.rank == 0:
         _acknowledge_batches(boot, hosts, missing)
     else:
-        echo = wait_value(store, f"{keys}/ack/{info.rank}", boot.waits, poll_cap(info.world_size))
+        echo = wait_value(store, f"{keys}/ack/{info.rank}", boot.waits)
         if echo is None:
             raise missing()
         if echo != up.echo().encode():
@@ -349,8 +348,7 @@ def _acknowledge_batches(
     session = boot.session
     info, store, world = session.info, session.store, session.info.world_size
     keys = session.keys("up")
-    wait_count(store, f"{keys}/count", world, boot.waits)
-    count = int(store.add(f"{keys}/count", 0))
+    count = wait_count(store, f"{keys}/count", world, boot.waits)
     shards = [f"{keys}/{key}" for key in shard_keys(world)]
     reports: list[UpBatch] = []
     foreign = 0
@@ -410,8 +408,7 @@ def _acknowledge(
     session = boot.session
     info, store, world = session.info, session.store, session.info.world_size
     keys = session.keys("up")
-    wait_count(store, f"{keys}/count", world, boot.waits)
-    count = int(store.add(f"{keys}/count", 0))
+    count = wait_count(store, f"{keys}/count", world, boot.waits)
     tokens = session.up_tokens(range(world))
     up = [rank for rank, token in tokens.items() if token is not None]
     if len(up) < world and count < world:

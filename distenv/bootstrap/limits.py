@@ -18,6 +18,7 @@ limit, the need and the fix, when the hard limit is lower: before any rank waits
 from __future__ import annotations
 
 import os
+import resource  # Unix only, like every launcher distenv serves
 from typing import NamedTuple
 
 from distenv.bootstrap.probe import WINDOW
@@ -88,8 +89,6 @@ def ensure_descriptors(
     Raises:
         ConfigurationError: If the hard limit is below the need.
     """
-    import resource  # here: Unix only, and only a rank that meets others needs it
-
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     need = needed(
         info, backend, hosts_store=hosts_store, probes=probes, open_now=0, members=members

@@ -59,10 +59,13 @@ PATTERNS = {
     "token": r"[0-9a-f]{16}",
     "probed_backend": r"gloo|nccl",
 }
-_COMPILED: dict[str, re.Pattern[str]] = {}  # compiled on first use: imports stay cheap
+# Compiled when this module is imported (init_dist's first call imports it, `import distenv` does
+# not): about 1 ms of work each rank does before it meets the others, in parallel with their own
+# start, instead of on rank 0 while every other rank waits for its verdict.
+_COMPILED: dict[str, re.Pattern[str]] = {field: re.compile(p) for field, p in PATTERNS.items()}
 # Values that matched, per pattern: rank 0 checks N records whose host names, versions and scope
 # repeat, so each distinct string meets its regex once. Bounded; a miss only costs the regex.
-_MATCHED: dict[str, set[str]] = {}
+_MATCHED: dict[str, set[str]] = {field: set() for field in PATTERNS}
 _MATCHED_MAX = 1 << 16
 
 #: The check-in fields every rank must agree on.
@@ -82,27 +85,19 @@ class ForeignRecordError(Exception):
 
 def pattern_of(field: str) -> re.Pattern[str]:
     """Return `field`'s compiled pattern (for a caller that checks many values of one field)."""
-    pattern = _COMPILED.get(field)
-    if pattern is None:
-        pattern = _COMPILED[field] = re.compile(PATTERNS[field])
-        _MATCHED[field] = set()
-    return pattern
+    return _COMPILED[field]
 
 
 def matches(field: str, value: object) -> bool:
     """Return whether `value` is a string matching `field`'s pattern."""
     if type(value) is not str:
         return False
-    matched = _MATCHED.get(field)
-    if matched is not None and value in matched:
+    matched = _MATCHED[field]
+    if value in matched:
         return True
-    pattern = _COMPILED.get(field)
-    if pattern is None:
-        pattern = _COMPILED[field] = re.compile(PATTERNS[field])
-        matched = _MATCHED[field] = set()
-    if pattern.fullmatch(value) is None:
+    if _COMPILED[field].fullmatch(value) is None:
         return False
-    if matched is not None and len(matched) < _MATCHED_MAX:
+    if len(matched) < _MATCHED_MAX:
         matched.add(value)
     return True
 

@@ -43,7 +43,6 @@ from distenv.bootstrap.session import FOREIGN_HINT, Bootstrap, Session
 from distenv.bootstrap.store import (
     CHUNK,
     connect_store,
-    poll_cap,
     read_many,
     wait_count,
     wait_keys,
@@ -63,7 +62,7 @@ from distenv.device import device_identity
 from distenv.errors import DistEnvError, RendezvousError, RendezvousTimeoutError
 from distenv.rankinfo import RankInfo
 from distenv.settings import TIMEOUT_VAR
-from distenv.timing import MIN_POLL_S, NET_PROBE_S, VERDICT_GRACE_S
+from distenv.timing import NET_PROBE_S, POLL_S, VERDICT_GRACE_S
 
 if TYPE_CHECKING:
     from distenv.bootstrap.probe import Listener
@@ -168,7 +167,7 @@ def _meet(
             scope_check.poll()  # another job's store: refused before writing anything
             if prediction is not None:
                 # Rank 0's node's addresses are in its claim: dial them before checking in.
-                scope_check.wait(boot.waits.within(boot.timeout), poll_cap(info.world_size))
+                scope_check.wait()
                 net0 = scope_check.net0
                 if net0 is not None and scope_check.host0 != checkin.hostname:
                     listener, checkin = _offer(prediction, checkin, _dial(net0))
@@ -583,12 +582,11 @@ def _await_verdict(
     """
     info = boot.session.info
     deadline = boot.waits.within(boot.timeout + VERDICT_GRACE_S)
-    ready = None if scope_check is None else scope_check.poll
-    cap = poll_cap(info.world_size)
-    raw = wait_value(store, "verdict", deadline, cap, ready)
+    if scope_check is not None:
+        # Rank 0 claims the scope before it gathers: no later than the verdict.
+        scope_check.wait()
+    raw = wait_value(store, "verdict", deadline)
     if raw is None:
-        if scope_check is not None and not scope_check.confirmed:
-            raise scope_check.absent()
         raise RendezvousTimeoutError(
             info.launcher,
             f"rank {info.rank} checked in at {checkin.master} but rank 0 published no "
@@ -599,7 +597,7 @@ def _await_verdict(
     if not placed:
         return verdict, raw, None
     # Written before the verdict: found at the first look unless someone deleted it.
-    place = wait_value(store, f"place/{info.rank}", deadline, cap)
+    place = wait_value(store, f"place/{info.rank}", deadline)
     return _placed(info, checkin, verdict, place), raw, place
 
 
@@ -677,13 +675,12 @@ def gather_batches(
     written by a process outside the job.
     """
     world = info.world_size
-    wait_count(store, "written", world, deadline)
-    counted = int(store.add("written", 0))
+    counted = wait_count(store, "written", world, deadline)
     if counted < world:
         counted = int(store.add("written", CUT)) - CUT
     keys = shard_keys(world)
     grace = Deadline.after(VERDICT_GRACE_S)
-    delay = MIN_POLL_S / 8
+    delay = POLL_S / 8
     while True:
         raws = read_many(store, keys)
         parsed = [
@@ -696,7 +693,7 @@ def gather_batches(
         if carried >= counted or foreign or grace.passed():
             break
         pause(delay)
-        delay = min(delay * 2, MIN_POLL_S)
+        delay = min(delay * 2, POLL_S)
     found = tuple(sorted((c for b in batches for c in b.checkins), key=lambda c: c.rank))
     ahead = (counted, carried) if counted > carried else None
     readers = len(batches) - 1
@@ -723,8 +720,7 @@ def _gather(store: Any, info: RankInfo, scope: str, deadline: Deadline) -> Verdi
     missing is forged.
     """
     world = info.world_size
-    wait_count(store, "written", world, deadline)
-    counted = int(store.add("written", 0))
+    counted = wait_count(store, "written", world, deadline)
     extras = min(int(store.add("extras", 0)), MAX_EXTRA)
     keys = [f"checkin/{rank}" for rank in range(world)]
     keys += [f"extra/{n}" for n in range(1, extras + 1)]
@@ -734,7 +730,7 @@ def _gather(store: Any, info: RankInfo, scope: str, deadline: Deadline) -> Verdi
     checkins, foreign = _records(keys, raws, scope, world)
     absent = [key for key, raw in zip(keys, raws[:world], strict=False) if raw is None]
     if absent and (ahead or foreign):
-        wait_keys(store, absent, deadline, MIN_POLL_S)
+        wait_keys(store, absent, deadline)
         raws = read_many(store, keys)
         checkins, foreign = _records(keys, raws, scope, world)
     honest = counted >= world and ahead is None and not foreign

@@ -22,7 +22,7 @@ from distenv.bootstrap.records import (
     parse_claim,
     parse_scope,
 )
-from distenv.bootstrap.store import master_address, peek, wait_keys
+from distenv.bootstrap.store import master_address, peek, wait_value
 from distenv.deadline import Deadline
 from distenv.errors import RendezvousTimeoutError, StoreTakenError
 from distenv.rankinfo import RankInfo
@@ -86,10 +86,10 @@ class ScopeCheck:
     `poll` peeks at the scope key: True once it holds this job's scope, False while it is absent,
     `StoreTakenError` at once if it names another job. A rank checks once before writing anything
     (rank 0 has usually claimed the key by then), then checks in even if the key is still absent:
-    its record lies under this job's own prefix, which no other job reads, and the wait for the
-    verdict goes on polling the scope first. So a rank 0 that arrives last finds everybody checked
+    its record lies under this job's own prefix, which no other job reads, and before it waits for
+    the verdict it `wait`s for the claim. So a rank 0 that arrives last finds everybody checked
     in, instead of everybody waiting for its claim before checking in. A rank that probes the
-    network path `wait`s for the claim instead: it needs rank 0's addresses, which the claim
+    network path `wait`s for the claim first: it needs rank 0's addresses, which the claim
     carries (`host0`, `net0`), before it checks in.
     """
 
@@ -113,6 +113,20 @@ class ScopeCheck:
             if self.deadline.passed():
                 raise self.absent()
             return False
+        self._judge(found)
+        return True
+
+    def wait(self) -> None:
+        """Return once the scope is confirmed, waiting in the store for rank 0's claim until the
+        check's deadline (then `absent`)."""
+        if self.confirmed:
+            return
+        found = wait_value(self.store, self.key, self.deadline)
+        if found is None:
+            raise self.absent()
+        self._judge(found)
+
+    def _judge(self, found: bytes) -> None:
         try:
             scope, self.host0, self.net0 = parse_claim(self.key, found)
         except ForeignRecordError:
@@ -120,14 +134,6 @@ class ScopeCheck:
         if scope != self.scope:
             _taken(self.info, self.key, found, self.scope, wrote=self.wrote)
         self.confirmed = True
-        return True
-
-    def wait(self, deadline: Deadline, cap: float) -> None:
-        """Poll until the scope is confirmed (see `poll`), polling at most every `cap` seconds."""
-        if not self.poll() and not (
-            wait_keys(self.store, [self.key], deadline, cap) and self.poll()
-        ):
-            raise self.absent()
 
     def absent(self) -> RendezvousTimeoutError:
         """Return the error of a scope key still absent at the deadline."""

@@ -117,20 +117,43 @@ class Session:
     def _state_key(self, rank: int) -> str:
         return f"{self.keys('up')}/state/{rank}"
 
-    def mark(self, state: str, *, wait: float = 0.0, token: str = "") -> None:
+    def mark(self, state: str, *, wait: float = 0.0, token: str = "", aside: bool = False) -> None:
         """Record this rank's state (`STATES`) with its host; with `wait`, best effort within it.
 
         `token` (the group-up check's) is a fresh random string that rank 0 echoes back to this
         rank alone, so that no value written in advance under a fixed key can stand for it.
+        `aside` writes over a connection of its own: a signal's record, made from the main thread
+        while the bootstrap's connection may be held by a wait in the store
+        (`distenv.bootstrap.store.wait_value`).
         """
         value = f"{state}@{socket.gethostname()}" + (f"#{token}" if token else "")
         key = self._state_key(self.info.rank)
         if not wait:
             self.store.set(key, value)
             return
+
+        def write() -> None:
+            (self._connection(wait) if aside else self.store).set(key, value)
+
         # Rank 0's store may be gone or stuck: the others' deadline names this rank anyway.
         with contextlib.suppress(TimeoutError, RuntimeError):
-            bounded(lambda: self.store.set(key, value), Deadline.after(wait), TimeoutError)
+            bounded(write, Deadline.after(wait), TimeoutError)
+
+    def _connection(self, timeout: float) -> Any:
+        """Return a new client connection to rank 0's store (its requests time out after
+        `timeout`)."""
+        import datetime
+
+        from torch._C._distributed_c10d import TCPStore
+
+        info = self.info
+        return TCPStore(
+            str(info.master_addr),
+            int(info.master_port or 0),
+            is_master=False,
+            timeout=datetime.timedelta(seconds=timeout),
+            wait_for_workers=False,
+        )
 
     def read_states(self, ranks: Sequence[int]) -> dict[int, tuple[str, str] | None]:
         """Return each rank's recorded ``(state, host)``, None where it wrote none (or garbage)."""
@@ -214,7 +237,7 @@ class Bootstrap:
 
     def _stopped(self, signal_name: str) -> None:
         if self.session.store is not None:
-            self.session.mark(signal_name, wait=SIGNAL_MARK_S)
+            self.session.mark(signal_name, wait=SIGNAL_MARK_S, aside=True)
 
     def _too_late(self) -> DistEnvError:
         info = self.session.info

@@ -2,9 +2,12 @@
 
 Rank 0 listens (on the MASTER_ADDR address where that is safe), the others connect within the
 rendezvous timeout; a listener that accepts connections but never answers as a store is named as
-such. The waits here poll: ``Store.wait`` would not, but a wait that times out leaves the client's
-connection out of step with the server. Every blocking call runs inside the bootstrap's watched
-thread (`distenv.deadline.watched`), so a phase's deadline ends it whatever it is blocked in.
+such. A rank that waits for rank 0 (its claim, its verdict, its acknowledgement) waits in the store
+itself (`wait_value`): it sends two requests however long it waits and wakes when the key is
+written, where polling would keep N - 1 ranks asking rank 0's store, and on a busy node take the
+CPU rank 0 needs. Rank 0, the one rank that waits for counts, polls them (`wait_count`). Every
+blocking call runs inside the bootstrap's watched thread (`distenv.deadline.watched`), so a phase's
+deadline ends it whatever it is blocked in.
 """
 
 from __future__ import annotations
@@ -29,9 +32,7 @@ from distenv.settings import TIMEOUT_VAR
 from distenv.timing import (
     FIRST_POLL_S,
     MIN_CONNECT_S,
-    MIN_POLL_S,
     POLL_S,
-    POLLS_PER_S,
     PROBE_FIRST_S,
     PROBE_MAX_S,
     PROBE_MIN_S,
@@ -48,7 +49,6 @@ __all__ = [
     "listen_address",
     "master_address",
     "peek",
-    "poll_cap",
     "read_many",
     "wait_count",
     "wait_keys",
@@ -72,31 +72,21 @@ def first_line(exc: BaseException) -> str:
     return text.splitlines()[0] if text else type(exc).__name__
 
 
-def _pauses(cap: float) -> Iterator[float]:
-    """Yield sleep lengths: `FIRST_POLL_S`, doubling up to `cap` (quick when peers are quick).
+def _pauses() -> Iterator[float]:
+    """Yield sleep lengths: `FIRST_POLL_S`, doubling up to `POLL_S` (rank 0's polls).
 
     Ranks usually arrive close together: the first looks cost a few round trips, and a rank that
-    arrives sees the others notice within twice its lateness.
+    arrives sees rank 0 notice within twice its lateness.
     """
     length = FIRST_POLL_S
     while True:
         yield length
-        length = min(length * 2, cap)
+        length = min(length * 2, POLL_S)
 
 
-def poll_cap(world_size: int) -> float:
-    """How long the N - 1 waiting ranks may sleep between polls of rank 0's store.
-
-    Short for small jobs (a wait backs off by doubling, so it notices an event up to one pause
-    late), longer for large ones so that the store is asked at most about `POLLS_PER_S` times a
-    second in all.
-    """
-    return min(max(world_size / POLLS_PER_S, MIN_POLL_S), POLL_S)
-
-
-def wait_keys(store: Any, keys: list[str], deadline: Deadline, cap: float) -> bool:
+def wait_keys(store: Any, keys: list[str], deadline: Deadline) -> bool:
     """Poll until every one of `keys` exists (True) or `deadline` passes (False)."""
-    pauses = _pauses(cap)
+    pauses = _pauses()
     while True:
         if all(store.check(keys[i : i + CHUNK]) for i in range(0, len(keys), CHUNK)):
             return True
@@ -116,31 +106,43 @@ def peek(store: Any, key: str) -> bytes | None:
     return None if value == _ABSENT else value
 
 
-def wait_value(
-    store: Any, key: str, deadline: Deadline, cap: float, ready: Callable[[], bool] | None = None
-) -> bytes | None:
-    """Poll until `key` exists and return its value, or None once `deadline` passes.
+def wait_value(store: Any, key: str, deadline: Deadline) -> bytes | None:
+    """Return `key`'s value once it is written, waiting in the store; None once `deadline` passes.
 
-    With `ready`, each poll asks it first, and looks at `key` only once it has said True.
+    TCPStore's ``get`` waits for the key in the server (a WAIT, answered when the key is written,
+    then the GET), under the store's timeout, set here to the time left. In torch 2.13 a wait that
+    times out raises and leaves the connection in step (`tests/unit/test_store_waits.py` pins
+    this and the next fact); it holds the connection meanwhile, so a signal's record goes over a
+    connection of its own (`distenv.bootstrap.session.Session.mark`). A ``compare_set`` that finds
+    the key missing (`peek`, by another rank) wakes the key's waiters although nothing was
+    written, and their ``get`` returns an empty value: distenv writes none, so an empty value
+    means "look again", after a pause, so that a forged one cannot make this loop spin.
     """
-    pauses = _pauses(cap)
+    import torch.distributed as dist  # here: importing this module stays cheap
+
     while True:
-        value = peek(store, key) if ready is None or ready() else None
-        if value is not None:
-            return value
-        if deadline.passed():
+        left = deadline.left()
+        if left <= 0:
             return None
-        pause(next(pauses))
+        store.set_timeout(datetime.timedelta(seconds=left))
+        try:
+            value = bytes(store.get(key))
+        except dist.DistStoreError:  # the timeout: a lost connection is a DistNetworkError
+            return None
+        if value:
+            return value
+        pause(POLL_S)
 
 
-def wait_count(store: Any, key: str, count: int, deadline: Deadline) -> None:
-    """Poll until the counter `key` reaches `count` or `deadline` passes (rank 0 only).
+def wait_count(store: Any, key: str, count: int, deadline: Deadline) -> int:
+    """Poll until the counter `key` reaches `count` or `deadline` passes; return its last value.
 
-    One poller, so it can afford to look often.
+    Rank 0 alone waits for counts: one poller, so it can afford to look often.
     """
-    pauses = _pauses(MIN_POLL_S)
-    while int(store.add(key, 0)) < count and not deadline.passed():
+    pauses = _pauses()
+    while (counted := int(store.add(key, 0))) < count and not deadline.passed():
         pause(next(pauses))
+    return counted
 
 
 def read_many(store: Any, keys: list[str]) -> list[bytes | None]:

@@ -127,7 +127,8 @@ def locate(
         DistEnvError: If the environment is incomplete, malformed, or contradicts the name given,
             or (runtime) the master cannot be found.
     """
-    env = os.environ if env is None else env
+    # One copy: the pipeline looks up about a hundred names, and os.environ encodes each one.
+    env = dict(os.environ) if env is None else env
     if master_addr_format is not None:
         env = {**env, FORMAT_VAR: master_addr_format}
     choice = choose(launcher, env)

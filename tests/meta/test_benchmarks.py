@@ -175,16 +175,18 @@ def test_rendezvous_scale_benchmark_counts_fewer_requests_per_node_with_leaders(
         assert result["store"]["requests"] == sum(
             row["requests"] for row in result["store"]["by_type"].values()
         )
-    # Each of ranks 1..63 peeks at the scope, claims its key, counts itself, reads the verdict.
+    # Each of ranks 1..63 peeks at the scope, claims its key, counts itself, waits for the
+    # verdict in the store and reads it (a WAIT and a GET).
     steps = flat["store"]["by_step"]
     assert [steps[s]["requests"] for s in ("peek scope", "claim checkin/<r>", "add written")] == [
         63
     ] * 3
-    assert steps["peek verdict"]["requests"] == 63
-    # Each of the 7 other leaders peeks, counts its node, appends its batch, reads the verdict.
+    assert steps["wait verdict"]["requests"] == steps["get verdict"]["requests"] == 63
+    # Each of the 7 other leaders peeks, counts its node, appends its batch, waits for the
+    # verdict and reads it.
     steps = leaders["store"]["by_step"]
     assert [steps[s]["requests"] for s in ("peek scope", "add written", "append batch")] == [7] * 3
-    assert steps["peek verdict"]["requests"] == 7
+    assert steps["wait verdict"]["requests"] == steps["get verdict"]["requests"] == 7
     assert leaders["store"]["per_node"]["requests"] < flat["store"]["per_node"]["requests"]
     assert leaders["store"]["bytes_out"] < flat["store"]["bytes_out"]
     assert set(data["targets"]) == {"flat", "leaders"}

@@ -356,13 +356,16 @@ def test_duplicate_gpu_fails_every_rank() -> None:
 
 
 def test_store_round_trips_per_rank() -> None:
-    """The hardened rendezvous costs each rank at most 2 store round trips more than 0.1.0's.
+    """The hardened rendezvous costs each rank at most 2 store round trips more than 0.1.0's,
+    and the ranks that wait for rank 0 never poll.
 
     0.1.0's roll call, per rank other than 0: add, set, add, get(verdict), add(read) and its polls
     of the verdict; rank 0: add, set, add, multi_get, add, set(verdict) and its polls of the
     counts. Now the others peek at the scope before writing (one compare_set, `peek`), claim their
-    rank's key (compare_set), count themselves (add) and peek at the verdict, and no longer
-    acknowledge an OK verdict; rank 0 claims the scope and publishes the verdict with compare_set.
+    rank's key (compare_set), count themselves (add) and wait in the store for the verdict (one
+    ``get``: a WAIT and a GET on the wire, however long rank 0 takes), and no longer acknowledge
+    an OK verdict; rank 0 claims the scope and publishes the verdict with compare_set. Rank 0
+    claims before the others start here, so that each count is exact.
     """
     import datetime
     from collections import Counter
@@ -425,11 +428,9 @@ def test_store_round_trips_per_rank() -> None:
         rank_boot = boot(info, 30, 40, scope)
         session = rank_boot.session
         session.store, scope_check = stores[rank], None
-        if rank == 0:
-            session.claim()
-        else:
+        if rank != 0:
             scope_check = session.check(Deadline.after(30))
-            scope_check.poll()
+            assert scope_check.poll()
         verdicts[rank] = roll_call(
             PrefixStore(session.keys("rollcall"), session.store),
             rank_boot,
@@ -441,6 +442,13 @@ def test_store_round_trips_per_rank() -> None:
         session.mark("joining")
         group_up(Bootstrap(session, 30, Bootstrap.deadline_for(30)), hosts={})
 
+    zero = boot(
+        RankInfo(launcher="slurm", rank=0, world_size=world, local_rank=0, local_world_size=2,
+                 node_rank=0, num_nodes=2, master_addr="127.0.0.1", master_port=port),
+        30, 40, scope,
+    )  # fmt: skip
+    zero.session.store = stores[0]
+    zero.session.claim()
     threads = [threading.Thread(target=rank_main, args=(r,)) for r in range(world)]
     for t in threads:
         t.start()
@@ -450,23 +458,13 @@ def test_store_round_trips_per_rank() -> None:
     for rank in range(1, world):
         ops, rollcall = stores[rank].ops, rollcall_ops[rank]
         group = ops - rollcall
-        # Roll call: peek(scope), claim, count, peek(verdict); the peeks repeat while rank 0 is
-        # behind.
-        peeks = rollcall["compare_set"] - 1
-        assert peeks >= 2
-        assert rollcall["add"] == 1
-        assert set(rollcall) == {"compare_set", "add"}
+        # Roll call: peek(scope), claim, count, and one wait in the store for the verdict.
+        assert rollcall == Counter(compare_set=2, add=1, get=1)
         # 0.1.0: 5 round trips + its polls of the verdict (>= 1), so 6 at least, for the roll
-        # call, and no group-up check. Now 4 at least for the roll call.
-        assert rollcall.total() - (peeks - 2) == 4
-        # Group-up: set(joining), set(up with its token), add(count), then peek at its own
-        # acknowledgement until rank 0 has written it: 4 at least, 8 in all, 2 more than 0.1.0.
-        polls = group["compare_set"]
-        assert polls >= 1
-        assert group["set"] == 2
-        assert group["add"] == 1
-        assert set(group) == {"compare_set", "add", "set"}
-        assert group.total() - (polls - 1) == 4
+        # call, and no group-up check. Now 4.
+        # Group-up: set(joining), set(up with its token), add(count), then one wait in the store
+        # for its own acknowledgement: 4, 8 in all, 2 more than 0.1.0.
+        assert group == Counter(set=2, add=1, get=1)
     rank0 = rollcall_ops[0]
     # The scope claim, its own check-in's claim and the verdict (0.1.0: add, set, set).
     assert rank0["compare_set"] == 3
