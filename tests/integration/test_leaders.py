@@ -3,8 +3,8 @@
 Each launch runs tests/support/scripts/faulty_rank.py with ``DISTENV_NODE_LEADERS=on`` (the default
 batches only in worlds of 256 ranks or more): srun with two tasks on each of the simulated
 cluster's two nodes (ranks 0 and 2 lead), Open MPI's mpirun, whose layout only the roll call
-numbers, and torchrun, whose agent hosts the store. Faults: a leader killed before it reports its
-node, a member killed after joining the group, a leader that starts after rank 0 stopped waiting,
+numbers, and torchrun, whose agent hosts the store. Faults: a leader killed or stopped (SIGSTOP)
+before it reports its node, a member killed after joining the group, a leader that starts after rank 0 stopped waiting,
 a forged line among the batches. Each
 test asserts the time bound (`ended_in_time`: DISTENV_TIMEOUT + 10 s, plus the slack to print and
 exit), the exits, the rank or node named, and that no process of the launch survived. The
@@ -36,10 +36,16 @@ LEADERS = {"DISTENV_NODE_LEADERS": "on"}
 NODE_1_SILENT = "1 node(s) sent no report within 5 s: node 1 (its leader, rank 2, and 1 more rank)"
 
 
-def _srun(harness: Harness, label: str, *faults: str, timed: int | None = None) -> Outcome:
+def _srun(
+    harness: Harness,
+    label: str,
+    *faults: str,
+    timed: int | None = None,
+    srun_options: tuple[str, ...] = (),
+) -> Outcome:
     run = Run(harness, label)
     launch = harness.start(
-        [*SRUN_2N, *run.rank_argv(*faults)],
+        [*SRUN_2N, *srun_options, *run.rank_argv(*faults)],
         env=_env(run, TIMEOUT_S, "multi", **LEADERS),
         timeout=150,
     )
@@ -53,6 +59,17 @@ def leaders_ok(harness: Harness) -> Outcome:
 
 def leader_killed(harness: Harness) -> Outcome:
     return _srun(harness, "leader-killed", "2:kill-before-batch", timed=2)
+
+
+def leader_stopped(harness: Harness) -> Outcome:
+    # A stopped task never exits: as docs/slurm.md recommends, srun ends the step when one fails.
+    return _srun(
+        harness,
+        "leader-stopped",
+        "2:stop-before-batch",
+        timed=2,
+        srun_options=("--kill-on-bad-exit=1",),
+    )
 
 
 def member_killed(harness: Harness) -> Outcome:
@@ -89,6 +106,7 @@ def torchrun_agent_store(harness: Harness) -> Outcome:
 SCENARIOS: dict[str, Callable[[Harness], Outcome]] = {
     "ok": leaders_ok,
     "leader-killed": leader_killed,
+    "leader-stopped": leader_stopped,
     "member-killed": member_killed,
     "late-leader": late_leader,
     "forged-batch": forged_batch,
@@ -138,6 +156,34 @@ def test_a_leader_killed_before_it_reports_is_named_with_its_node(
     assert errors[3]["t"] - o.fault_t < 3.0, o.text()
     assert NODE_1_SILENT in errors[0]["message"], o.text()
     assert o.task_exits()[2] == "killed", o.text()
+    assert o.survivors == [], o.text()
+
+
+@pytest.mark.slurm
+def test_a_leader_stopped_before_it_reports_is_named_with_its_node(
+    launches: dict[str, Future[Outcome]],
+) -> None:
+    """Rank 2 (node 1's leader) is stopped (SIGSTOP) holding its node's check-ins: rank 0 names
+    node 1 by its leader at its deadline, node 0's member learns it from rank 0's verdict, and the
+    step ends (srun --kill-on-bad-exit) with no process left, the stopped one included."""
+    o = launches["leader-stopped"].result()
+    ended_in_time(o, (0, 1))
+    errors = o.errors()
+    for rank in (0, 1):
+        assert NODE_1_SILENT in errors[rank]["message"], o.text()
+        assert errors[rank]["t"] - o.fault_t < TIMEOUT_S + 3.0, o.text()
+    # Rank 3 waits on its stopped leader's socket until srun ends the step: a signal, or its own
+    # message naming the leader if it came first.
+    if 3 in errors:
+        assert (
+            "interrupted by SIG" in errors[3]["message"]
+            or "received no verdict" in errors[3]["message"]
+        ), o.text()
+    # Slurm continues a stopped task to deliver the step's SIGTERM: the leader ends as any rank
+    # stopped by its launcher (or is killed, if it has not by KillWait).
+    if o.task_exits()[2] != "killed":
+        assert o.task_exits()[2] == "exit 1", o.text()
+        assert "interrupted by SIGTERM during the roll call" in errors[2]["message"], o.text()
     assert o.survivors == [], o.text()
 
 

@@ -23,6 +23,8 @@ launcher or the store), one ``--fault RANK:WHAT[:SECONDS]`` each:
   init_process_group call, or before the group-up check;
 - ``kill-before-batch``: (a node leader) SIGKILL itself once it has gathered its node's check-ins,
   before it reports them to rank 0;
+- ``stop-before-batch``: (a node leader) SIGSTOP itself once it has gathered its node's check-ins,
+  holding them (a debugger, an overloaded node);
 - ``forge-batch``: (a node leader) append what a forger on the network would to the roll call's
   batches (a line of garbage, no newline), then report its node as usual;
 - ``kill-after-init``: SIGKILL itself once its init_process_group returned (before the group-up
@@ -141,6 +143,12 @@ def inject(what: str, events: Events) -> None:
             distenv.bootstrap.rollcall,
             "_check_in_batch",
             die(signal.SIGKILL, "before reporting its node"),
+        )
+    elif what == "stop-before-batch":
+        before(
+            distenv.bootstrap.rollcall,
+            "_check_in_batch",
+            die(signal.SIGSTOP, "before reporting its node"),
         )
     elif what == "forge-batch":
         report = distenv.bootstrap.rollcall._check_in_batch
