@@ -43,6 +43,7 @@ from distenv.bootstrap.session import FOREIGN_HINT, Bootstrap, Session
 from distenv.bootstrap.store import (
     CHUNK,
     connect_store,
+    pauses,
     read_many,
     wait_count,
     wait_keys,
@@ -62,7 +63,7 @@ from distenv.device import device_identity
 from distenv.errors import DistEnvError, RendezvousError, RendezvousTimeoutError
 from distenv.rankinfo import RankInfo
 from distenv.settings import TIMEOUT_VAR
-from distenv.timing import NET_PROBE_S, POLL_S, VERDICT_GRACE_S
+from distenv.timing import NET_PROBE_S, VERDICT_GRACE_S
 
 if TYPE_CHECKING:
     from distenv.bootstrap.probe import Listener
@@ -680,7 +681,7 @@ def gather_batches(
         counted = int(store.add("written", CUT)) - CUT
     keys = shard_keys(world)
     grace = Deadline.after(VERDICT_GRACE_S)
-    delay = POLL_S / 8
+    waits = pauses()
     while True:
         raws = read_many(store, keys)
         parsed = [
@@ -692,8 +693,7 @@ def gather_batches(
         foreign = [key for key, (_, bad) in zip(keys, parsed, strict=True) if bad]
         if carried >= counted or foreign or grace.passed():
             break
-        pause(delay)
-        delay = min(delay * 2, POLL_S)
+        pause(next(waits))
     found = tuple(sorted((c for b in batches for c in b.checkins), key=lambda c: c.rank))
     ahead = (counted, carried) if counted > carried else None
     readers = len(batches) - 1

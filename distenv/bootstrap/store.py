@@ -48,6 +48,7 @@ __all__ = [
     "host_store",
     "listen_address",
     "master_address",
+    "pauses",
     "peek",
     "read_many",
     "wait_count",
@@ -72,7 +73,7 @@ def first_line(exc: BaseException) -> str:
     return text.splitlines()[0] if text else type(exc).__name__
 
 
-def _pauses() -> Iterator[float]:
+def pauses() -> Iterator[float]:
     """Yield sleep lengths: `FIRST_POLL_S`, doubling up to `POLL_S` (rank 0's polls).
 
     Ranks usually arrive close together: the first looks cost a few round trips, and a rank that
@@ -86,13 +87,13 @@ def _pauses() -> Iterator[float]:
 
 def wait_keys(store: Any, keys: list[str], deadline: Deadline) -> bool:
     """Poll until every one of `keys` exists (True) or `deadline` passes (False)."""
-    pauses = _pauses()
+    waits = pauses()
     while True:
         if all(store.check(keys[i : i + CHUNK]) for i in range(0, len(keys), CHUNK)):
             return True
         if deadline.passed():
             return False
-        pause(next(pauses))
+        pause(next(waits))
 
 
 def peek(store: Any, key: str) -> bytes | None:
@@ -139,9 +140,9 @@ def wait_count(store: Any, key: str, count: int, deadline: Deadline) -> int:
 
     Rank 0 alone waits for counts: one poller, so it can afford to look often.
     """
-    pauses = _pauses()
+    waits = pauses()
     while (counted := int(store.add(key, 0))) < count and not deadline.passed():
-        pause(next(pauses))
+        pause(next(waits))
     return counted
 
 
