@@ -15,6 +15,7 @@ from textwrap import dedent
 
 import pytest
 
+from tests.support.docblocks import recipe
 from tests.support.integration.helpers import STATE, Harness
 from tests.support.integration.recipes import (
     HF_OFFLINE,
@@ -339,3 +340,29 @@ def test_mmengine_launcher_none(harness: Harness) -> None:
     assert rec["is_distributed"] is False
     group = json.loads((launched[1] / "group.json").read_text(encoding="utf-8"))
     assert group == {"is_distributed": True}
+
+
+# ---- the gpu twins -------------------------------------------------------------------------------
+
+GPU_TWINS = sorted(name for name in globals() if name.startswith("test_") and name.endswith("_gpu"))
+
+
+def _marked(test_id: str, lang: str) -> list[str]:
+    """Return where the page blocks of `lang` marked for `test_id` are (none: an empty list)."""
+    try:
+        return [block.where for block in recipe(test_id, lang)]
+    except LookupError:
+        return []
+
+
+@pytest.mark.parametrize("gpu_test", GPU_TWINS)
+def test_a_gpu_recipe_runs_the_blocks_its_cpu_twin_runs(gpu_test: str) -> None:
+    """A ``gpu`` test runs its CPU twin's page text unchanged: CI, which has no GPU, checks it here.
+
+    A block marked for the CPU test alone leaves the GPU script without it (a Fabric script with
+    no ``fabric``), which only a GPU machine would find.
+    """
+    twin = gpu_test.removesuffix("_gpu")
+    assert twin in globals(), f"{gpu_test} has no CPU twin {twin}"
+    for lang in ("python", "json"):
+        assert _marked(HERE + gpu_test, lang) == _marked(HERE + twin, lang), lang
