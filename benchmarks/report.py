@@ -682,7 +682,8 @@ How to read it: on this machine the times are **bimodal** (the "launches > 200 m
 dots in the plot): most launches finish in tens of milliseconds, some take half a second or more, in
 every method. The slow mode looks like connection retries (a rank reaching rank 0's TCPStore port
 before rank 0 listens backs off for hundreds of milliseconds); distenv probes the port itself with a
-short back-off before making its store client, and its ranks then wait in the store. With 15
+short back-off before making its store client (not under torchrun, whose agent's store listens
+before any rank starts), and its ranks then wait in the store. With 15
 launches a median can sit in either mode, which is why the interval on the overhead is wide and the
 median paired difference is given too. None of this is visible at a single launch; run more rounds
 (`--rounds`) before reading a few milliseconds into it.

@@ -318,8 +318,9 @@ def connect_store(
     Runs in a `watched` call: each step tells `watch` by when it must be over and what to say
     otherwise, so a listener that accepts connections but never answers as a store is reported
     at the rendezvous timeout, not waited for. Under torchrun's agent store (`agent_store`) every
-    rank, rank 0 included, is a client. `master_from` says where the master address came from
-    (`distenv.detection.pipeline.Detection.master_from`), for the error when it does not resolve.
+    rank, rank 0 included, is a client, and none probes the port first. `master_from` says where
+    the master address came from (`distenv.detection.pipeline.Detection.master_from`), for the
+    error when it does not resolve.
     """
     from torch._C._distributed_c10d import TCPStore
 
@@ -352,9 +353,13 @@ def connect_store(
             wait_for_workers=False,
             master_listen_fd=fd,
         )
-    # The probe names its own cause at `deadline`: only the whole call's deadline cuts it short.
-    watch.enter(what, watch.end, no_answer(f"{where} did not accept a connection"))
-    _wait_reachable(info, addresses, deadline)
+    if not agent_store:
+        # The probe names its own cause at `deadline`: only the whole call's deadline cuts it
+        # short. An agent's store (torchrun's, `distenv run`'s) listened before any rank was
+        # started, and the agent reached it from this node: the probe would cost its server one
+        # more accept per rank and find nothing.
+        watch.enter(what, watch.end, no_answer(f"{where} did not accept a connection"))
+        _wait_reachable(info, addresses, deadline)
     watch.enter(
         what,
         deadline,
