@@ -129,7 +129,7 @@ def _verdict_read(rank: int, prefix: str, placed: bool) -> wire.Task:
     return len(raw)
 
 
-def _members(pipe: Any, path: str, n: int, port: int) -> None:
+def _members(pipe: Any, role: Any, n: int, port: int) -> None:
     """Node 0's members (local ranks 1..7): check in with rank 0 over the node's Unix socket,
     then wait for the verdict line it hands on."""
     from distenv.bootstrap.leaders import Link
@@ -138,7 +138,7 @@ def _members(pipe: Any, path: str, n: int, port: int) -> None:
     links = []
     for rank in range(1, RANKS_PER_NODE):
         info = _info(rank, n, port)
-        link = Link.connect(path, info, Deadline.after(60.0))
+        link = Link.connect(role, info, Deadline.after(60.0))
         assert link.send(_checkin(rank, n).to_json(), Deadline.after(10.0))
         links.append(link)
     pipe.send("sent")
@@ -270,10 +270,10 @@ class Run:
             role = Role.of(info, leaders, own.scope, attempt, own.hostname)
             assert role is not None, "DISTENV_NODE_LEADERS=on batches this world"
             assert role.leader, role
-            node = NodeListener(role.path, info)
+            node = NodeListener(role, info)
             pipe, child = multiprocessing.get_context("spawn").Pipe()
             members = multiprocessing.get_context("spawn").Process(
-                target=_members, args=(child, role.path, n, self.port), daemon=True
+                target=_members, args=(child, role, n, self.port), daemon=True
             )
             members.start()
             child.close()

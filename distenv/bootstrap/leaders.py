@@ -33,7 +33,12 @@ from typing import NamedTuple
 
 from distenv.bootstrap.records import MAX_CHECKIN_BYTES, CheckIn, ForeignRecordError, parse_checkin
 from distenv.deadline import Deadline, pause
-from distenv.errors import ConfigurationError, RendezvousError, RendezvousTimeoutError
+from distenv.errors import (
+    ConfigurationError,
+    DistEnvError,
+    RendezvousError,
+    RendezvousTimeoutError,
+)
 from distenv.rankinfo import RankInfo
 from distenv.settings import LEADER_MODES, LEADERS_VAR
 
@@ -55,6 +60,7 @@ class Role(NamedTuple):
 
     leader: bool
     path: str
+    mode: str  # DISTENV_NODE_LEADERS as this rank read it, for messages
 
     @classmethod
     def of(cls, info: RankInfo, mode: str, scope: str, restart: str, hostname: str) -> Role | None:
@@ -90,11 +96,34 @@ class Role(NamedTuple):
                 variable=LEADERS_VAR,
                 value=mode,
             )
-        return cls(info.local_rank == 0, socket_path(scope, restart, hostname, info.node_rank))
+        path = socket_path(
+            scope, restart, hostname, info.node_rank, source=info.launcher, mode=mode
+        )
+        return cls(info.local_rank == 0, path, mode)
 
 
-def private_dir(root: str = "/tmp") -> str:  # noqa: S108 -- checked: see below
+def _flat(mode: str) -> str:
+    """The way out every node-socket error offers: the flat roll call, and the setting as it is."""
+    return f"or export {LEADERS_VAR}=off for the flat roll call (it is {mode!r} here)"
+
+
+def _socket_error(
+    kind: type[DistEnvError], info: RankInfo, mode: str, problem: str, fix: str
+) -> DistEnvError:
+    """Return a rank's error about its node's socket: `problem`, then `fix` or the flat path."""
+    return kind(
+        info.launcher,
+        f"rank {info.rank}: {problem}",
+        hint=f"{fix}, {_flat(mode)}",
+        variable=LEADERS_VAR,
+        value=mode,
+    )
+
+
+def private_dir(source: str, mode: str, root: str = "/tmp") -> str:  # noqa: S108 -- checked below
     """Return this user's private directory for node sockets under `root`, creating it (0700).
+
+    `source` (the launcher) and `mode` (``DISTENV_NODE_LEADERS``) are for the messages.
 
     Raises:
         ConfigurationError: It exists but is a link, not a directory, another user's, or open
@@ -109,26 +138,33 @@ def private_dir(root: str = "/tmp") -> str:  # noqa: S108 -- checked: see below
         st = os.lstat(path)
     except OSError as exc:
         raise ConfigurationError(
-            "init",
+            source,
             f"node leaders cannot create their socket directory {path}: {exc.strerror}",
-            hint=f"make {root} writable for this user, or export {LEADERS_VAR}=off",
+            hint=f"make {root} writable for this user, {_flat(mode)}",
             variable=LEADERS_VAR,
+            value=mode,
         ) from None
     if not stat.S_ISDIR(st.st_mode) or st.st_uid != uid or st.st_mode & 0o077:
         raise ConfigurationError(
-            "init",
+            source,
             f"{path} is not a private directory of this user (mode {stat.filemode(st.st_mode)}, "
             f"owner uid {st.st_uid}): node leaders will not put their sockets there",
-            hint=f"remove {path} (distenv creates it with mode 0700), or export {LEADERS_VAR}=off",
+            hint=f"remove {path} (distenv creates it with mode 0700), {_flat(mode)}",
             variable=LEADERS_VAR,
+            value=mode,
         )
     return path
 
 
-def socket_path(scope: str, restart: str, hostname: str, node: int | None) -> str:
-    """Return the path of the node socket of `scope`'s attempt `restart` on this node."""
+def socket_path(
+    scope: str, restart: str, hostname: str, node: int | None, *, source: str, mode: str
+) -> str:
+    """Return the path of the node socket of `scope`'s attempt `restart` on this node.
+
+    `source` and `mode` are `private_dir`'s, for its messages.
+    """
     digest = hashlib.sha256(f"{scope}\0{restart}\0{hostname}\0{node}".encode()).hexdigest()
-    return os.path.join(private_dir(), digest[:32] + ".sock")
+    return os.path.join(private_dir(source, mode), digest[:32] + ".sock")
 
 
 def _peer(sock: socket.socket) -> tuple[int, int]:
@@ -189,12 +225,12 @@ class NodeListener:
     """The leader's end: its node's socket, its members' check-ins, and the answers it sends.
 
     Args:
-        path: The node's socket (`socket_path`).
+        role: The leader's `Role`: its node's socket (`socket_path`) and the setting that chose it.
         info: The leader's RankInfo (its launcher and rank, for messages).
     """
 
-    def __init__(self, path: str, info: RankInfo) -> None:
-        self.path, self.info = path, info
+    def __init__(self, role: Role, info: RankInfo) -> None:
+        self.path, self.mode, self.info = role.path, role.mode, info
         self.members: list[Member] = []
         self.sock = self._bind()
         self.selector = selectors.DefaultSelector()
@@ -208,22 +244,24 @@ class NodeListener:
         except OSError as exc:
             if exc.errno != errno.EADDRINUSE:
                 sock.close()
-                raise ConfigurationError(
-                    self.info.launcher,
-                    f"rank {self.info.rank}: cannot open its node's socket {self.path}: "
-                    f"{exc.strerror}",
-                    hint=f"check the directory's file system, or export {LEADERS_VAR}=off",
-                    variable=LEADERS_VAR,
+                raise _socket_error(
+                    ConfigurationError,
+                    self.info,
+                    self.mode,
+                    f"cannot open its node's socket {self.path}: {exc.strerror}",
+                    "check the directory's file system",
                 ) from None
             if _answers(self.path):
                 sock.close()
-                raise RendezvousError(
-                    self.info.launcher,
-                    f"rank {self.info.rank}: another process already leads this node for this "
-                    f"job (its socket {self.path} answers): two processes were started as local "
-                    "rank 0 of one node",
-                    hint="start one process per local rank on each node (check the launcher's "
-                    f"task layout), or export {LEADERS_VAR}=off",
+                raise _socket_error(
+                    RendezvousError,
+                    self.info,
+                    self.mode,
+                    f"another process already leads this node for this job (its socket "
+                    f"{self.path} answers): two processes were started as local rank 0 of one "
+                    "node",
+                    "start one process per local rank on each node (check the launcher's task "
+                    "layout)",
                 ) from None
             os.unlink(self.path)  # left by a process of this attempt that died: nobody answers
             sock.bind(self.path)
@@ -379,14 +417,15 @@ class Link:
         self.lines = _Lines(sock)
 
     @classmethod
-    def connect(cls, path: str, info: RankInfo, deadline: Deadline) -> Link:
+    def connect(cls, role: Role, info: RankInfo, deadline: Deadline) -> Link:
         """Connect to the node's leader, retrying until it listens or `deadline` passes.
 
         Raises:
             RendezvousTimeoutError: No leader listened by `deadline`.
-            RendezvousError: What listens there is another user's process.
+            RendezvousError: What listens there is another user's process, or the socket
+                cannot be connected to for another reason than "not there yet".
         """
-        delay = 0.001
+        path, delay = role.path, 0.001
         while True:
             sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
             try:
@@ -395,7 +434,13 @@ class Link:
             except OSError as exc:
                 sock.close()
                 if exc.errno not in (errno.ENOENT, errno.ECONNREFUSED, errno.EAGAIN):
-                    raise
+                    raise _socket_error(
+                        RendezvousError,
+                        info,
+                        role.mode,
+                        f"cannot connect to its node's socket {path}: {exc.strerror}",
+                        "check the directory's file system",
+                    ) from None
             if deadline.passed():
                 raise RendezvousTimeoutError(
                     info.launcher,
@@ -410,11 +455,12 @@ class Link:
         pid, uid = _peer(sock)
         if uid != os.getuid():
             sock.close()
-            raise RendezvousError(
-                info.launcher,
-                f"rank {info.rank}: the node socket {path} is held by another user's process "
-                f"(uid {uid}, pid {pid})",
-                hint=f"remove that process or socket, or export {LEADERS_VAR}=off",
+            raise _socket_error(
+                RendezvousError,
+                info,
+                role.mode,
+                f"the node socket {path} is held by another user's process (uid {uid}, pid {pid})",
+                "remove that process or socket",
             )
         sock.setblocking(False)
         return cls(sock, info, pid)

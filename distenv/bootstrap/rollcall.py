@@ -108,9 +108,9 @@ def meet(boot: Bootstrap, checkin: CheckIn, phase: str, *, check: bool = True) -
     info = session.info
     role = Role.of(info, session.leaders, session.scope, session.restart, checkin.hostname)
     if role is not None and not role.leader:
-        return _as_member(boot, checkin, role.path, check=check)
+        return _as_member(boot, checkin, role, check=check)
     # The node's socket first: its members connect as soon as they start.
-    node = None if role is None else NodeListener(role.path, info)
+    node = None if role is None else NodeListener(role, info)
     try:
         verdict = _meet(boot, checkin, phase, node, check=check)
     except BaseException:
@@ -182,12 +182,12 @@ def _meet(
             listener.close()
 
 
-def _as_member(boot: Bootstrap, checkin: CheckIn, path: str, *, check: bool) -> Verdict:
+def _as_member(boot: Bootstrap, checkin: CheckIn, role: Role, *, check: bool) -> Verdict:
     """Check in through this node's leader and return the verdict it hands on (or raise it)."""
     session = boot.session
     info, timeout = session.info, boot.timeout
     ensure_descriptors(info, checkin.backend, hosts_store=False, probes=False)
-    link = Link.connect(path, info, boot.waits.within(timeout))
+    link = Link.connect(role, info, boot.waits.within(timeout))
     session.node = link
 
     def silent() -> DistEnvError:

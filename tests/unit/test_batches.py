@@ -21,9 +21,10 @@ from distenv.bootstrap.batches import (
     shard_key,
     shard_keys,
 )
-from distenv.bootstrap.leaders import MIN_WORLD, Role, private_dir
+from distenv.bootstrap.leaders import MIN_WORLD, Link, Role, private_dir
 from distenv.bootstrap.records import CheckIn, NetRecord
-from distenv.errors import ConfigurationError
+from distenv.deadline import Deadline
+from distenv.errors import ConfigurationError, RendezvousError
 from distenv.rankinfo import RankInfo
 
 SCOPE = "slurm/4242/0/n16"
@@ -172,24 +173,45 @@ def test_a_bad_mode_and_a_rank_0_that_does_not_lead_are_refused_by_name() -> Non
 
 def test_the_socket_directory_is_refused_unless_private(tmp_path: Path) -> None:
     """The directory is created 0700; one opened to others, or a link, is refused with the fix."""
-    path = Path(private_dir(str(tmp_path)))
+    path = Path(private_dir("slurm", "auto", str(tmp_path)))
     st_mode = path.stat().st_mode
     assert stat.S_IMODE(st_mode) == 0o700
     assert path.stat().st_uid == os.getuid()
     try:
         path.chmod(0o777)
         with pytest.raises(ConfigurationError, match="is not a private directory"):
-            private_dir(str(tmp_path))
+            private_dir("slurm", "auto", str(tmp_path))
     finally:
         path.chmod(0o700)
     other = tmp_path / "other"
     other.mkdir()
     (other / f"distenv-{os.getuid()}").symlink_to(path)
     with pytest.raises(ConfigurationError, match="is not a private directory"):
-        private_dir(str(other))
+        private_dir("slurm", "auto", str(other))
 
 
 def test_a_socket_directory_that_cannot_be_made_is_refused_with_the_fix(tmp_path: Path) -> None:
+    """The error names the launcher, the setting and its value, and the way to the flat path."""
     with pytest.raises(ConfigurationError, match="cannot create their socket directory") as info:
-        private_dir(str(tmp_path / "absent"))
+        private_dir("slurm", "on", str(tmp_path / "absent"))
     assert "DISTENV_NODE_LEADERS=off" in str(info.value)
+    assert "(it is 'on' here)" in str(info.value)
+    assert (info.value.source, info.value.variable, info.value.value) == (
+        "slurm",
+        "DISTENV_NODE_LEADERS",
+        "on",
+    )
+
+
+def test_a_node_socket_that_cannot_be_connected_to_is_named_with_the_setting(
+    tmp_path: Path,
+) -> None:
+    """Any error but "not there yet" ends the member's wait at once, in a DistEnvError that names
+    the socket, the cause, the setting and its value (not a bare OSError)."""
+    (tmp_path / "file").write_text("")
+    role = Role(False, str(tmp_path / "file" / "node.sock"), "on")  # ENOTDIR
+    with pytest.raises(RendezvousError, match="cannot connect to its node's socket") as caught:
+        Link.connect(role, info(1, 16, 8, local_rank=1), Deadline.after(5))
+    assert "Not a directory" in str(caught.value)
+    assert "(it is 'on' here)" in str(caught.value)
+    assert (caught.value.variable, caught.value.value) == ("DISTENV_NODE_LEADERS", "on")
