@@ -11,8 +11,9 @@ Started by bench_bootstrap.py / bench_scaling.py under ``srun``, ``torchrun`` or
 
 Every library is imported, and every rank has imported torch, before the clock starts: a file
 barrier in $BENCH_SYNC_DIR lines the ranks up, so that one rank's slow ``import torch`` is not
-counted as another rank's bootstrap. The clock stops when the first all_reduce returns. An audit
-hook counts the processes started in between. With ``$BENCH_TRACE_DIR`` each rank also times its
+counted as another rank's bootstrap. The clock stops when the first all_reduce returns; each rank
+also reports the CPU time its process (every thread) spent in between. An audit hook counts the
+processes started in between. With ``$BENCH_TRACE_DIR`` each rank also times its
 bootstrap's phases (_trace_probes.py) and writes them there. Rank 0 gathers every rank's numbers and prints one
 JSON line prefixed with ``BENCH``.
 """
@@ -116,13 +117,13 @@ def main() -> int:
         bootstrap = _trace_probes.install(rank, Path(os.environ[TRACE_VAR]))(bootstrap)
     _line_up(rank, size)
     counting = True
-    start = time.perf_counter()
+    start, cpu_start = time.perf_counter(), time.process_time()
     bootstrap()
     dist.all_reduce(torch.ones(1))
-    elapsed = time.perf_counter() - start
+    elapsed, cpu = time.perf_counter() - start, time.process_time() - cpu_start
     counting = False
 
-    mine = torch.tensor([elapsed, float(len(events))], dtype=torch.float64)
+    mine = torch.tensor([elapsed, float(len(events)), cpu], dtype=torch.float64)
     gathered = [torch.zeros_like(mine) for _ in range(dist.get_world_size())]
     dist.all_gather(gathered, mine)
     if dist.get_rank() == 0:
@@ -133,6 +134,7 @@ def main() -> int:
             "max_s": max(times),
             "per_rank_s": times,
             "events_per_rank": [int(t[1]) for t in gathered],
+            "cpu_per_rank_s": [float(t[2]) for t in gathered],
             "rank0_events": events,
             "backend": dist.get_backend(),
         }

@@ -139,7 +139,9 @@ def main(argv: list[str] | None = None) -> int:
 
     methods = ["distenv", "bare"]
     skipped: dict[str, str] = {}
-    if installed("mmengine"):
+    if not mm_rounds:
+        skipped["mmengine"] = "--mmengine-rounds 0"
+    elif installed("mmengine"):
         methods.append("mmengine")
     else:
         skipped["mmengine"] = f"mmengine is not installed in {sys.prefix}"
@@ -195,6 +197,7 @@ def analyse(records: dict[str, list[dict[str, Any]]]) -> dict[str, Any]:
             "max_over_ranks_s": summary(times),
             "launch_wall_s": summary([r["launch_wall_s"] for r in recs]),
             "processes_per_rank": summary([max(r["events_per_rank"]) for r in recs]),
+            "cpu_per_rank_ms": median([_cpu_ms(r) for r in recs]) if recs else None,
             "events_per_rank_max": max((max(r["events_per_rank"]) for r in recs), default=0),
             "rank0_events_example": recs[0]["rank0_events"] if recs else [],
             "raw_max_s": times,
@@ -212,6 +215,7 @@ def analyse(records: dict[str, list[dict[str, Any]]]) -> dict[str, Any]:
             "overhead_pct": (ratio - 1) * 100,
             "overhead_ci_pct": [(low - 1) * 100, (high - 1) * 100],
             "median_paired_diff_ms": median([(a - b) * 1000 for a, b in ab]),
+            "median_paired_cpu_diff_ms": median([_cpu_ms(a) - _cpu_ms(b) for a, b in pairs]),
         }
     if records.get("mmengine"):
         mm = list(zip(records["distenv"], records["mmengine"], strict=False))
@@ -223,6 +227,11 @@ def analyse(records: dict[str, list[dict[str, Any]]]) -> dict[str, Any]:
             "ratio_ci": [low, high],
         }
     return out
+
+
+def _cpu_ms(record: dict[str, Any]) -> float:
+    """The CPU time a launch's ranks spent, on average per rank (ms)."""
+    return 1000 * sum(record["cpu_per_rank_s"]) / len(record["cpu_per_rank_s"])
 
 
 def phase_table(

@@ -1,6 +1,6 @@
 """Run every benchmark, keep their JSON results in docs/benchmarks/, then write docs/benchmarks.md.
 
-    python benchmarks/run_all.py [--quick] [--only import,bootstrap,allreduce,scaling]
+    python benchmarks/run_all.py [--quick] [--only import,bootstrap,bootstrap_per_core,...]
 
 Meant for the bench venv (.venv-bench: torch plus mmengine, lightning-fabric, submitit,
 matplotlib); `bash benchmarks/run.sh` creates it and calls this.
@@ -27,6 +27,13 @@ BENCHMARKS: dict[str, tuple[str, list[str], list[str]]] = {
         "bench_bootstrap.py",
         ["--rounds", "15", "--mmengine-rounds", "5"],
         ["--rounds", "3", "--mmengine-rounds", "2"],
+    ),
+    # The same under torchrun with one rank per core: what the bootstrap's rounds cost when the
+    # ranks do not share cores (report.py sets it beside the 4-rank run).
+    "bootstrap_per_core": (
+        "bench_bootstrap.py",
+        ["--nprocs", "2", "--launchers", "torchrun", "--rounds", "15", "--mmengine-rounds", "0"],
+        ["--nprocs", "2", "--launchers", "torchrun", "--rounds", "3", "--mmengine-rounds", "0"],
     ),
     "allreduce": ("bench_allreduce.py", ["--iters", "12", "--warmup", "2"], ["--iters", "3"]),
     "scaling": (

@@ -62,6 +62,9 @@ def test_bootstrap_benchmark_under_srun_and_torchrun_starts_no_process() -> None
         assert methods["distenv"]["events_per_rank_max"] == 0
         assert methods["distenv"]["max_over_ranks_s"]["n"] == 1
         assert "overhead_pct" in result["distenv_vs_bare"]
+        # CPU time is the process's, every thread's: a bootstrap that finished used some.
+        assert methods["distenv"]["cpu_per_rank_ms"] > 0
+        assert methods["bare"]["cpu_per_rank_ms"] > 0
 
 
 def test_allreduce_benchmark_averages_with_fewer_collectives() -> None:
