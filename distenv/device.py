@@ -3,10 +3,12 @@
 The rules are pure functions of plain numbers so that a table tests them; `rank_device` and
 `rank_backend` apply them to this process (the one rule `init_dist`, `setup` and `distenv doctor`
 share), and only they, `visible_device_count` and `device_identity` ask torch (imported lazily:
-`import distenv` never loads it).
+`import distenv` never loads it), and CUDA only where a device may be visible.
 """
 
 from __future__ import annotations
+
+import os
 
 from distenv.errors import ConfigurationError
 from distenv.rankinfo import RankInfo
@@ -144,16 +146,30 @@ def rank_device(info: RankInfo) -> int | None:
 
 
 def rank_backend(device: int | None, explicit: str | None = None) -> str:
-    """Return this rank's process-group backend (`choose_backend` with torch's CUDA state)."""
+    """Return this rank's process-group backend (`choose_backend` with torch's CUDA state).
+
+    A rank without a device needs no answer from CUDA (`choose_backend` gives it gloo either
+    way), so it does not ask: see `visible_device_count`.
+    """
     import torch
 
     return choose_backend(
-        cuda_available=torch.cuda.is_available(), has_device=device is not None, explicit=explicit
+        cuda_available=device is not None and torch.cuda.is_available(),
+        has_device=device is not None,
+        explicit=explicit,
     )
 
 
 def visible_device_count() -> int:
-    """Return how many CUDA devices this process can use (0 without CUDA)."""
+    """Return how many CUDA devices this process can use (0 without CUDA).
+
+    A ``CUDA_VISIBLE_DEVICES`` that hides every device (`_HIDE_ALL`) is answered without torch:
+    asking torch initialises the CUDA driver, which a CPU job on a CUDA build of torch (a CPU
+    partition, a node whose GPUs another job holds) would otherwise pay in every rank's bootstrap.
+    """
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if visible is not None and visible.strip() in _HIDE_ALL:
+        return 0
     import torch
 
     # is_available() first: device_count() on a machine without a driver may warn.

@@ -14,10 +14,13 @@ from distenv.device import (
     choose_backend,
     device_identity,
     device_reason,
+    rank_backend,
+    rank_device,
     select_device,
     visible_device_count,
 )
 from distenv.errors import ConfigurationError
+from distenv.rankinfo import RankInfo
 
 
 @pytest.mark.parametrize(
@@ -84,6 +87,41 @@ def test_visible_count_matches_torch():
     """visible_device_count() is torch's own count (0 without usable CUDA)."""
     expected = torch.cuda.device_count() if torch.cuda.is_available() else 0
     assert visible_device_count() == expected
+
+
+@pytest.mark.parametrize("hidden", ["", " ", "-1", "NoDevFiles"])
+def test_a_rank_whose_gpus_are_all_hidden_never_initialises_cuda(monkeypatch, hidden):
+    """CUDA_VISIBLE_DEVICES that hides every GPU: no device and gloo, without asking CUDA (whose
+    driver initialisation a CPU job on a CUDA build of torch would pay in every rank)."""
+
+    def initialises(*args, **kwargs):
+        raise AssertionError("CUDA was asked")
+
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", hidden)
+    monkeypatch.setattr(torch.cuda, "is_available", initialises)
+    monkeypatch.setattr(torch.cuda, "device_count", initialises)
+    info = RankInfo(
+        launcher="torchrun", rank=1, world_size=2, local_rank=1, local_world_size=2,
+        node_rank=0, num_nodes=1, master_addr="127.0.0.1", master_port=29500,
+    )  # fmt: skip
+    assert visible_device_count() == 0
+    assert rank_device(info) is None
+    assert rank_backend(None) == "gloo"
+
+
+def test_a_rank_that_may_see_a_gpu_asks_cuda(monkeypatch):
+    """Any other CUDA_VISIBLE_DEVICES (unset, an index, a UUID) is CUDA's to answer."""
+    asked = []
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: asked.append(1) or False)
+    for value in (None, "0", "GPU-1234"):
+        if value is None:
+            monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+        else:
+            monkeypatch.setenv("CUDA_VISIBLE_DEVICES", value)
+        assert visible_device_count() == 0
+    assert len(asked) == 3
+    assert rank_backend(0) == "gloo"  # a device: CUDA decides nccl or not
+    assert len(asked) == 4
 
 
 def test_device_identity_rejects_invisible_index():
