@@ -29,7 +29,8 @@ MASTER_FIX = (
     "HTCondor puts no node's address in the environment, so node 0 cannot be found by the "
     "others: pin node 0 to one machine in the submit description (its own `requirements = "
     '(Machine == "gpu01.example.edu")` and `machine_count = 1` before the first `queue`) and '
-    'set `environment = "MASTER_ADDR=gpu01.example.edu"` for every node; or start the ranks '
+    'set `environment = "MASTER_ADDR=gpu01.example.edu"` for every node (or run `distenv run '
+    "--master-addr gpu01.example.edu ...` on every node); or start the ranks "
     "with HTCondor's openmpiscript (`executable = openmpiscript`, mpirun inside), whose ranks "
     "exchange the master over MPI (docs/start/htcondor.md)"
 )

@@ -383,6 +383,12 @@ def plan_from_args(
         raise ConfigurationError(
             COMMAND, f"--standalone is one node, but --nnodes is {args.nnodes}", hint="drop one"
         )
+    if args.master_addr is not None or args.master_port is not None:
+        # The flags are the user's master, first in `plan_node`: detection sees them as it would
+        # MASTER_ADDR/MASTER_PORT, so a scheduler that names no node's address (HTCondor) does
+        # not refuse the node for lacking one.
+        flags = {"MASTER_ADDR": args.master_addr, "MASTER_PORT": args.master_port}
+        env = {**env, **{name: str(value) for name, value in flags.items() if value is not None}}
     layout = None if args.standalone or manual else scheduler_layout(COMMAND, env)
     if layout is not None and nproc is not None:
         check_processes_per_node(COMMAND, layout, env, nproc)

@@ -112,27 +112,19 @@ def test_the_job_script_without_mpirun_is_refused(harness: Harness, tmp_path: Pa
     assert not result.records(), result.text
 
 
-def test_distenv_run_on_each_htcondor_node_finishes_an_all_reduce(
-    harness: Harness, tmp_path: Path
+def _two_condor_nodes(
+    harness: Harness, tmp_path: Path, test: str, master: dict[str, str], port: int
 ) -> None:
-    """The page's node script as the executable of both nodes of a 2-machine parallel job:
-    `distenv run --nproc-per-node 2` reads _CONDOR_PROCNO/_CONDOR_NPROCS; four ranks, one
-    collective, one scope (the cluster id)."""
-    (block,) = recipe(
-        f"{HERE}::{test_distenv_run_on_each_htcondor_node_finishes_an_all_reduce.__name__}", "bash"
-    )
+    """Run the page's node script marked for `test` as the executable of both nodes of a
+    2-machine parallel job (`master`: the submit description's MASTER_* for every node); assert
+    four ranks, one collective, one scope (the cluster id)."""
+    (block,) = recipe(f"{HERE}::{test}", "bash")
     job = _job_dir(tmp_path)
-    script = _executable(job / "train.sh", block.code)
-    port = free_port()
+    code = block.code.replace("gpu01.example.edu", "127.0.0.1").replace("29500", str(port))
+    script = _executable(job / "train.sh", code)
     launches = []
     for node in (condor.NODE0_OF_2, condor.NODE1_OF_2):
-        extra = {
-            **node,
-            "MASTER_ADDR": "127.0.0.1",  # the submit description's, for node 0's machine
-            "MASTER_PORT": str(port),
-            "DISTENV_TIMEOUT": "20",
-            "PYTHONPATH": str(REPO),
-        }
+        extra = {**node, **master, "DISTENV_TIMEOUT": "20", "PYTHONPATH": str(REPO)}
         env = harness.env(extra=extra)
         launches.append(harness.start(["bash", str(script)], env=env, cwd=job))
     records = sorted(
@@ -148,3 +140,25 @@ def test_distenv_run_on_each_htcondor_node_finishes_an_all_reduce(
         assert (info["master_addr"], info["master_port"]) == ("127.0.0.1", port), rec
         assert rec["all_reduce"] == 10, rec
     assert len({r["info"]["job_id"] for r in records}) == 1, records
+
+
+def test_distenv_run_on_each_htcondor_node_finishes_an_all_reduce(
+    harness: Harness, tmp_path: Path
+) -> None:
+    """The page's node script: `distenv run --nproc-per-node 2` reads _CONDOR_PROCNO and
+    _CONDOR_NPROCS, and node 0's address from the submit description's MASTER_ADDR."""
+    test = test_distenv_run_on_each_htcondor_node_finishes_an_all_reduce.__name__
+    port = free_port()
+    # The submit description's, for node 0's machine.
+    master = {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port)}
+    _two_condor_nodes(harness, tmp_path, test, master, port)
+
+
+def test_distenv_run_takes_node_0s_address_from_its_flags_under_htcondor(
+    harness: Harness, tmp_path: Path
+) -> None:
+    """The page's other node script: node 0's address in `--master-addr`, none in the
+    environment. distenv run's flags are the master, so the scheduler's layout, which has none,
+    does not refuse the node."""
+    test = test_distenv_run_takes_node_0s_address_from_its_flags_under_htcondor.__name__
+    _two_condor_nodes(harness, tmp_path, test, {}, free_port())

@@ -34,6 +34,7 @@ def test_several_nodes_without_a_master_are_refused_naming_the_fix(env: dict[str
     node = env["_CONDOR_PROCNO"]
     assert f"($_CONDOR_PROCNO={node}, $_CONDOR_NPROCS=2)" in hint
     assert 'environment = "MASTER_ADDR=gpu01.example.edu"' in hint
+    assert "distenv run --master-addr gpu01.example.edu" in hint
     assert "openmpiscript" in hint
 
 
