@@ -269,8 +269,9 @@ def test_a_store_not_started_by_distenv_is_named() -> None:
 
     from torch.distributed import TCPStore
 
-    port = free_port()
-    other = TCPStore("127.0.0.1", port, 1, True, timeout=datetime.timedelta(seconds=30))
+    # Port 0: the server binds the port the kernel picks (no window for another to take it).
+    other = TCPStore("127.0.0.1", 0, 1, True, timeout=datetime.timedelta(seconds=30))
+    port = other.port
     proc = start(contract_env(1, 2, port), 3.0)
     began = ready([proc])
     ((code, out),) = finish([proc], 60)

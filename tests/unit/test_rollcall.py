@@ -14,7 +14,6 @@ from distenv.bootstrap.session import Bootstrap, Session
 from distenv.bootstrap.verdict import Verdict, validate
 from distenv.deadline import Deadline
 from distenv.errors import RendezvousError, RendezvousTimeoutError
-from distenv.master import free_port
 from distenv.timing import MARGIN_S
 from tests.support.envs import Layout, flux, layout
 
@@ -162,8 +161,8 @@ def _run_ranks(
     """Run the roll call for `present` ranks as threads over one real TCPStore."""
     from torch.distributed import PrefixStore, TCPStore
 
-    port = free_port("127.0.0.1")
-    master = TCPStore("127.0.0.1", port, world, True, wait_for_workers=False)
+    master = TCPStore("127.0.0.1", 0, world, True, wait_for_workers=False)
+    port = master.port
     results: dict[int, object] = {}
 
     def rank_main(rank: int) -> None:
@@ -225,9 +224,10 @@ def _filled(
 
     from distenv.bootstrap.rollcall import fill_layout
 
-    world, port = len(hosts), free_port("127.0.0.1")
+    world = len(hosts)
     sizes = local_size if local_size is not None else [hosts.count(h) for h in hosts]
-    master = TCPStore("127.0.0.1", port, world, True, wait_for_workers=False)
+    master = TCPStore("127.0.0.1", 0, world, True, wait_for_workers=False)
+    port = master.port
     filled: dict[int, RankInfo | RendezvousError] = {}
 
     def rank_main(rank: int) -> None:
@@ -408,9 +408,10 @@ def test_store_round_trips_per_rank() -> None:
             self.ops["multi_set"] += 1
             self.inner.multi_set(keys, values)
 
-    world, port = 4, free_port("127.0.0.1")
+    world = 4
     timeout = datetime.timedelta(seconds=30)
-    server = TCPStore("127.0.0.1", port, world, True, timeout=timeout, wait_for_workers=False)
+    server = TCPStore("127.0.0.1", 0, world, True, timeout=timeout, wait_for_workers=False)
+    port = server.port
     stores = {
         r: Counting(server if r == 0 else TCPStore("127.0.0.1", port, world, False))
         for r in range(world)
@@ -483,9 +484,9 @@ def _scoped_stores(world: int) -> tuple[object, dict[int, object], int]:
 
     from torch.distributed import TCPStore
 
-    port = free_port("127.0.0.1")
     timeout = datetime.timedelta(seconds=30)
-    server = TCPStore("127.0.0.1", port, world, True, timeout=timeout, wait_for_workers=False)
+    server = TCPStore("127.0.0.1", 0, world, True, timeout=timeout, wait_for_workers=False)
+    port = server.port
     clients = {r: TCPStore("127.0.0.1", port, world, False) for r in range(1, world)}
     return server, clients, port
 
@@ -583,8 +584,9 @@ def test_a_rank_that_checks_in_after_rank_0_gave_up_is_told_it_came_late() -> No
     arriving afterwards, learns at once that it came late instead of waiting for a verdict."""
     from torch.distributed import PrefixStore, TCPStore
 
-    world, port = 3, free_port("127.0.0.1")
-    master = TCPStore("127.0.0.1", port, world, True, wait_for_workers=False)
+    world = 3
+    master = TCPStore("127.0.0.1", 0, world, True, wait_for_workers=False)
+    port = master.port
     results: dict[int, object] = {}
 
     def rank_main(rank: int, timeout: float) -> None:

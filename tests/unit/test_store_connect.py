@@ -11,7 +11,6 @@ import pytest
 import distenv.bootstrap.store as store_module
 from distenv.bootstrap.store import connect_store
 from distenv.deadline import Deadline, Watch
-from distenv.master import free_port
 from distenv.rankinfo import RankInfo
 
 
@@ -20,10 +19,10 @@ def server() -> Iterator[int]:
     """A real TCPStore server on a free port; yield its port."""
     from torch.distributed import TCPStore
 
-    port = free_port()
-    master = TCPStore("127.0.0.1", port, 2, is_master=True, wait_for_workers=False,
+    # Port 0: the server binds the port the kernel picks (no window for another to take it).
+    master = TCPStore("127.0.0.1", 0, 2, is_master=True, wait_for_workers=False,
                       timeout=datetime.timedelta(seconds=10))  # fmt: skip
-    yield port
+    yield master.port
     del master
 
 

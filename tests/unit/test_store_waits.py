@@ -16,7 +16,6 @@ import pytest
 
 from distenv.bootstrap.store import peek, wait_value
 from distenv.deadline import Deadline
-from distenv.master import free_port
 
 
 @pytest.fixture
@@ -24,9 +23,10 @@ def stores() -> Iterator[tuple[object, object]]:
     """A libuv TCPStore server and two client connections to it (two ranks)."""
     from torch.distributed import TCPStore
 
-    port = free_port("127.0.0.1")
     timeout = datetime.timedelta(seconds=10)
-    server = TCPStore("127.0.0.1", port, 3, True, timeout=timeout, wait_for_workers=False)
+    # Port 0: the server binds the port the kernel picks (no window for another to take it).
+    server = TCPStore("127.0.0.1", 0, 3, True, timeout=timeout, wait_for_workers=False)
+    port = server.port
     yield (
         TCPStore("127.0.0.1", port, 3, False, timeout=timeout),
         TCPStore("127.0.0.1", port, 3, False, timeout=timeout),

@@ -194,8 +194,12 @@ def gone(pid: int) -> bool:
 
 @contextlib.contextmanager
 def silent_listener() -> Iterator[int]:
-    """Listen on a free port, accept every connection and never answer; yield the port."""
-    server = socket.create_server(("127.0.0.1", free_port()))
+    """Listen on a free port, accept every connection and never answer; yield the port.
+
+    The kernel picks the port as it binds: a port picked first and bound later can be taken in
+    between (by another test's outgoing connection, whose source ports come from the same range).
+    """
+    server = socket.create_server(("127.0.0.1", 0))
     port = server.getsockname()[1]
     held: list[socket.socket] = []
     stop = threading.Event()
