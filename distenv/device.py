@@ -81,6 +81,11 @@ def choose_backend(*, cuda_available: bool, has_device: bool, explicit: str | No
 _HIDE_ALL = ("", "-1", "NoDevFiles")
 
 
+def _hides_every_device(cuda_visible_devices: str | None) -> bool:
+    """Return whether ``$CUDA_VISIBLE_DEVICES`` (None when unset) hides every GPU (`_HIDE_ALL`)."""
+    return cuda_visible_devices is not None and cuda_visible_devices.strip() in _HIDE_ALL
+
+
 def device_reason(
     device: int | None,
     *,
@@ -109,7 +114,7 @@ def device_reason(
         )
     if cuda_build is None:
         return f"cpu: torch {torch_version} is a CPU-only build (torch.version.cuda is None)"
-    if cuda_visible_devices is not None and cuda_visible_devices.strip() in _HIDE_ALL:
+    if _hides_every_device(cuda_visible_devices):
         return f"cpu: CUDA_VISIBLE_DEVICES={cuda_visible_devices!r} hides every GPU"
     return (
         f"cpu: torch {torch_version} (CUDA {cuda_build}) sees no GPU: no NVIDIA driver or GPU "
@@ -163,12 +168,12 @@ def rank_backend(device: int | None, explicit: str | None = None) -> str:
 def visible_device_count() -> int:
     """Return how many CUDA devices this process can use (0 without CUDA).
 
-    A ``CUDA_VISIBLE_DEVICES`` that hides every device (`_HIDE_ALL`) is answered without torch:
-    asking torch initialises the CUDA driver, which a CPU job on a CUDA build of torch (a CPU
-    partition, a node whose GPUs another job holds) would otherwise pay in every rank's bootstrap.
+    A ``CUDA_VISIBLE_DEVICES`` that hides every device (`_hides_every_device`) is answered
+    without torch: asking torch initialises the CUDA driver, which a CPU job on a CUDA build of
+    torch (a CPU partition, a node whose GPUs another job holds) would otherwise pay in every
+    rank's bootstrap.
     """
-    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
-    if visible is not None and visible.strip() in _HIDE_ALL:
+    if _hides_every_device(os.environ.get("CUDA_VISIBLE_DEVICES")):
         return 0
     import torch
 
