@@ -254,8 +254,8 @@ def bootstrap_section(d: dict[str, Any]) -> tuple[str, str, list[list[str]]]:
             if cpu is not None:
                 cores = d["machine"]["logical_cpus"]
                 measured += (
-                    f"; distenv's extra CPU {cpu:+.1f} ms per rank, {cpu * d['nprocs'] / cores:+.1f}"
-                    f" ms on {cores} cores (section 2)"
+                    f"; distenv's extra CPU {cpu:+.1f} ms per rank, {_cpu_share(cpu, d):+.1f} ms "
+                    f"on {cores} cores (section 2)"
                 )
             targets.append(
                 [
@@ -517,6 +517,12 @@ def layout_section(results: Path, scaling: dict[str, Any]) -> str:
     return text
 
 
+def _cpu_share(extra_ms: float, d: dict[str, Any]) -> float:
+    """Return what `extra_ms` of CPU per rank costs in wall time when run `d`'s ranks share the
+    machine's cores fully (ms)."""
+    return float(extra_ms * d["nprocs"] / d["machine"]["logical_cpus"])
+
+
 def _cpu(method: dict[str, Any]) -> str:
     """A method's CPU time per rank (ms), or "n/a" in results from before it was measured."""
     cpu = method.get("cpu_per_rank_ms")
@@ -550,7 +556,7 @@ def per_core_section(results: Path, shared: dict[str, Any]) -> str:
                 f"{methods['bare']['cpu_per_rank_ms']:.1f} / "
                 f"{methods['distenv']['cpu_per_rank_ms']:.1f}",
                 f"{extra:+.1f}",
-                f"{extra * d['nprocs'] / cores:+.1f}",
+                f"{_cpu_share(extra, d):+.1f}",
             ]
         )
     text = table(
