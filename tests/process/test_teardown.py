@@ -2,7 +2,8 @@
 
 Real process groups (gloo, 4 or 2 ranks on loopback) run `tests/support/scripts/exit_race.py`, which
 forces the at-exit race of gloo's worker threads (each rank on one CPU, the workers at nice 19):
-bare torch must abort within 40 exits (otherwise the forcing proves nothing and the test fails),
+bare torch must abort within 120 exits (otherwise the forcing proves nothing and the test fails;
+it usually aborts within the first few, and a CI run once saw 40 pass without one),
 and with distenv no exit of 20 may.
 """
 
@@ -71,15 +72,15 @@ def _aborted(code: int, err: str) -> bool:
 
 
 def test_no_rank_aborts_at_exit_where_bare_torch_does() -> None:
-    """Forced race: bare torch aborts within 40 exits; distenv's ranks exit 0 in 20 of 20."""
+    """Forced race: bare torch aborts within 120 exits; distenv's ranks exit 0 in 20 of 20."""
     bare = 0
-    while bare < 40:
+    while bare < 120:
         ended = _exits("torch", "destroy", 4)
         bare += len(ended)
         if any(_aborted(*rank) for rank in ended):
             break
     else:
-        pytest.fail("forcing ineffective: bare torch did not abort at exit in 40 exits")
+        pytest.fail("forcing ineffective: bare torch did not abort at exit in 120 exits")
 
     seen: list[tuple[str, int, str]] = []
     for ending in ("destroy", "keep", "destroy", "keep", "destroy"):
