@@ -13,6 +13,9 @@ still an instance of its own class, so ``except DistEnvError`` (or ``except Exce
 ``pytest.raises``) catches it as before. No global ``sys.excepthook`` is installed, which would
 fight rich, IPython or Lightning's own.
 
+`ExitStatus` tells the teardown at exit (`distenv.bootstrap.teardown`), which must sometimes end the
+process itself, which status Python was about to end it with, without any hook of its own either.
+
 The plain exception, with distenv's whole traceback, is raised instead where a `SystemExit`
 would be wrong or unwelcome: with ``DISTENV_DEBUG=1``, outside the main thread (a thread drops a
 `SystemExit` silently), and in interactive sessions (``python -i``, IPython), where a traceback
@@ -21,8 +24,10 @@ is wanted and an exit is not.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import os
+import signal
 import sys
 import threading
 from collections.abc import Callable, Mapping
@@ -32,7 +37,7 @@ from typing import Any, ParamSpec, TypeVar, cast
 
 from distenv.errors import DistEnvError, NotLaunchedError
 
-__all__ = ["DEBUG_VAR", "OneLine", "line", "one_line"]
+__all__ = ["DEBUG_VAR", "ExitStatus", "OneLine", "line", "one_line"]
 
 #: Set to 1 for the plain exception and distenv's whole traceback.
 DEBUG_VAR = "DISTENV_DEBUG"
@@ -41,13 +46,95 @@ DEBUG_VAR = "DISTENV_DEBUG"
 RANK_VARS = ("RANK", "OMPI_COMM_WORLD_RANK", "PMIX_RANK", "PMI_RANK", "SLURM_PROCID")
 
 _PACKAGE = str(Path(__file__).resolve().parent) + os.sep
+#: SystemExit's own ``code`` slot, under `OneLine.code`.
+_SYSTEM_EXIT_CODE: Any = SystemExit.__dict__["code"]
 
 P = ParamSpec("P")
 R = TypeVar("R")
 
 
+class ExitStatus:
+    """The status this process is ending with, read from what Python leaves at exit.
+
+    - An uncaught exception: Python sets ``sys.last_value`` before it calls ``sys.excepthook``, so
+      whatever hook the script or a library installed, it reads as 1 (a KeyboardInterrupt as
+      Python's own end by SIGINT).
+    - An uncaught `OneLine`: Python reads a `SystemExit`'s ``code`` exactly when it exits with it,
+      and `OneLine.code` notes that read: status 1, its code being a line of text.
+    - ``sys.exit(code)`` in the main thread: `watch` wraps ``sys.exit`` (a thread's call ends only
+      that thread and is not counted).
+
+    A bare ``raise SystemExit(code)`` of the script's own is not seen and reads as 0, as does a
+    ``sys.exit`` taken with ``from sys import exit`` before `watch`; code that catches a `OneLine`
+    and reads its ``code`` counts as its exit.
+    """
+
+    _exit: int = 0  # from sys.exit(), main thread
+    _read: int | None = None  # a OneLine's code, read as Python exits with it
+
+    @classmethod
+    def watch(cls) -> None:
+        """Start recording ``sys.exit`` calls (once per process)."""
+        previous_exit = sys.exit
+
+        def exit_(status: Any = None) -> None:
+            if threading.current_thread() is threading.main_thread():
+                cls._exit = code_of(status)
+            previous_exit(status)
+
+        sys.exit = exit_  # type: ignore[assignment]
+
+    @classmethod
+    def status(cls) -> int:
+        """Return the status, or ``-SIGINT`` where Python would end the process by SIGINT."""
+        last = getattr(sys, "last_value", None)
+        if last is not None and not hasattr(sys, "ps1"):  # at a prompt it is the last error shown
+            return -signal.SIGINT if isinstance(last, KeyboardInterrupt) else 1
+        return cls._exit if cls._read is None else cls._read
+
+    @classmethod
+    def describe(cls) -> str:
+        """Return how the process is ending, for a message: ``status 1`` or ``SIGINT``."""
+        status = cls.status()
+        return f"status {status}" if status >= 0 else signal.Signals(-status).name
+
+    @classmethod
+    def end_now(cls) -> None:
+        """End the process at once (``os._exit``) as Python would have: flush, then the status."""
+        for stream in (sys.stdout, sys.stderr):
+            with contextlib.suppress(AttributeError, OSError, ValueError):  # None, closed, EPIPE
+                stream.flush()
+        status = cls.status()
+        if status < 0:
+            signal.signal(-status, signal.SIG_DFL)
+            os.kill(os.getpid(), -status)
+            status = 128 - status  # the signal was blocked: the shell's way to say it
+        os._exit(status)
+
+
+def code_of(status: object) -> int:
+    """Return the process status Python gives ``sys.exit(status)``."""
+    if status is None:
+        return 0
+    if isinstance(status, int):
+        return status & 0xFF
+    return 1  # a message: printed to stderr, status 1
+
+
 class OneLine(SystemExit):
     """The `SystemExit` side of an error that leaves a public call: its code is its line."""
+
+    @property  # type: ignore[override]
+    def code(self) -> object:
+        """The line; Python reads it when it exits with this error, and `ExitStatus` notes it."""
+        line = _SYSTEM_EXIT_CODE.__get__(self)
+        if threading.current_thread() is threading.main_thread():
+            ExitStatus._read = code_of(line)
+        return line
+
+    @code.setter
+    def code(self, line: object) -> None:
+        _SYSTEM_EXIT_CODE.__set__(self, line)
 
     def __reduce__(self) -> tuple[Any, ...]:
         # Pickled (multiprocessing, torch.multiprocessing) as the plain error it extends.

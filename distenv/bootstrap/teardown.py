@@ -24,7 +24,8 @@ All of it runs in a daemon thread, within `TEARDOWN_S`. A worker still inside a 
 (waiting on a peer that was stopped, or on an operation the script never waited for) would hold
 the exit for the group's timeout, 30 minutes by default, when the group is destroyed: the rank says
 so in one line and ends at once (``os._exit``) with the status the script was ending with
-(`ExitStatus`), after flushing stdout and stderr.
+(`distenv.exits.ExitStatus`: an uncaught exception's 1 whatever ``sys.excepthook`` the script
+installed, a refusal's 1, ``sys.exit``'s code), after flushing stdout and stderr.
 
 Thread states come from ``/proc/self/task`` (`distenv.processes.threads`): an idle worker waits on its queue's condition variable
 without a timeout, one inside a collective waits with the group's timeout (the fourth argument of
@@ -35,20 +36,17 @@ its ``futex`` call, in ``/proc/self/task/TID/syscall``). Without ``/proc`` (not 
 from __future__ import annotations
 
 import atexit
-import contextlib
 import gc
-import os
 import sys
 import threading
 import time
 from collections.abc import Callable
-from types import TracebackType
-from typing import Any
 
 from distenv.deadline import Deadline
+from distenv.exits import ExitStatus
 from distenv.processes import ThreadEntry, threads
 
-__all__ = ["TEARDOWN_S", "ExitStatus", "end_groups", "register"]
+__all__ = ["TEARDOWN_S", "end_groups", "register"]
 
 #: The most `end_groups` may add to a rank's exit.
 TEARDOWN_S = 5.0
@@ -61,45 +59,6 @@ _FUTEX = {b"202", b"98"}
 
 _registered = threading.Lock()
 _done: list[bool] = []
-
-
-class ExitStatus:
-    """The status this process is ending with, as far as Python lets a library know it.
-
-    An exception that reaches the top makes it 1 (``sys.excepthook`` is chained; a
-    KeyboardInterrupt makes it 130, as a shell reports SIGINT); ``sys.exit(code)`` makes it the
-    code (``sys.exit`` is wrapped: a bare ``raise SystemExit(code)`` is not seen and reads as 0).
-    """
-
-    code = 0
-
-    @classmethod
-    def watch(cls) -> None:
-        """Start recording (once per process)."""
-        previous_hook = sys.excepthook
-        previous_exit = sys.exit
-
-        def excepthook(
-            kind: type[BaseException], value: BaseException, tb: TracebackType | None
-        ) -> None:
-            cls.code = 130 if issubclass(kind, KeyboardInterrupt) else 1
-            previous_hook(kind, value, tb)
-
-        def exit_(status: Any = None) -> None:
-            cls.code = _code(status)
-            previous_exit(status)
-
-        sys.excepthook = excepthook
-        sys.exit = exit_  # type: ignore[assignment]
-
-
-def _code(status: object) -> int:
-    """Return the process status Python gives ``sys.exit(status)``."""
-    if status is None:
-        return 0
-    if isinstance(status, int):
-        return status & 0xFF
-    return 1  # a message: printed to stderr, status 1
 
 
 def _idle(thread: ThreadEntry) -> bool:
@@ -164,13 +123,10 @@ def end_groups() -> None:
     elif not ended:
         sys.stderr.write(
             f"distenv: a collective was still waiting on a peer {TEARDOWN_S:g} s into this "
-            f"rank's exit; exiting now with status {ExitStatus.code}, without waiting for the "
+            f"rank's exit; exiting now with {ExitStatus.describe()}, without waiting for the "
             "process group's timeout\n"
         )
-        for stream in (sys.stdout, sys.stderr):
-            with contextlib.suppress(OSError, ValueError):  # closed, or a broken pipe
-                stream.flush()
-        os._exit(ExitStatus.code)
+        ExitStatus.end_now()
 
 
 def register() -> None:

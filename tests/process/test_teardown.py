@@ -13,11 +13,13 @@ import signal
 import subprocess
 import sys
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
 
-from distenv.bootstrap.teardown import TEARDOWN_S, _code, _idle
+from distenv.bootstrap.teardown import TEARDOWN_S, _idle
+from distenv.exits import code_of
 from distenv.processes import ThreadEntry
 from tests.conftest import scrubbed_environ
 from tests.support.spawn import free_port
@@ -97,28 +99,50 @@ def test_no_rank_aborts_at_exit_where_bare_torch_does() -> None:
 LOADED_EXIT_S = 15.0
 
 
-def test_a_collective_waiting_on_a_stopped_peer_ends_the_exit_within_the_bound() -> None:
-    """Rank 0 exits 3 with an all-reduce still waiting on rank 1 (stopped): it waits the whole
-    TEARDOWN_S, says so, and ends then, not at the group's timeout."""
-    rank0, rank1 = _start("distenv", "stuck", 2)
+#: How rank 0 ends with an all-reduce still waiting on its stopped peer (exit_race.py's endings):
+#: the status Python gives each, which the forced exit must keep, and how the line names it.
+STUCK_ENDINGS = {
+    "stuck": (3, "status 3"),
+    "stuck-refused": (1, "status 1"),  # a public call's one-line refusal, uncaught
+    "stuck-hooked": (1, "status 1"),  # an uncaught error under the script's own sys.excepthook
+    "stuck-thread-exit": (0, "status 0"),  # a thread's sys.exit ends the thread only
+}
+
+
+def _stuck(ending: str) -> tuple[int | None, float, str]:
+    """Run rank 0 to its exit with a collective waiting on stopped rank 1; return its status,
+    the seconds from its last line to its end, and its stderr."""
+    rank0, rank1 = _start("distenv", ending, 2)
     try:
         assert rank0.stdout is not None
         assert rank0.stdout.readline() == "exiting\n"
         started = time.monotonic()
         _, err = rank0.communicate(timeout=60)
-        took = time.monotonic() - started
-        assert rank0.returncode == 3, err
-        assert TEARDOWN_S - 0.5 < took < TEARDOWN_S + LOADED_EXIT_S, took
-        assert (
-            "a collective was still waiting on a peer 5 s into this rank's exit; exiting now "
-            "with status 3" in err
-        )
-        assert ABORT_MESSAGE not in err
+        return rank0.returncode, time.monotonic() - started, err
     finally:
         for rank in (rank0, rank1):
             rank.kill()
             rank.communicate(timeout=30)
-    assert not [rank for rank in (rank0, rank1) if rank.returncode is None]
+        assert not [rank for rank in (rank0, rank1) if rank.returncode is None]
+
+
+def test_a_collective_waiting_on_a_stopped_peer_ends_the_exit_within_the_bound() -> None:
+    """Rank 0 ends (sys.exit(3), a one-line refusal, an error under its own excepthook, a thread's
+    sys.exit) with an all-reduce still waiting on rank 1 (stopped): it waits the whole TEARDOWN_S,
+    says so, and ends then, not at the group's timeout, with the status Python would give."""
+    with ThreadPoolExecutor(len(STUCK_ENDINGS)) as pool:
+        ended = dict(zip(STUCK_ENDINGS, pool.map(_stuck, STUCK_ENDINGS), strict=True))
+    for ending, (status, took, err) in ended.items():
+        code, said = STUCK_ENDINGS[ending]
+        assert status == code, (ending, err)
+        assert TEARDOWN_S - 0.5 < took < TEARDOWN_S + LOADED_EXIT_S, (ending, took)
+        assert (
+            "a collective was still waiting on a peer 5 s into this rank's exit; exiting now "
+            f"with {said}" in err
+        ), (ending, err)
+        assert ABORT_MESSAGE not in err, (ending, err)
+    assert "ConfigurationError" in ended["stuck-refused"][2]
+    assert "hooked ValueError" in ended["stuck-hooked"][2]
 
 
 @pytest.mark.parametrize(
@@ -126,8 +150,8 @@ def test_a_collective_waiting_on_a_stopped_peer_ends_the_exit_within_the_bound()
     [(None, 0), (0, 0), (3, 3), (256 + 7, 7), ("a message", 1), (True, 1)],
 )
 def test_the_status_recorded_for_sys_exit_is_pythons(status: object, code: int) -> None:
-    """`_code` gives the status Python exits with for ``sys.exit(status)``."""
-    assert _code(status) == code
+    """`code_of` gives the status Python exits with for ``sys.exit(status)``."""
+    assert code_of(status) == code
     run = subprocess.run(
         [sys.executable, "-c", f"import sys; sys.exit({status!r})"],
         capture_output=True,
@@ -151,19 +175,26 @@ def test_an_idle_worker_waits_without_a_timeout_and_a_collective_with_one() -> N
 
 
 def test_exit_status_follows_an_uncaught_exception_and_sys_exit() -> None:
-    """A process whose end is recorded: uncaught exception 1, KeyboardInterrupt 130, sys.exit."""
+    """A process whose end is read at exit: an uncaught exception 1 (under any excepthook),
+    KeyboardInterrupt SIGINT, an uncaught refusal 1, sys.exit in the main thread only."""
     probe = (
-        "import sys\n"
-        "from distenv.bootstrap.teardown import ExitStatus\n"
+        "import sys, threading\n"
+        "import distenv\n"
+        "from distenv.exits import ExitStatus\n"
         "ExitStatus.watch()\n"
         "import atexit\n"
-        "atexit.register(lambda: print('status', ExitStatus.code, flush=True))\n"
+        "atexit.register(lambda: print('status', ExitStatus.status(), flush=True))\n"
         "{body}\n"
     )
+    refusal = "distenv.watch_preemption(signals=[])"
     for body, code in (
         ("raise ValueError('x')", 1),
-        ("raise KeyboardInterrupt", 130),
+        ("sys.excepthook = lambda *exc: None\nraise ValueError('x')", 1),
+        ("raise KeyboardInterrupt", -signal.SIGINT),
         ("sys.exit(4)", 4),
+        (refusal, 1),
+        (f"try:\n    {refusal}\nexcept distenv.DistEnvError:\n    pass", 0),
+        ("t = threading.Thread(target=sys.exit, args=(5,)); t.start(); t.join()", 0),
         ("pass", 0),
     ):
         run = subprocess.run(

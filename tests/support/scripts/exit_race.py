@@ -6,7 +6,10 @@ MODE ``torch`` creates the group with bare ``init_process_group("gloo")``; ``dis
 `distenv.init_dist`. ENDING says how the script ends: ``destroy`` (``destroy_process_group()``
 with the DDP wrapper still alive, as most scripts do), ``keep`` (no destroy, the wrapper a
 global), ``stuck`` (rank 0 leaves an all-reduce waiting on rank 1, which stops itself, and
-exits 3).
+exits 3); ``stuck-refused``, ``stuck-hooked`` and ``stuck-thread-exit`` leave it waiting the same way
+and then end rank 0 with a public call's uncaught refusal (a `DistEnvError` in one line), with an
+uncaught ValueError under a ``sys.excepthook`` installed after `init_dist`, or normally after a
+thread called ``sys.exit(5)``.
 
 The race is forced as it happens on a loaded node: the rank runs on one CPU and gloo's worker
 threads (``pt_gloo_runloop``, created by init) get the lowest priority (nice 19), so they finish
@@ -19,6 +22,7 @@ import contextlib
 import os
 import signal
 import sys
+import threading
 
 import torch
 import torch.distributed as dist
@@ -61,10 +65,20 @@ dist.all_reduce(total)
 
 if ending == "destroy":
     dist.destroy_process_group()
-elif ending == "stuck":
+elif ending.startswith("stuck"):
     dist.barrier()
     if rank == 1:
         os.kill(os.getpid(), signal.SIGSTOP)
     pending = dist.all_reduce(torch.ones(4), async_op=True)
     print("exiting", flush=True)
-    sys.exit(3)
+    if ending == "stuck-refused":
+        distenv.watch_preemption(signals=[])  # refused: ConfigurationError, uncaught
+    elif ending == "stuck-hooked":
+        sys.excepthook = lambda *exc: print("hooked", exc[0].__name__, file=sys.stderr)
+        raise ValueError("step 3")
+    elif ending == "stuck-thread-exit":
+        thread = threading.Thread(target=sys.exit, args=(5,))
+        thread.start()
+        thread.join()
+    else:
+        sys.exit(3)
