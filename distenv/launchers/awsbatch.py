@@ -13,7 +13,7 @@ import ipaddress
 from collections.abc import Mapping
 
 from distenv.errors import InconsistentEnvironmentError, InvalidVariableError
-from distenv.launchers.base import Nodes, Scheduler, World
+from distenv.launchers.base import Scheduler, World
 from distenv.master import MASTER_VARS, Default, scheduler_port, scope_tag
 from distenv.rankinfo import RankInfo
 from distenv.variables import Reader, Var
@@ -229,7 +229,3 @@ class AwsBatchLauncher(Scheduler):
             if ip is None
             else Default(ip, self._port(reader), source=self.name, variable=MAIN_IP)
         )
-
-    def daemon_nodes(self, env: Mapping[str, str]) -> Nodes | None:
-        # mpirun's ranks carry the main node's AWS_BATCH_JOB_NODE_INDEX (-x), if any.
-        return None

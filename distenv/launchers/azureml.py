@@ -18,7 +18,7 @@ from distenv.errors import (
     NotLaunchedError,
     shown,
 )
-from distenv.launchers.base import Nodes, Scheduler, World
+from distenv.launchers.base import Scheduler, World
 from distenv.master import (
     LOCAL_HOST,
     MASTER_VARS,
@@ -233,7 +233,3 @@ class AzuremlLauncher(Scheduler):
                 value=master,
             )
         return RankInfo.single(self.name, master_addr=None, job_id=reader.get("AZUREML_RUN_ID"))
-
-    def daemon_nodes(self, env: Mapping[str, str]) -> Nodes | None:
-        # No Azure ML variable numbers the nodes: init_dist's roll call numbers the ranks' hosts.
-        return None

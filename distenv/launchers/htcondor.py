@@ -14,7 +14,7 @@ import re
 from collections.abc import Mapping
 
 from distenv.errors import InvalidVariableError
-from distenv.launchers.base import Nodes, Scheduler, World
+from distenv.launchers.base import Scheduler, World
 from distenv.master import LOCAL_HOST, MASTER_VARS, Default, scheduler_port, scope_tag
 from distenv.rankinfo import RankInfo
 from distenv.variables import Reader, Var
@@ -138,7 +138,3 @@ class HtcondorLauncher(Scheduler):
 
     def allocation_master(self, env: Mapping[str, str]) -> Default | None:
         return None  # no address: MPI ranks inside the job exchange it over MPI
-
-    def daemon_nodes(self, env: Mapping[str, str]) -> Nodes | None:
-        # openmpiscript's mpirun may map ranks as it likes: the roll call numbers the hosts.
-        return None

@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 
 from distenv.errors import NotLaunchedError
-from distenv.launchers.base import Nodes, Scheduler
+from distenv.launchers.base import Scheduler
 from distenv.master import DEFAULT_PORT, MASTER_VARS, Default, explicit_master, scope_tag
 from distenv.rankinfo import RankInfo
 from distenv.variables import Var
@@ -86,9 +86,6 @@ class IndexedJobLauncher(Scheduler):
             "host name, e.g. <jobset>-<job>-0-0.<jobset>) and MASTER_PORT in the pod template",
             source=self.name,
         )
-
-    def daemon_nodes(self, env: Mapping[str, str]) -> Nodes | None:
-        return None
 
     def allocation_master(self, env: Mapping[str, str]) -> Default | None:
         return None

@@ -16,7 +16,7 @@ from distenv.errors import (
     MissingVariableError,
     NotLaunchedError,
 )
-from distenv.launchers.base import Nodes, Scheduler, World
+from distenv.launchers.base import Scheduler, World
 from distenv.master import LOCAL_HOST, MASTER_VARS, Default, scheduler_port, scope_tag
 from distenv.notice import warn
 from distenv.rankinfo import RankInfo
@@ -165,10 +165,6 @@ class LsfLauncher(Scheduler):
         if not pairs:
             raise InvalidVariableError(self.name, var, value, "at least one host")
         return pairs
-
-    def daemon_nodes(self, env: Mapping[str, str]) -> Nodes | None:
-        # No LSF variable numbers the nodes of a daemon step (none was recorded).
-        return None
 
     def allocation_master(self, env: Mapping[str, str]) -> Default | None:
         reader = self.reader(env)

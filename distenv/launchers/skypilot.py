@@ -15,7 +15,7 @@ from collections.abc import Mapping
 
 from distenv._hosts import check_hostname
 from distenv.errors import InconsistentEnvironmentError, InvalidVariableError, shown
-from distenv.launchers.base import Nodes, Scheduler, World
+from distenv.launchers.base import Scheduler, World
 from distenv.master import MASTER_VARS, Default, scheduler_port, scope_tag
 from distenv.rankinfo import RankInfo
 from distenv.variables import Reader, Var
@@ -150,7 +150,3 @@ class SkypilotLauncher(Scheduler):
     def allocation_master(self, env: Mapping[str, str]) -> Default | None:
         # mpirun started on node 0 over SKYPILOT_NODE_IPS (SkyPilot's MPI example): the first IP.
         return self._first(self.reader(env))
-
-    def daemon_nodes(self, env: Mapping[str, str]) -> Nodes | None:
-        # mpirun's ranks on the other nodes carry node 0's variables (ssh, `-x`), if any.
-        return None
