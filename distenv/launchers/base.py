@@ -18,7 +18,20 @@ from distenv.master import Default
 from distenv.rankinfo import RankInfo
 from distenv.variables import Reader, Var
 
-__all__ = ["AllocationLauncher", "Default", "Launcher", "Nodes", "Scheduler", "World"]
+__all__ = [
+    "PLUGIN_GROUP",
+    "AllocationLauncher",
+    "Default",
+    "Launcher",
+    "Nodes",
+    "Scheduler",
+    "World",
+]
+
+# Third-party launchers register under this entry-point group (docs/plugins.md). distenv scans it
+# only for a name that is not built in, or for the plug-ins named in DISTENV_PLUGINS: scanning
+# entry points costs tens of milliseconds (`distenv.launchers.registry`).
+PLUGIN_GROUP = "distenv.launchers"
 
 # (rank, world size) as one launcher layer sees them; the size is None where the layer does not say.
 World = tuple[int, int | None]

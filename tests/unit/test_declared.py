@@ -8,7 +8,8 @@ from collections.abc import Iterator, Mapping
 import pytest
 
 from distenv import DistEnvError
-from distenv.launchers import BUILTIN, Launcher, Scheduler
+from distenv.launchers import Launcher, Scheduler
+from distenv.launchers.registry import BUILTIN
 from tests.support.envs import (
     awsbatch,
     azureml,

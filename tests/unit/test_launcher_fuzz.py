@@ -20,7 +20,8 @@ from hypothesis import strategies as st
 
 import tests.support.envs
 from distenv import DistEnvError, detect
-from distenv.launchers import BUILTIN, AllocationLauncher, Launcher, Scheduler
+from distenv.launchers import AllocationLauncher, Launcher, Scheduler
+from distenv.launchers.registry import BUILTIN
 
 Call = Callable[[Mapping[str, str]], object]
 

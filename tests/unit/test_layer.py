@@ -17,7 +17,8 @@ import pytest
 from distenv import DistEnvError
 from distenv.detection.layer import Layer, Layers
 from distenv.detection.pipeline import locate
-from distenv.launchers import BUILTIN, MPI, SLURM, Launcher
+from distenv.launchers import Launcher
+from distenv.launchers.registry import BUILTIN, MPI, SLURM
 from tests.support.envs import (
     azureml,
     flux,
