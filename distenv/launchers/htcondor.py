@@ -44,7 +44,7 @@ class HtcondorLauncher(Scheduler):
     | _CONDOR_PROCNO | rank, node_rank: this node's ``$(Node)``; detection | yes |
     | _CONDOR_NPROCS | world_size, num_nodes: the job's machines, all procs; detection | yes |
     | _CONDOR_REMOTE_SPOOL_DIR | job_id (its cluster id), scope, master_port | no |
-    | MASTER_ADDR, MASTER_PORT, DISTENV_SCOPE, DISTENV_MASTER_ADDR_FORMAT | master | on several nodes |
+    | MASTER_ADDR, MASTER_PORT, DISTENV_SCOPE, DISTENV_MASTER_ADDR_FORMAT | master (MASTER_ADDR: needed on several nodes) | no |
 
     The starter runs the executable once per claimed machine with ``_CONDOR_PROCNO`` (the node
     index, 0 to N-1 across every ``queue`` of the job) and ``_CONDOR_NPROCS`` (CurrentHosts, the

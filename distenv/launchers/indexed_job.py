@@ -33,7 +33,7 @@ class IndexedJobLauncher(Scheduler):
     |---|---|---|
     | JOB_COMPLETION_INDEX | rank, node_rank, detection | yes |
     | WORLD_SIZE | world_size, num_nodes: the pods, set by you | yes |
-    | MASTER_ADDR, MASTER_PORT | master: pod 0's name, set by you | yes |
+    | MASTER_ADDR, MASTER_PORT | master: pod 0's name, set by you (needed: nothing else names it) | no |
     | DISTENV_SCOPE, DISTENV_MASTER_ADDR_FORMAT | master | no |
 
     Kubernetes numbers the pods but says neither how many there are nor where pod 0 is: a JobSet

@@ -41,7 +41,7 @@ class SkypilotLauncher(Scheduler):
     |---|---|---|
     | SKYPILOT_NODE_RANK | rank, node_rank (one process per node) | yes |
     | SKYPILOT_NODE_IPS | num_nodes (checked), master_addr (its first line) | yes |
-    | SKYPILOT_NUM_NODES | num_nodes, detection | yes (checked against the IPs) |
+    | SKYPILOT_NUM_NODES | num_nodes (checked against the IPs), detection | yes |
     | SKYPILOT_TASK_ID | job_id, master_port, scope | no |
     | MASTER_ADDR, MASTER_PORT, DISTENV_SCOPE, DISTENV_MASTER_ADDR_FORMAT | master | no |
 

@@ -3,11 +3,14 @@
 from __future__ import annotations
 
 import contextlib
+import dataclasses
+import inspect
+import re
 from collections.abc import Iterator, Mapping
 
 import pytest
 
-from distenv import DistEnvError
+from distenv import DistEnvError, RankInfo
 from distenv.launchers import Launcher, Scheduler
 from distenv.launchers.registry import BUILTIN
 from tests.support.envs import (
@@ -111,3 +114,58 @@ def test_declaration_is_documented(launcher: Launcher) -> None:
         assert var.field
         assert var.required
         assert var.meaning
+
+
+# A variable's name in a docstring table: upper case, digits and underscores.
+NAME = re.compile(r"\b_?[A-Z][A-Z0-9]*(?:_[A-Z0-9]+)*\b")
+FIELDS = {field.name for field in dataclasses.fields(RankInfo)}
+
+
+def _tables(doc: str) -> Iterator[list[list[str]]]:
+    """Yield each Markdown table of `doc` as rows of cells, its header row first."""
+    table: list[list[str]] = []
+    for line in [*doc.splitlines(), ""]:
+        if line.startswith("|"):
+            if not set(line) <= set("|-: "):
+                table.append([cell.strip() for cell in line.strip().strip("|").split("|")])
+        elif table:
+            yield table
+            table = []
+
+
+def _documented(doc: str) -> Iterator[tuple[str, str, str]]:
+    """Yield ``(variable, column, required)`` for every variable a docstring's tables name.
+
+    A ``variable | fills | required`` table names its variables in its first column, alternate
+    spellings in parentheses (``SLURM_JOB_ID (SLURM_JOBID)``): `required` is the row's for the
+    names before the parentheses, "" for the alternates. A table whose columns are `RankInfo`
+    fields (mpi's, one row per MPI library) names in each cell the variables that fill it:
+    `column` is that field, `required` "".
+    """
+    for header, *rows in _tables(doc):
+        for row in rows:
+            if header[0] == "variable":
+                primary, _, alternates = row[0].partition("(")
+                yield from ((name, "", row[2]) for name in NAME.findall(primary))
+                yield from ((name, "", "") for name in NAME.findall(alternates))
+            else:
+                for column, cell in zip(header[1:], row[1:], strict=True):
+                    assert column in FIELDS, column
+                    yield from ((name, column, "") for name in NAME.findall(cell))
+
+
+@pytest.mark.parametrize("launcher", list(BUILTIN.values()), ids=list(BUILTIN))
+def test_docstring_table_is_the_declaration(launcher: Launcher) -> None:
+    """The class docstring's tables name every declared variable, in declaration order, and no
+    other; each row's required-ness is its variables' declaration's, and a column named for a
+    RankInfo field holds only variables declared to fill it. The docs render `variables`
+    (`<!-- env-table: NAME -->`); this keeps the table a reader of the source sees the same."""
+    declared = {var.name: var for var in launcher.variables}
+    documented = list(_documented(inspect.getdoc(type(launcher)) or ""))
+    names = list(dict.fromkeys(name for name, _, _ in documented))
+    assert names == list(declared), "the docstring's tables name these, the declaration those"
+    for name, column, required in documented:
+        if required:
+            assert declared[name].required == required, name
+        if column:
+            assert declared[name].field == column, name
