@@ -95,7 +95,10 @@ class AwsBatchLauncher(Scheduler):
     )
 
     def detect(self, env: Mapping[str, str]) -> bool:
-        reader = self.reader(env)
+        return self._detected(self.reader(env))
+
+    def _detected(self, reader: Reader) -> bool:
+        # Also asked by `default_master`: detection asks each public hook once (detection.layer).
         return any(reader.has(name) for name in (COUNT, INDEX, MAIN))
 
     def _nodes(self, reader: Reader) -> tuple[int, int, int]:
@@ -191,7 +194,7 @@ class AwsBatchLauncher(Scheduler):
 
     def default_master(self, env: Mapping[str, str]) -> Default | None:
         reader = self.reader(env)
-        if not self.detect(env):
+        if not self._detected(reader):
             return None
         port = self._port(reader)
         ip = self._main_ip(reader)

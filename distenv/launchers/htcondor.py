@@ -77,7 +77,10 @@ class HtcondorLauncher(Scheduler):
     )
 
     def detect(self, env: Mapping[str, str]) -> bool:
-        reader = self.reader(env)
+        return self._detected(self.reader(env))
+
+    def _detected(self, reader: Reader) -> bool:
+        # Also asked by `default_master`: detection asks each public hook once (detection.layer).
         return reader.has("_CONDOR_PROCNO") or reader.has("_CONDOR_NPROCS")
 
     def world(self, env: Mapping[str, str]) -> World | None:
@@ -121,7 +124,7 @@ class HtcondorLauncher(Scheduler):
 
     def default_master(self, env: Mapping[str, str]) -> Default | None:
         reader = self.reader(env)
-        if not self.detect(env):
+        if not self._detected(reader):
             return None
         node, nodes = self._layout(reader)
         port = scheduler_port(self._cluster(reader) or "0", "parallel")

@@ -27,7 +27,6 @@ import json, logging, sys
 sys.path.append(sys.argv[1])  # tests.support.envs, after PYTHONPATH's distenv
 import importlib, pkgutil
 import distenv
-import distenv.launchers.registry
 import tests.support.envs
 
 logging.disable(logging.CRITICAL)
@@ -50,7 +49,7 @@ extra = [{}, {"MASTER_ADDR": "h9"}, {"MASTER_PORT": "4444"},
 out = {"__file__": distenv.__file__}
 for name, env in envs:
     for k, add in enumerate(extra):
-        for launcher in ("auto", *distenv.launchers.registry.BUILTIN):
+        for launcher in ("auto", *distenv.launchers.BUILTIN):
             try:
                 d = distenv.explain(launcher, {**env, **add})
                 tag = getattr(d, "job_tag", None) or d.scope
