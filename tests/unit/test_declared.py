@@ -4,31 +4,21 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import functools
 import inspect
+import pkgutil
 import re
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 
 import pytest
 
+import tests.support.envs
 from distenv import DistEnvError, RankInfo
-from distenv.launchers import Launcher, Scheduler
+from distenv.launchers import AllocationLauncher, Launcher, Scheduler
 from distenv.launchers.registry import BUILTIN
-from tests.support.envs import (
-    awsbatch,
-    azureml,
-    flux,
-    indexed_job,
-    kubeflow,
-    lsf,
-    mpi,
-    pbs,
-    sagemaker,
-    skypilot,
-    slurm,
-    torchrun,
-    vertex,
-    volcano,
-)
+from tests.support.envs import recorded
+
+RECORDED = recorded()
 
 
 class RecordingEnv(Mapping[str, str]):
@@ -54,55 +44,44 @@ class RecordingEnv(Mapping[str, str]):
         return len(self.data)
 
 
-def _all_envs() -> list[dict[str, str]]:
-    envs: list[dict[str, str]] = []
-    for module in (
-        slurm,
-        mpi,
-        torchrun,
-        lsf,
-        pbs,
-        flux,
-        kubeflow,
-        indexed_job,
-        volcano,
-        sagemaker,
-        azureml,
-        skypilot,
-        awsbatch,
-        vertex,
-    ):
-        for name in dir(module):
-            value = getattr(module, name)
-            if not name.isupper():
-                continue
-            if isinstance(value, dict):
-                envs.append(value)
-            elif isinstance(value, list):
-                envs.extend(v for v in value if isinstance(v, dict))
-    return envs
-
-
 @pytest.mark.parametrize("launcher", list(BUILTIN.values()), ids=list(BUILTIN))
 def test_backend_reads_only_declared_variables(launcher: Launcher) -> None:
-    """Every method of every backend, over every captured environment, stays in its declaration."""
+    """Every method of every backend, over every recorded environment of every launcher
+    (tests/support/envs, found by `recorded`), stays in its declaration."""
     declared = {v.name for v in launcher.variables}
-    for data in _all_envs():
+    for where, data in RECORDED.items():
         env = RecordingEnv(data)
-        calls = [
+        calls: list[Callable[[Mapping[str, str]], object]] = [
             launcher.detect,
             launcher.rank_info,
             launcher.world,
             launcher.scope,
+            launcher.restart_count,
             launcher.default_master,
             launcher.node_agent,
+            launcher.processes_per_node,
         ]
         if isinstance(launcher, Scheduler):
-            calls += [launcher.allocation_master, launcher.daemon_nodes]
+            calls += [launcher.allocation_master, launcher.daemon_nodes, launcher.requeue_command]
+        if isinstance(launcher, AllocationLauncher):
+            calls.append(functools.partial(launcher.placed_rank_info, nodes=None))
         for call in calls:
             with contextlib.suppress(DistEnvError):
                 call(env)
-        assert env.read <= declared, sorted(env.read - declared)
+        assert env.read <= declared, (where, sorted(env.read - declared))
+
+
+def test_every_recorded_module_reaches_the_checks() -> None:
+    """`recorded` finds the environments of every module of tests/support/envs, Grid Engine's,
+    HTCondor's, SkyPilot's and AWS Batch's among them (lists kept by hand had missed them)."""
+    modules = {info.name for info in pkgutil.iter_modules(tests.support.envs.__path__)} - {
+        "make_fixtures"
+    }
+    assert {where.split(".", 1)[0] for where in RECORDED} == modules
+    assert {"gridengine.SGE_PE_SCRIPT[0]", "htcondor.NODE1_OF_2[0]"} <= set(RECORDED)
+    assert {"skypilot.SKY_2N_NODE1[0]", "awsbatch.MNP_2N_CHILD[0]", "slurm.SRUN_2N_4T[3]"} <= set(
+        RECORDED
+    )
 
 
 @pytest.mark.parametrize("launcher", list(BUILTIN.values()), ids=list(BUILTIN))
