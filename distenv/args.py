@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 
-from distenv.launchers import CHOICES, checked_name
+from distenv.launchers.registry import CHOICES, checked_name
 
 __all__ = ["add_launcher_argument", "add_launcher_option"]
 

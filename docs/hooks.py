@@ -71,7 +71,7 @@ def _var_table(variables: Sequence[Var], what: str = "fills") -> str:
 
 def render_env_table(name: str) -> str:
     """Return the Markdown table of the variables launcher `name` declares, in declaration order."""
-    from distenv.launchers import get_launcher
+    from distenv.launchers.registry import get_launcher
 
     launcher = get_launcher(name)
     if not launcher.variables:
@@ -139,7 +139,9 @@ def render_mpi_flavors() -> str:
 
 def render_detection_order() -> str:
     """Return the auto-detection order as an ordered list (launchers, then schedulers)."""
-    from distenv.launchers import BUILTIN, DETECTION_ORDER, PLUGINS_VAR, Scheduler
+    from distenv.launchers import Scheduler
+    from distenv.launchers.registry import BUILTIN, DETECTION_ORDER
+    from distenv.settings import PLUGINS_VAR
 
     spawners = [n for n in DETECTION_ORDER if not isinstance(BUILTIN[n], Scheduler)]
     schedulers = [n for n in DETECTION_ORDER if isinstance(BUILTIN[n], Scheduler)]

@@ -7,7 +7,7 @@ import sys
 
 import pytest
 
-from distenv.launchers import BUILTIN
+from distenv.launchers.registry import BUILTIN
 from distenv.rankinfo import ENV_CONTRACT
 
 # The developer's shell (or a CI runner inside a Slurm job) must not leak into a test: every

@@ -33,7 +33,8 @@ from collections.abc import Sequence
 
 from distenv.detection.layer import Layer, Layers
 from distenv.errors import DistEnvError, InconsistentEnvironmentError
-from distenv.launchers import TORCHRUN, AllocationLauncher, Scheduler, World
+from distenv.launchers import AllocationLauncher, Scheduler, World
+from distenv.launchers.registry import TORCHRUN
 from distenv.launchers.torchrun import TorchrunLauncher
 from distenv.master import RUN_ID_VAR, SCOPE_VAR
 from distenv.variables import Reader, Var

@@ -26,16 +26,8 @@ from distenv.errors import (
     LauncherNotFoundError,
     shown,
 )
-from distenv.launchers import (
-    NONE,
-    AllocationLauncher,
-    Default,
-    Launcher,
-    Scheduler,
-    auto_candidates,
-    canonical_name,
-    get_launcher,
-)
+from distenv.launchers import AllocationLauncher, Default, Launcher, Scheduler
+from distenv.launchers.registry import NONE, auto_candidates, canonical_name, get_launcher
 from distenv.rankinfo import RankInfo
 
 __all__ = ["Choice", "choose"]

@@ -13,7 +13,7 @@ import ipaddress
 from collections.abc import Mapping
 
 from distenv.errors import InconsistentEnvironmentError, InvalidVariableError
-from distenv.launchers.base import Nodes, Scheduler, World
+from distenv.launchers.base import Scheduler, World
 from distenv.master import MASTER_VARS, Default, scheduler_port, scope_tag
 from distenv.rankinfo import RankInfo
 from distenv.variables import Reader, Var
@@ -95,7 +95,10 @@ class AwsBatchLauncher(Scheduler):
     )
 
     def detect(self, env: Mapping[str, str]) -> bool:
-        reader = self.reader(env)
+        return self._detected(self.reader(env))
+
+    def _detected(self, reader: Reader) -> bool:
+        # Also asked by `default_master`: detection asks each public hook once (detection.layer).
         return any(reader.has(name) for name in (COUNT, INDEX, MAIN))
 
     def _nodes(self, reader: Reader) -> tuple[int, int, int]:
@@ -191,7 +194,7 @@ class AwsBatchLauncher(Scheduler):
 
     def default_master(self, env: Mapping[str, str]) -> Default | None:
         reader = self.reader(env)
-        if not self.detect(env):
+        if not self._detected(reader):
             return None
         port = self._port(reader)
         ip = self._main_ip(reader)
@@ -229,7 +232,3 @@ class AwsBatchLauncher(Scheduler):
             if ip is None
             else Default(ip, self._port(reader), source=self.name, variable=MAIN_IP)
         )
-
-    def daemon_nodes(self, env: Mapping[str, str]) -> Nodes | None:
-        # mpirun's ranks carry the main node's AWS_BATCH_JOB_NODE_INDEX (-x), if any.
-        return None

@@ -18,7 +18,7 @@ from distenv.errors import (
     NotLaunchedError,
     shown,
 )
-from distenv.launchers.base import Nodes, Scheduler, World
+from distenv.launchers.base import Scheduler, World
 from distenv.master import (
     LOCAL_HOST,
     MASTER_VARS,
@@ -58,10 +58,10 @@ class AzuremlLauncher(Scheduler):
     | AZ_BATCH_MASTER_NODE | master_addr, master_port: 'host:port', MPI jobs of several nodes | one of the three |
     | AZ_BATCHAI_MPI_MASTER_NODE | master_addr: 'host', an MPI job of one node | one of the three |
     | AZUREML_RUN_ID | job_id, master_port (one node), scope | one of the three |
-    | RANK, LOCAL_RANK | PyTorch distribution: rank, local_rank (per process) | with it |
-    | WORLD_SIZE, NODE_RANK | PyTorch distribution: world_size, node_rank (per node) | with it |
+    | RANK, LOCAL_RANK | PyTorch distribution: rank, local_rank (per process) | PyTorch distribution |
+    | WORLD_SIZE, NODE_RANK | PyTorch distribution: world_size, node_rank (per node) | PyTorch distribution |
     | AZUREML_NODE_COUNT | PyTorch distribution: num_nodes, local_world_size = WORLD_SIZE / nodes | no |
-    | MASTER_ADDR, MASTER_PORT, DISTENV_SCOPE, DISTENV_MASTER_ADDR_FORMAT | master | PyTorch: yes |
+    | MASTER_ADDR, MASTER_PORT, DISTENV_SCOPE, DISTENV_MASTER_ADDR_FORMAT | master (set by Azure ML's PyTorch distribution) | no |
 
     PyTorch distribution: Azure ML starts every process itself with torchrun-like variables but
     no LOCAL_WORLD_SIZE; the `pytorch` backend leaves such a process to this one. Without
@@ -79,10 +79,10 @@ class AzuremlLauncher(Scheduler):
         Var(
             MULTI,
             "master_addr",
-            "one of the two",
+            "one of the three",
             "'host:port' of the primary node (several nodes)",
         ),
-        Var(SINGLE, "master_addr", "one of the two", "the primary node's host (one node)"),
+        Var(SINGLE, "master_addr", "one of the three", "the primary node's host (one node)"),
         Var(RUN_ID, "job_id", "one of the three", "the run's id (azureml-core reads it)"),
         Var("RANK", "rank", "PyTorch distribution", "the process's global rank"),
         Var("LOCAL_RANK", "local_rank", "PyTorch distribution", "the process's rank on its node"),
@@ -233,7 +233,3 @@ class AzuremlLauncher(Scheduler):
                 value=master,
             )
         return RankInfo.single(self.name, master_addr=None, job_id=reader.get("AZUREML_RUN_ID"))
-
-    def daemon_nodes(self, env: Mapping[str, str]) -> Nodes | None:
-        # No Azure ML variable numbers the nodes: init_dist's roll call numbers the ranks' hosts.
-        return None

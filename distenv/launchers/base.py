@@ -18,7 +18,20 @@ from distenv.master import Default
 from distenv.rankinfo import RankInfo
 from distenv.variables import Reader, Var
 
-__all__ = ["AllocationLauncher", "Default", "Launcher", "Nodes", "Scheduler", "World"]
+__all__ = [
+    "PLUGIN_GROUP",
+    "AllocationLauncher",
+    "Default",
+    "Launcher",
+    "Nodes",
+    "Scheduler",
+    "World",
+]
+
+# Third-party launchers register under this entry-point group (docs/plugins.md). distenv scans it
+# only for a name that is not built in, or for the plug-ins named in DISTENV_PLUGINS: scanning
+# entry points costs tens of milliseconds (`distenv.launchers.registry`).
+PLUGIN_GROUP = "distenv.launchers"
 
 # (rank, world size) as one launcher layer sees them; the size is None where the layer does not say.
 World = tuple[int, int | None]
@@ -151,8 +164,8 @@ class Scheduler(Launcher):
     """A launcher that owns an allocation of nodes (Slurm, LSF; PBS or Flux as plug-ins).
 
     Besides its own tasks' `RankInfo`, a scheduler tells an `AllocationLauncher` (MPI) started
-    inside its allocation how the nodes are numbered and where the master is, and may say how to
-    put its job back in the queue.
+    inside its allocation where the master is (`allocation_master`), and may say how its daemon
+    step numbers the nodes (`daemon_nodes`) and how to put its job back in the queue.
     """
 
     def requeue_command(self, env: Mapping[str, str]) -> list[str] | None:
@@ -162,14 +175,16 @@ class Scheduler(Launcher):
         """
         return None
 
-    @abc.abstractmethod
     def daemon_nodes(self, env: Mapping[str, str]) -> Nodes | None:
         """Return this node's numbering when this process runs in a step spanning the allocation.
 
         mpiexec.hydra (and Open MPI's mpirun inside salloc) start one daemon per node as the tasks
         of one step spanning the allocation, so that step's node index is the MPI rank's node,
-        even when nodes hold different numbers of ranks. Return None when unknown.
+        even when nodes hold different numbers of ranks. Return None when unknown: the default,
+        for a scheduler none of whose variables numbers a daemon step's nodes (an MPI rank's
+        node is then the roll call's, from the ranks' host names).
         """
+        return None
 
     @abc.abstractmethod
     def allocation_master(self, env: Mapping[str, str]) -> Default | None:

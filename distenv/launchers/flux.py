@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 
 from distenv.errors import InconsistentEnvironmentError, InvalidVariableError, MissingVariableError
-from distenv.launchers.base import Nodes, Scheduler, World
+from distenv.launchers.base import Scheduler, World
 from distenv.master import LOCAL_HOST, MASTER_VARS, Default, scheduler_port, scope_tag
 from distenv.notice import warn
 from distenv.rankinfo import RankInfo
@@ -125,9 +125,6 @@ class FluxLauncher(Scheduler):
             return Default(LOCAL_HOST, None, source=self.name)
         # No host in a task's environment: MASTER_ADDR, else rank 0's host over MPI.
         return Default(None, scheduler_port(str(job[1]), "0"), source=self.name)
-
-    def daemon_nodes(self, env: Mapping[str, str]) -> Nodes | None:
-        return None  # no Flux variable numbers the nodes
 
     def allocation_master(self, env: Mapping[str, str]) -> Default | None:
         return None  # no Flux variable names a host

@@ -18,7 +18,7 @@ from distenv.errors import (
     NotLaunchedError,
     shown,
 )
-from distenv.launchers.base import Nodes, Scheduler, World
+from distenv.launchers.base import Scheduler, World
 from distenv.master import LOCAL_HOST, MASTER_VARS, Default, scheduler_port, scope_tag
 from distenv.notice import warn
 from distenv.rankinfo import RankInfo
@@ -158,9 +158,6 @@ class GridEngineLauncher(Scheduler):
         if job is None:
             return None
         return Default(LOCAL_HOST, scheduler_port(job, "script"), source=self.name)
-
-    def daemon_nodes(self, env: Mapping[str, str]) -> Nodes | None:
-        return None  # no variable numbers the hosts of `qrsh -inherit` tasks
 
     def allocation_master(self, env: Mapping[str, str]) -> Default | None:
         reader = self.reader(env)

@@ -14,7 +14,7 @@ import re
 from collections.abc import Mapping
 
 from distenv.errors import InvalidVariableError
-from distenv.launchers.base import Nodes, Scheduler, World
+from distenv.launchers.base import Scheduler, World
 from distenv.master import LOCAL_HOST, MASTER_VARS, Default, scheduler_port, scope_tag
 from distenv.rankinfo import RankInfo
 from distenv.variables import Reader, Var
@@ -44,7 +44,7 @@ class HtcondorLauncher(Scheduler):
     | _CONDOR_PROCNO | rank, node_rank: this node's ``$(Node)``; detection | yes |
     | _CONDOR_NPROCS | world_size, num_nodes: the job's machines, all procs; detection | yes |
     | _CONDOR_REMOTE_SPOOL_DIR | job_id (its cluster id), scope, master_port | no |
-    | MASTER_ADDR, MASTER_PORT, DISTENV_SCOPE, DISTENV_MASTER_ADDR_FORMAT | master | on several nodes |
+    | MASTER_ADDR, MASTER_PORT, DISTENV_SCOPE, DISTENV_MASTER_ADDR_FORMAT | master (MASTER_ADDR: needed on several nodes) | no |
 
     The starter runs the executable once per claimed machine with ``_CONDOR_PROCNO`` (the node
     index, 0 to N-1 across every ``queue`` of the job) and ``_CONDOR_NPROCS`` (CurrentHosts, the
@@ -77,7 +77,10 @@ class HtcondorLauncher(Scheduler):
     )
 
     def detect(self, env: Mapping[str, str]) -> bool:
-        reader = self.reader(env)
+        return self._detected(self.reader(env))
+
+    def _detected(self, reader: Reader) -> bool:
+        # Also asked by `default_master`: detection asks each public hook once (detection.layer).
         return reader.has("_CONDOR_PROCNO") or reader.has("_CONDOR_NPROCS")
 
     def world(self, env: Mapping[str, str]) -> World | None:
@@ -121,7 +124,7 @@ class HtcondorLauncher(Scheduler):
 
     def default_master(self, env: Mapping[str, str]) -> Default | None:
         reader = self.reader(env)
-        if not self.detect(env):
+        if not self._detected(reader):
             return None
         node, nodes = self._layout(reader)
         port = scheduler_port(self._cluster(reader) or "0", "parallel")
@@ -138,7 +141,3 @@ class HtcondorLauncher(Scheduler):
 
     def allocation_master(self, env: Mapping[str, str]) -> Default | None:
         return None  # no address: MPI ranks inside the job exchange it over MPI
-
-    def daemon_nodes(self, env: Mapping[str, str]) -> Nodes | None:
-        # openmpiscript's mpirun may map ranks as it likes: the roll call numbers the hosts.
-        return None

@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 
 from distenv.errors import NotLaunchedError
-from distenv.launchers.base import Nodes, Scheduler
+from distenv.launchers.base import Scheduler
 from distenv.master import DEFAULT_PORT, MASTER_VARS, Default, explicit_master, scope_tag
 from distenv.rankinfo import RankInfo
 from distenv.variables import Var
@@ -33,7 +33,7 @@ class IndexedJobLauncher(Scheduler):
     |---|---|---|
     | JOB_COMPLETION_INDEX | rank, node_rank, detection | yes |
     | WORLD_SIZE | world_size, num_nodes: the pods, set by you | yes |
-    | MASTER_ADDR, MASTER_PORT | master: pod 0's name, set by you | yes |
+    | MASTER_ADDR, MASTER_PORT | master: pod 0's name, set by you (needed: nothing else names it) | no |
     | DISTENV_SCOPE, DISTENV_MASTER_ADDR_FORMAT | master | no |
 
     Kubernetes numbers the pods but says neither how many there are nor where pod 0 is: a JobSet
@@ -86,9 +86,6 @@ class IndexedJobLauncher(Scheduler):
             "host name, e.g. <jobset>-<job>-0-0.<jobset>) and MASTER_PORT in the pod template",
             source=self.name,
         )
-
-    def daemon_nodes(self, env: Mapping[str, str]) -> Nodes | None:
-        return None
 
     def allocation_master(self, env: Mapping[str, str]) -> Default | None:
         return None

@@ -20,7 +20,7 @@ from distenv.errors import (
     NotLaunchedError,
     shown,
 )
-from distenv.launchers.base import Default, Nodes, Scheduler, World
+from distenv.launchers.base import Default, Scheduler, World
 from distenv.master import scope_tag
 from distenv.rankinfo import RankInfo
 from distenv.variables import Reader, Var
@@ -218,10 +218,6 @@ class KubeflowLauncher(Scheduler):
                 value=str(rank),
             )
         return self._info(reader, node_rank, num_nodes)
-
-    def daemon_nodes(self, env: Mapping[str, str]) -> Nodes | None:
-        # MPI inside a PyTorchJob's pods is not a recorded case.
-        return None
 
     def allocation_master(self, env: Mapping[str, str]) -> Default | None:
         return None

@@ -16,7 +16,7 @@ from distenv.errors import (
     MissingVariableError,
     NotLaunchedError,
 )
-from distenv.launchers.base import Nodes, Scheduler, World
+from distenv.launchers.base import Scheduler, World
 from distenv.master import LOCAL_HOST, MASTER_VARS, Default, scheduler_port, scope_tag
 from distenv.notice import warn
 from distenv.rankinfo import RankInfo
@@ -55,9 +55,9 @@ class LsfLauncher(Scheduler):
     | LSF_PM_TASKID | rank (minus 1: it counts from 1) | under blaunch |
     | LSB_DJOB_NUMPROC | world_size under blaunch (slots of the job) | no |
     | LSB_DJOB_HOSTFILE | blaunch's slots (file, one host per slot): layout, master | under blaunch |
-    | LSB_DJOB_RANKFILE | master_addr: file, one host per slot | first of these three |
-    | LSB_MCPU_HOSTS | master_addr: 'host slots host slots ...' | |
-    | LSB_HOSTS | master_addr: one host per slot (LSF drops it past 4096 bytes) | |
+    | LSB_DJOB_RANKFILE | master_addr: file, one host per slot (the first of these three set) | one host list |
+    | LSB_MCPU_HOSTS | master_addr: 'host slots host slots ...' | one host list |
+    | LSB_HOSTS | master_addr: one host per slot (LSF drops it past 4096 bytes) | one host list |
     | MASTER_ADDR, MASTER_PORT, DISTENV_SCOPE, DISTENV_MASTER_ADDR_FORMAT | master | no |
 
     node_rank is ``rank // local_world_size`` (jsrun places resource sets node by node). Under jsrun
@@ -165,10 +165,6 @@ class LsfLauncher(Scheduler):
         if not pairs:
             raise InvalidVariableError(self.name, var, value, "at least one host")
         return pairs
-
-    def daemon_nodes(self, env: Mapping[str, str]) -> Nodes | None:
-        # No LSF variable numbers the nodes of a daemon step (none was recorded).
-        return None
 
     def allocation_master(self, env: Mapping[str, str]) -> Default | None:
         reader = self.reader(env)

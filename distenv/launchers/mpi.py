@@ -85,15 +85,22 @@ def _declare() -> tuple[Var, ...]:
 class MpiLauncher(AllocationLauncher):
     """Ranks started by an MPI launcher: Open MPI, MPICH / Intel MPI (Hydra), MVAPICH2, Cray PALS.
 
-    | library | rank | world_size | local_rank | local_world_size |
-    |---|---|---|---|---|
-    | Open MPI (mpirun) | OMPI_COMM_WORLD_RANK | OMPI_COMM_WORLD_SIZE | OMPI_COMM_WORLD_LOCAL_RANK | OMPI_COMM_WORLD_LOCAL_SIZE |
-    | MVAPICH2 | MV2_COMM_WORLD_RANK | MV2_COMM_WORLD_SIZE | MV2_COMM_WORLD_LOCAL_RANK | MV2_COMM_WORLD_LOCAL_SIZE |
-    | Cray PALS | PALS_RANKID | PMI_SIZE | PALS_LOCAL_RANKID | PALS_LOCAL_SIZE |
-    | MPICH / Intel MPI (Hydra) | PMI_RANK | PMI_SIZE | MPI_LOCALRANKID | MPI_LOCALNRANKS |
-    | PMIx (srun --mpi=pmix) | PMIX_RANK | (none: needs the enclosing step) | | |
+    | library | rank | world_size | local_rank | local_world_size | node_rank |
+    |---|---|---|---|---|---|
+    | Open MPI (mpirun) | OMPI_COMM_WORLD_RANK | OMPI_COMM_WORLD_SIZE | OMPI_COMM_WORLD_LOCAL_RANK | OMPI_COMM_WORLD_LOCAL_SIZE | |
+    | MVAPICH2 | MV2_COMM_WORLD_RANK | MV2_COMM_WORLD_SIZE | MV2_COMM_WORLD_LOCAL_RANK | MV2_COMM_WORLD_LOCAL_SIZE | |
+    | Cray PALS | PALS_RANKID | PMI_SIZE | PALS_LOCAL_RANKID (PMI_LOCAL_RANK) | PALS_LOCAL_SIZE (PMI_LOCAL_SIZE) | PALS_NODEID |
+    | MPICH / Intel MPI (Hydra) | PMI_RANK | PMI_SIZE | MPI_LOCALRANKID (PMI_LOCAL_RANK) | MPI_LOCALNRANKS (PMI_LOCAL_SIZE) | |
+    | PMIx (srun --mpi=pmix) | PMIX_RANK | (none: needs the enclosing step) | | | |
 
-    All are required for the library detected. Inside a scheduler's step that spans the
+    All but PALS_NODEID are required for the library detected; a name in parentheses is read
+    where the first is unset.
+
+    | variable | fills | required |
+    |---|---|---|
+    | PMIX_NAMESPACE | export tag: one PMIx launch (Open MPI, ``srun --mpi=pmix``, jsrun) | no |
+    | PALS_APID | export tag: one Cray PALS launch | no |
+    | MASTER_ADDR, MASTER_PORT, DISTENV_SCOPE, DISTENV_MASTER_ADDR_FORMAT | master | no | Inside a scheduler's step that spans the
     allocation (mpiexec.hydra inside salloc), that step numbers the nodes (`placed_rank_info`);
     otherwise no MPI library tells a rank its node index and node count (Open MPI 5 sets no
     OMPI_MCA_orte_*, Hydra nothing of the kind; ``OMPI_COMM_WORLD_NODE_RANK`` is *not* a node index:

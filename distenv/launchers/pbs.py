@@ -12,7 +12,7 @@ from collections.abc import Mapping
 
 from distenv._hosts import read_host_file
 from distenv.errors import InvalidVariableError, NotLaunchedError
-from distenv.launchers.base import Nodes, Scheduler, World
+from distenv.launchers.base import Scheduler, World
 from distenv.master import LOCAL_HOST, MASTER_VARS, Default, scheduler_port, scope_tag
 from distenv.notice import warn
 from distenv.rankinfo import RankInfo
@@ -110,9 +110,6 @@ class PbsLauncher(Scheduler):
         if job is None:
             return None
         return Default(LOCAL_HOST, scheduler_port(job, "script"), source=self.name)
-
-    def daemon_nodes(self, env: Mapping[str, str]) -> Nodes | None:
-        return None  # PALS numbers its own nodes (PALS_NODEID); PBS numbers none
 
     def allocation_master(self, env: Mapping[str, str]) -> Default | None:
         return None  # the node file may be absent on the other nodes (see the class docstring)

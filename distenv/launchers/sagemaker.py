@@ -12,7 +12,7 @@ from collections.abc import Mapping
 
 from distenv._hosts import check_hostname
 from distenv.errors import InconsistentEnvironmentError, InvalidVariableError, shown
-from distenv.launchers.base import Nodes, Scheduler
+from distenv.launchers.base import Scheduler
 from distenv.master import MASTER_VARS, Default, scheduler_port, scope_tag
 from distenv.rankinfo import RankInfo
 from distenv.variables import Reader, Var
@@ -146,7 +146,3 @@ class SagemakerLauncher(Scheduler):
     def allocation_master(self, env: Mapping[str, str]) -> Default | None:
         reader = self.reader(env)
         return self._first_host(reader, "mpi") if reader.has("SM_HOSTS") else None
-
-    def daemon_nodes(self, env: Mapping[str, str]) -> Nodes | None:
-        # MPI mode copies the first host's SM_CURRENT_HOST to every rank (mpi.py: `-x NAME`).
-        return None

@@ -15,7 +15,7 @@ from collections.abc import Mapping
 
 from distenv._hosts import check_hostname
 from distenv.errors import InconsistentEnvironmentError, InvalidVariableError, shown
-from distenv.launchers.base import Nodes, Scheduler, World
+from distenv.launchers.base import Scheduler, World
 from distenv.master import MASTER_VARS, Default, scheduler_port, scope_tag
 from distenv.rankinfo import RankInfo
 from distenv.variables import Reader, Var
@@ -41,7 +41,7 @@ class SkypilotLauncher(Scheduler):
     |---|---|---|
     | SKYPILOT_NODE_RANK | rank, node_rank (one process per node) | yes |
     | SKYPILOT_NODE_IPS | num_nodes (checked), master_addr (its first line) | yes |
-    | SKYPILOT_NUM_NODES | num_nodes, detection | yes (checked against the IPs) |
+    | SKYPILOT_NUM_NODES | num_nodes (checked against the IPs), detection | yes |
     | SKYPILOT_TASK_ID | job_id, master_port, scope | no |
     | MASTER_ADDR, MASTER_PORT, DISTENV_SCOPE, DISTENV_MASTER_ADDR_FORMAT | master | no |
 
@@ -150,7 +150,3 @@ class SkypilotLauncher(Scheduler):
     def allocation_master(self, env: Mapping[str, str]) -> Default | None:
         # mpirun started on node 0 over SKYPILOT_NODE_IPS (SkyPilot's MPI example): the first IP.
         return self._first(self.reader(env))
-
-    def daemon_nodes(self, env: Mapping[str, str]) -> Nodes | None:
-        # mpirun's ranks on the other nodes carry node 0's variables (ssh, `-x`), if any.
-        return None

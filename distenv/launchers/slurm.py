@@ -56,7 +56,7 @@ class SlurmLauncher(Scheduler):
     | variable | fills | required |
     |---|---|---|
     | SLURM_JOB_ID (SLURM_JOBID) | job_id, detection | yes |
-    | SLURM_STEP_ID | detection of an srun step | yes, else batch script / salloc shell |
+    | SLURM_STEP_ID | detection of an srun step (else a batch script or salloc shell) | yes |
     | SLURM_PROCID | rank | in a step |
     | SLURM_STEP_NUM_TASKS (SLURM_NTASKS, SLURM_NPROCS) | world_size | in a step |
     | SLURM_LOCALID | local_rank | in a step |
@@ -65,10 +65,10 @@ class SlurmLauncher(Scheduler):
     | SLURM_STEP_NUM_NODES (SLURM_NNODES, SLURM_JOB_NUM_NODES) | num_nodes | in a step |
     | SLURM_STEP_NODELIST (SLURM_NODELIST, SLURM_JOB_NODELIST) | master_addr (first host) | in a step |
     | SLURM_DISTRIBUTION | arbitrary/plane need MASTER_ADDR | no |
+    | SLURM_RESTART_COUNT | restart_count (unset on the first run: 0) | no |
     | SLURM_HET_SIZE | a heterogeneous job's step | no |
     | SLURMD_NODENAME | local_world_size in a het step | in a het step |
-    | SLURM_JOB_NODELIST_HET_GROUP_0 (…_PACK_GROUP_0) | master_addr in a het step | in a het step |
-    | SLURM_RESTART_COUNT | restart_count (unset on the first run: 0) | no |
+    | SLURM_JOB_NODELIST_HET_GROUP_0 (SLURM_JOB_NODELIST_PACK_GROUP_0) | master_addr in a het step | in a het step |
     | SLURM_ARRAY_JOB_ID, SLURM_ARRAY_TASK_ID | requeue: the array element's own id | no |
     | MASTER_ADDR, MASTER_PORT, DISTENV_SCOPE, DISTENV_MASTER_ADDR_FORMAT | master | no |
 

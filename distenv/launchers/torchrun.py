@@ -48,20 +48,20 @@ class TorchrunLauncher(Launcher):
 
     | variable | fills | required |
     |---|---|---|
-    | TORCHELASTIC_RUN_ID | job_id, scope, detection | or the full set below |
+    | TORCHELASTIC_RUN_ID | job_id, scope, detection | or the full set |
     | TORCHELASTIC_RESTART_COUNT | restart_count, scope | no |
     | DISTENV_RUN_ID | job_id, scope (distenv run's ranks) | no |
     | RANK | rank | yes |
     | WORLD_SIZE | world_size | yes |
-    | LOCAL_RANK | local_rank | yes, except Kubeflow-style (one process per node) |
-    | LOCAL_WORLD_SIZE (DeepSpeed's launcher: LOCAL_SIZE) | local_world_size | yes with LOCAL_RANK |
-    | GROUP_RANK | node_rank | no: rank // local_world_size |
-    | GROUP_WORLD_SIZE | num_nodes | no: world_size // local_world_size |
+    | LOCAL_RANK | local_rank (absent: Kubeflow style, one process per node) | yes* |
+    | LOCAL_WORLD_SIZE (LOCAL_SIZE) | local_world_size (LOCAL_SIZE: DeepSpeed's launcher) | with LOCAL_RANK |
+    | GROUP_RANK | node_rank (default rank // local_world_size) | no |
+    | GROUP_WORLD_SIZE | num_nodes (default world_size // local_world_size) | no |
     | MASTER_ADDR, MASTER_PORT | master | yes |
     | DISTENV_SCOPE | detection: distenv's own exports are not a launch | no |
     | SLURM_STEP_ID, OMPI_COMM_WORLD_SIZE, PMI_SIZE, PMIX_RANK, JSM_NAMESPACE_SIZE, LSB_JOBID | veto Kubeflow-style detection | no |
-    | PET_NNODES (a Kubeflow pod: the `kubeflow` backend answers) | veto Kubeflow-style detection | no |
-    | CLUSTER_SPEC (a Vertex AI replica: the `vertex` backend answers) | veto Kubeflow-style detection | no |
+    | PET_NNODES | veto Kubeflow-style detection: a Kubeflow pod, the `kubeflow` backend answers | no |
+    | CLUSTER_SPEC | veto Kubeflow-style detection: a Vertex AI replica, the `vertex` backend answers | no |
     | AZUREML_RUN_ID, AZ_BATCH_MASTER_NODE, AZ_BATCHAI_MPI_MASTER_NODE | no LOCAL_WORLD_SIZE: Azure ML's process, veto | no |
 
     Detection needs ``TORCHELASTIC_RUN_ID`` (torchrun always sets it) or the full set RANK,

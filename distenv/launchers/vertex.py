@@ -23,7 +23,7 @@ from distenv.errors import (
     NotLaunchedError,
     shown,
 )
-from distenv.launchers.base import Nodes, Scheduler, World
+from distenv.launchers.base import Scheduler, World
 from distenv.master import MASTER_VARS, Default, scope_tag
 from distenv.rankinfo import RankInfo
 from distenv.variables import Reader, Var
@@ -238,7 +238,3 @@ class VertexLauncher(Scheduler):
 
     def allocation_master(self, env: Mapping[str, str]) -> Default | None:
         return self._master(env)
-
-    def daemon_nodes(self, env: Mapping[str, str]) -> Nodes | None:
-        # MPI across Vertex AI replicas is not a recorded case: the roll call numbers the hosts.
-        return None

@@ -12,7 +12,7 @@ from collections.abc import Mapping
 
 from distenv._hosts import MAX_HOSTS, check_hostname
 from distenv.errors import InvalidVariableError, NotLaunchedError
-from distenv.launchers.base import Nodes, Scheduler
+from distenv.launchers.base import Scheduler
 from distenv.master import Default
 from distenv.rankinfo import RankInfo
 from distenv.variables import Reader, Var
@@ -93,9 +93,6 @@ class VolcanoLauncher(Scheduler):
                 hint="Volcano's svc plugin sets it; do not set it yourself",
             )
         return [check_hostname(self.name, name, pod) for pod in pods]
-
-    def daemon_nodes(self, env: Mapping[str, str]) -> Nodes | None:
-        return None
 
     def allocation_master(self, env: Mapping[str, str]) -> Default | None:
         return None

@@ -24,7 +24,8 @@ from dataclasses import dataclass
 
 from distenv.detection.pipeline import Detection, locate
 from distenv.errors import ConfigurationError, LauncherNotFoundError, NotLaunchedError
-from distenv.launchers import Scheduler, get_launcher
+from distenv.launchers import Scheduler
+from distenv.launchers.registry import get_launcher
 from distenv.master import (
     RUN_ID_PATTERN,
     RUN_ID_VAR,

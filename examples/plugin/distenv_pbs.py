@@ -20,7 +20,6 @@ from distenv.errors import InvalidVariableError, NotLaunchedError
 from distenv.launchers import (
     MASTER_VARS,
     Default,
-    Nodes,
     Reader,
     Scheduler,
     Var,
@@ -96,9 +95,6 @@ class PbsScheduler(Scheduler):
     def default_master(self, env: Mapping[str, str]) -> Default | None:
         job = self.reader(env).get("PBS_JOBID")
         return None if job is None else Default("127.0.0.1", scheduler_port(job, "script"))
-
-    def daemon_nodes(self, env: Mapping[str, str]) -> Nodes | None:
-        return None  # PALS numbers its own nodes (PALS_NODEID)
 
     def allocation_master(self, env: Mapping[str, str]) -> Default | None:
         reader = self.reader(env)

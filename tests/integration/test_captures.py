@@ -17,7 +17,7 @@ from types import ModuleType
 
 import pytest
 
-from distenv.launchers import BUILTIN
+from distenv.launchers.registry import BUILTIN
 from tests.support.envs import mpi, slurm, torchrun
 from tests.support.integration.helpers import HARNESS, REPO, Harness
 

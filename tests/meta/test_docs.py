@@ -11,7 +11,7 @@ from types import ModuleType
 import pytest
 
 import distenv.errors
-from distenv.launchers import BUILTIN
+from distenv.launchers.registry import BUILTIN, DETECTION_ORDER
 from distenv.master import PORT_LOW, PORT_SPAN, PORT_STRIDE, scheduler_port
 from tests.support import docblocks
 
@@ -55,6 +55,23 @@ def test_env_table_lists_every_declared_variable(name: str) -> None:
 def test_contract_page_renders_every_launcher(name: str) -> None:
     """The environment-contract page asks the hook for every built-in launcher's table."""
     assert f"<!-- env-table: {name} -->" in _page("contract.md")
+
+
+def test_plugin_page_contract_table_is_the_contract_namespace() -> None:
+    """docs/plugins.md's contract table names exactly `distenv.launchers.__all__`: the names a
+    plug-in may import, all documented, and no other."""
+    import distenv.launchers
+
+    section = _page("plugins.md").split("## The contract\n", 1)[1].split("\n## ", 1)[0]
+    rows = [line for line in section.splitlines() if line.startswith("| `")]
+    documented = [name for row in rows for name in re.findall(r"`(\w+)`", row.split(" | ")[0])]
+    assert sorted(documented) == sorted(distenv.launchers.__all__)
+
+
+def test_detection_page_says_when_each_launcher_is_detected() -> None:
+    """docs/detection.md's "detected when" table has one row per launcher, in detection order."""
+    table = _page("detection.md").split("| backend | detected when |\n", 1)[1].split("\n\n", 1)[0]
+    assert _table_names(table) == list(DETECTION_ORDER)
 
 
 def test_env_exports_table_matches_to_env() -> None:
@@ -186,8 +203,6 @@ LISTED = sorted(p for p in DOCS.rglob("*.md") if "how it was chosen:" in p.read_
 def test_every_how_it_was_chosen_sample_lists_every_launcher_in_order(page: Path) -> None:
     """A `distenv info` sample shows one line per launcher in detection order: a launcher added
     later without a regenerated sample would be missing from what the page says was printed."""
-    from distenv.launchers import DETECTION_ORDER
-
     for block in page.read_text("utf-8").split("how it was chosen:\n")[1:]:
         lines = block.split("\n\n", 1)[0].split("```", 1)[0].splitlines()
         parts = [line.split() for line in lines]

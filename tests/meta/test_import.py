@@ -6,6 +6,8 @@ import json
 import subprocess
 import sys
 
+import pytest
+
 from tests.conftest import scrubbed_environ
 
 PROBE = r"""
@@ -80,7 +82,24 @@ PUBLIC = [
     "stop_requested",
     "watch_preemption",
 ]
+# The plug-in contract (docs/plugins.md): all that `distenv.launchers` exports.
 PLUGIN_CONTRACT = [
+    "MASTER_VARS",
+    "PLUGIN_GROUP",
+    "AllocationLauncher",
+    "Default",
+    "Launcher",
+    "Nodes",
+    "Reader",
+    "Scheduler",
+    "Var",
+    "World",
+    "scheduler_port",
+    "scope_tag",
+]
+# The registry's names, which `distenv.launchers` exported beside the contract before 0.2.0:
+# they still resolve there.
+REGISTRY = [
     "AWS_BATCH",
     "AZUREML",
     "BUILTIN",
@@ -89,30 +108,19 @@ PLUGIN_CONTRACT = [
     "INDEXED_JOB",
     "KUBEFLOW",
     "LSF",
-    "MASTER_VARS",
     "MPI",
     "NONE",
     "PBS",
     "PLUGINS_VAR",
-    "PLUGIN_GROUP",
     "SAGEMAKER",
     "SKYPILOT",
     "SLURM",
     "TORCHRUN",
     "VOLCANO",
-    "Default",
-    "Launcher",
-    "Nodes",
-    "Reader",
-    "Scheduler",
-    "Var",
-    "World",
     "auto_candidates",
     "canonical_name",
     "checked_name",
     "get_launcher",
-    "scheduler_port",
-    "scope_tag",
 ]
 
 
@@ -122,7 +130,20 @@ def test_every_public_name_imports() -> None:
     import distenv.launchers
 
     assert set(PUBLIC) <= set(distenv.__all__)
-    assert set(PLUGIN_CONTRACT) <= set(distenv.launchers.__all__)
+    assert sorted(distenv.launchers.__all__) == sorted(PLUGIN_CONTRACT)
     for module in (distenv, distenv.launchers):
         for name in module.__all__:
             assert getattr(module, name) is not None, (module.__name__, name)
+
+
+def test_registry_names_resolve_from_the_contract_namespace_and_their_module() -> None:
+    """`from distenv.launchers import SLURM` still works, outside the contract, as the same object."""
+    import distenv.launchers
+    import distenv.launchers.registry
+    import distenv.settings
+
+    for name in REGISTRY:
+        home = distenv.settings if name == "PLUGINS_VAR" else distenv.launchers.registry
+        assert getattr(distenv.launchers, name) is getattr(home, name), name
+    with pytest.raises(AttributeError, match="no attribute 'SLRUM'"):
+        distenv.launchers.SLRUM  # noqa: B018

@@ -16,7 +16,7 @@ from distenv import detect, explain
 from distenv.detection.agreement import LAUNCH_MARKS, refuse_leftovers
 from distenv.detection.layer import Layers
 from distenv.errors import InconsistentEnvironmentError
-from distenv.launchers import auto_candidates
+from distenv.launchers.registry import auto_candidates
 from distenv.master import RUN_ID_VAR, SCOPE_VAR
 from tests.conftest import scrubbed_environ
 from tests.support.envs import kubeflow, lsf, mpi, slurm, torchrun

@@ -7,7 +7,7 @@ import argparse
 import pytest
 
 from distenv import add_launcher_argument
-from distenv.launchers import CHOICES
+from distenv.launchers.registry import CHOICES
 
 
 def make_parser():
@@ -31,7 +31,7 @@ def test_launcher_option(argv, launcher):
 
 
 def test_launcher_help_lists_the_registry():
-    """The help text lists every name in distenv.launchers.CHOICES."""
+    """The help text lists every name in distenv.launchers.registry.CHOICES."""
     action = next(a for a in make_parser()._actions if a.dest == "launcher")
     assert all(name in action.help for name in CHOICES)
     assert "auto" in CHOICES

@@ -11,7 +11,8 @@ from distenv.errors import (
     InvalidVariableError,
     MissingVariableError,
 )
-from distenv.launchers import AWS_BATCH, awsbatch, get_launcher
+from distenv.launchers import awsbatch
+from distenv.launchers.registry import AWS_BATCH, get_launcher
 from distenv.local.plan import scheduler_layout
 from distenv.master import scheduler_port
 from distenv.netpath import Interface

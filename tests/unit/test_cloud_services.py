@@ -13,7 +13,7 @@ from distenv.errors import (
     MissingVariableError,
     NotLaunchedError,
 )
-from distenv.launchers import AZUREML, SAGEMAKER
+from distenv.launchers.registry import AZUREML, SAGEMAKER
 from distenv.master import scheduler_port
 from tests.support.envs import layout
 from tests.support.envs.azureml import (

@@ -12,8 +12,8 @@ from distenv.errors import (
     InvalidVariableError,
     MissingVariableError,
 )
-from distenv.launchers import FLUX
 from distenv.launchers.flux import job_number
+from distenv.launchers.registry import FLUX
 from distenv.local.run import build_children
 from distenv.master import scheduler_port
 from tests.support.envs import flux, layout

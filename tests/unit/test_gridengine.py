@@ -14,7 +14,7 @@ from distenv.errors import (
     MissingVariableError,
     NotLaunchedError,
 )
-from distenv.launchers import SGE, get_launcher
+from distenv.launchers.registry import SGE, get_launcher
 from distenv.master import scheduler_port
 from tests.support.envs import gridengine as sge
 

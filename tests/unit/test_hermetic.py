@@ -6,7 +6,7 @@ import os
 
 import pytest
 
-from distenv.launchers import BUILTIN
+from distenv.launchers.registry import BUILTIN
 from distenv.rankinfo import ENV_CONTRACT
 from tests.conftest import scrubbed_environ
 

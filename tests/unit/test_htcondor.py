@@ -6,7 +6,7 @@ import pytest
 
 from distenv import detect, explain
 from distenv.errors import InconsistentEnvironmentError, InvalidVariableError, MissingVariableError
-from distenv.launchers import HTCONDOR
+from distenv.launchers.registry import HTCONDOR
 from distenv.master import scheduler_port
 from tests.support.envs import htcondor as condor
 

@@ -14,7 +14,7 @@ from distenv.errors import (
     MissingVariableError,
     NotLaunchedError,
 )
-from distenv.launchers import KUBEFLOW
+from distenv.launchers.registry import KUBEFLOW
 from distenv.local.plan import scheduler_layout
 from tests.support.envs.kubeflow import (
     POD_V1_2X1_WORKER0,

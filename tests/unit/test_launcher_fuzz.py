@@ -10,17 +10,17 @@ with fixed example counts: the same values every run, so this file cannot flake.
 
 from __future__ import annotations
 
-import pkgutil
 import re
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Mapping
 
 import pytest
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
-import tests.support.envs
 from distenv import DistEnvError, detect
-from distenv.launchers import BUILTIN, AllocationLauncher, Launcher, Scheduler
+from distenv.launchers import AllocationLauncher, Launcher, Scheduler
+from distenv.launchers.registry import BUILTIN
+from tests.support.envs import recorded
 
 Call = Callable[[Mapping[str, str]], object]
 
@@ -59,21 +59,6 @@ def _edit(value: str, edit: Edit) -> str:
     if kind == "repeat":
         return first.join([value] * count)
     return first
-
-
-def _recorded() -> Iterator[dict[str, str]]:
-    """Every environment of tests/support/envs, in a stable order."""
-    for module_info in pkgutil.iter_modules(tests.support.envs.__path__):
-        if module_info.name == "make_fixtures":
-            continue
-        module = __import__(f"tests.support.envs.{module_info.name}", fromlist=["_"])
-        for name in sorted(dir(module)):
-            value = getattr(module, name)
-            if not name.isupper() or not isinstance(value, (dict, list, tuple)):
-                continue
-            for env in [value] if isinstance(value, dict) else value:
-                if isinstance(env, dict) and all(isinstance(v, str) for v in env.values()):
-                    yield env
 
 
 def _calls(launcher: Launcher) -> dict[str, Call]:
@@ -115,7 +100,7 @@ def _outcomes(launcher: Launcher, env: Mapping[str, str]) -> frozenset[str]:
 
 # Copied when this module is collected, before any test runs: the bases never depend on which
 # tests ran before (a test that changed a recorded environment in place would change them).
-RECORDED = [dict(env) for env in _recorded()]
+RECORDED = [dict(env) for env in recorded().values()]
 LAUNCHERS = [launcher for launcher in BUILTIN.values() if launcher.variables]
 # By name: Hypothesis derives a derandomized test's seed from its arguments too, and a launcher
 # object's repr holds its address, which changes with whatever was imported before.

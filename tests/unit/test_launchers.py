@@ -15,7 +15,7 @@ from distenv.errors import (
     MissingVariableError,
     NotLaunchedError,
 )
-from distenv.launchers import get_launcher
+from distenv.launchers.registry import get_launcher
 from distenv.master import SCOPE_VAR, scheduler_port
 from tests.support.envs import lsf, mpi, pbs, slurm, torchrun
 

@@ -2,7 +2,8 @@
 
 Agreement, the choice and the master query all need the same answers (for Hydra inside salloc,
 `mpi`'s ``world`` in five places, Slurm's in three); a `Layer` hands each on. These tests count
-every hook of every built-in launcher over every captured environment, auto and by name.
+every hook of every built-in launcher over every recorded environment of every launcher
+(tests/support/envs, walked by `recorded`), auto and by name.
 """
 
 from __future__ import annotations
@@ -10,28 +11,16 @@ from __future__ import annotations
 import collections
 import contextlib
 import functools
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable
 
 import pytest
 
 from distenv import DistEnvError
 from distenv.detection.layer import Layer, Layers
 from distenv.detection.pipeline import locate
-from distenv.launchers import BUILTIN, MPI, SLURM, Launcher
-from tests.support.envs import (
-    azureml,
-    flux,
-    indexed_job,
-    kubeflow,
-    lsf,
-    mpi,
-    pbs,
-    sagemaker,
-    slurm,
-    torchrun,
-    vertex,
-    volcano,
-)
+from distenv.launchers import Launcher
+from distenv.launchers.registry import BUILTIN, MPI, SLURM
+from tests.support.envs import mpi, recorded, slurm
 
 HOOKS = (
     "detect",
@@ -43,25 +32,8 @@ HOOKS = (
     "daemon_nodes",
     "allocation_master",
 )
-MODULES = (
-    *(slurm, mpi, torchrun, lsf, pbs, flux, kubeflow, indexed_job, volcano, sagemaker, azureml),
-    vertex,
-)
-
-
-def _captured() -> Iterator[tuple[str, Mapping[str, str]]]:
-    for module in MODULES:
-        for name in sorted(dir(module)):
-            value = getattr(module, name)
-            if not name.isupper():
-                continue
-            ranks = value if isinstance(value, (tuple, list)) else (value,)
-            for i, env in enumerate(ranks):
-                if isinstance(env, dict):
-                    yield f"{module.__name__.rsplit('.', 1)[-1]}.{name}[{i}]", env
-
-
-CAPTURED = dict(_captured())
+# Every recorded environment of every launcher (tests/support/envs), found by walking them.
+CAPTURED = recorded()
 
 
 @pytest.fixture
@@ -92,7 +64,7 @@ def test_captured_environments_are_found() -> None:
     assert "mpi.HYDRA_IN_SALLOC_2N[3]" in CAPTURED
 
 
-@pytest.mark.parametrize("launcher", ["auto", "pytorch", "mpi", "slurm", "lsf", "kubeflow"])
+@pytest.mark.parametrize("launcher", ["auto", *BUILTIN])
 def test_each_hook_is_asked_at_most_once_per_detection(
     asked: collections.Counter[str], launcher: str
 ) -> None:

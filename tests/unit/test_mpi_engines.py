@@ -15,7 +15,7 @@ import pytest
 from distenv import detect, explain
 from distenv.bootstrap.records import matches
 from distenv.bootstrap.scope import job_scope
-from distenv.launchers import BUILTIN
+from distenv.launchers.registry import BUILTIN
 from distenv.master import scheduler_port
 from tests.support.envs import mpi
 

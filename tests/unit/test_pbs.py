@@ -8,7 +8,7 @@ import pytest
 
 from distenv import detect, explain
 from distenv.errors import InvalidVariableError, MissingVariableError, NotLaunchedError
-from distenv.launchers import PBS, get_launcher
+from distenv.launchers.registry import PBS, get_launcher
 from distenv.master import scheduler_port
 from tests.support.envs import pbs
 

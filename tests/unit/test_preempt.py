@@ -21,7 +21,8 @@ import pytest
 from distenv import RankInfo, detect
 from distenv import preempt as preempt_module
 from distenv.errors import ConfigurationError, InvalidVariableError, RequeueError
-from distenv.launchers import BUILTIN, Scheduler
+from distenv.launchers import Scheduler
+from distenv.launchers.registry import BUILTIN
 from distenv.preempt import requeue, requeue_command, stop_requested, watch_preemption
 from tests.conftest import scrubbed_environ
 from tests.support.envs import lsf, mpi, slurm, torchrun

@@ -11,7 +11,7 @@ import pytest
 from distenv.detection.pipeline import detect
 from distenv.detection.signs import RANKS, SIZES, multi_process_signs
 from distenv.errors import DistEnvError, InconsistentEnvironmentError
-from distenv.launchers import BUILTIN
+from distenv.launchers.registry import BUILTIN
 from distenv.local.plan import scheduler_layout
 
 DECLARED = sorted(

@@ -11,7 +11,7 @@ from distenv.errors import (
     InvalidVariableError,
     MissingVariableError,
 )
-from distenv.launchers import SKYPILOT, get_launcher
+from distenv.launchers.registry import SKYPILOT, get_launcher
 from distenv.local.plan import scheduler_layout
 from distenv.master import scheduler_port
 from tests.support import docblocks

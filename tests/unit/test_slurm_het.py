@@ -14,7 +14,7 @@ import pytest
 
 from distenv import DistEnvError, detect
 from distenv.errors import InconsistentEnvironmentError, MissingVariableError
-from distenv.launchers import BUILTIN
+from distenv.launchers.registry import BUILTIN
 from tests.support.envs import slurm
 
 SLURM = BUILTIN["slurm"]

@@ -15,7 +15,7 @@ from distenv.errors import (
     MissingVariableError,
     NotLaunchedError,
 )
-from distenv.launchers import VERTEX
+from distenv.launchers.registry import VERTEX
 from distenv.local.plan import scheduler_layout
 from tests.support.envs import layout
 from tests.support.envs.vertex import (

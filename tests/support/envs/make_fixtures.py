@@ -12,7 +12,7 @@ import json
 import pprint
 from pathlib import Path
 
-from distenv.launchers import BUILTIN
+from distenv.launchers.registry import BUILTIN
 
 HERE = Path(__file__).parent
 CAPTURES = HERE / "captures"
