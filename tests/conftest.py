@@ -1,9 +1,16 @@
-"""Shared fixtures: a hermetic environment for every test."""
+"""Shared fixtures: a hermetic environment for every test, and the fast default lane.
+
+A bare ``pytest`` (the paths from ``testpaths``, no ``-m``) runs the fast lane: `FAST_DIRS`, less
+the tests marked ``slow`` (they build the site, a wheel or a venv, or start the benchmarks), in
+about a minute. ``pytest --all`` (tests/run.sh, CI) runs everything; a path or node id named on
+the command line, or a marker expression (``-m gpu``), runs what it selects.
+"""
 
 from __future__ import annotations
 
 import os
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -64,6 +71,36 @@ def _hermetic_env(monkeypatch: pytest.MonkeyPatch) -> None:
     for key in list(os.environ):
         if scrubbed(key):
             monkeypatch.delenv(key)
+
+
+#: The directories of the fast default lane (in-process and light subprocess tests).
+FAST_DIRS = ("unit", "meta")
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addoption(
+        "--all",
+        action="store_true",
+        help="run every test (process, integration, slow): a bare pytest runs the fast lane",
+    )
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Keep the fast lane only, for a bare ``pytest`` without ``--all`` (module doc)."""
+    named = config.args_source is not pytest.Config.ArgsSource.TESTPATHS
+    if config.getoption("--all") or named or config.option.markexpr:
+        return
+    tests = Path(__file__).resolve().parent
+    fast = tuple(tests / name for name in FAST_DIRS)
+
+    def in_lane(item: pytest.Item) -> bool:
+        in_fast_dir = any(item.path.is_relative_to(directory) for directory in fast)
+        return in_fast_dir and item.get_closest_marker("slow") is None
+
+    kept = [item for item in items if in_lane(item)]
+    if len(kept) < len(items):
+        config.hook.pytest_deselected(items=[item for item in items if not in_lane(item)])
+        items[:] = kept
 
 
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:

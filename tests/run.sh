@@ -22,5 +22,5 @@ fi
 echo "== pytest"
 # DISTENV_STRICT_TESTS makes any skipped or xfailed test fail the run (tests/conftest.py); the 25
 # slowest tests are listed at the end, to keep the run under its 20-minute target.
-DISTENV_STRICT_TESTS=1 .venv/bin/pytest -m "not gpu" -p no:cacheprovider --durations=25 "$@"
+DISTENV_STRICT_TESTS=1 .venv/bin/pytest --all -m "not gpu" -p no:cacheprovider --durations=25 "$@"
 echo "== all tests passed in $((SECONDS - start)) s"

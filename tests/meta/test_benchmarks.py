@@ -18,6 +18,8 @@ import pytest
 from tests.conftest import scrubbed_environ
 from tests.support.integration.helpers import STATE, load_env_sh
 
+pytestmark = pytest.mark.slow  # out of a bare pytest's fast lane (tests/conftest.py)
+
 BENCHMARKS = Path(__file__).resolve().parents[2] / "benchmarks"
 
 

@@ -27,6 +27,8 @@ import pytest
 from tests.conftest import scrubbed_environ
 from tests.meta.test_docs import hooks
 
+pytestmark = pytest.mark.slow  # out of a bare pytest's fast lane (tests/conftest.py)
+
 REPO = Path(__file__).resolve().parents[2]
 
 # The pages that show distenv's errors and long commands. Each of the first four holds at least

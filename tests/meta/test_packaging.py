@@ -25,6 +25,8 @@ import pytest
 import distenv
 from tests.conftest import scrubbed_environ
 
+pytestmark = pytest.mark.slow  # out of a bare pytest's fast lane (tests/conftest.py)
+
 REPO = Path(__file__).resolve().parents[2]
 SCRIPTS = REPO / "scripts"
 VERSION = distenv.__version__
