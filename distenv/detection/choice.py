@@ -13,12 +13,13 @@ Reads the environment only: no torch, no mpi4py, no subprocess.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import NamedTuple
 
 from distenv.detection.agreement import agrees, describe, refuse_leftovers
 from distenv.detection.layer import Layer, Layers
 from distenv.detection.signs import multi_process_signs
+from distenv.detection.starters import Origin, refuse_stripped
 from distenv.errors import (
     DistEnvError,
     InconsistentEnvironmentError,
@@ -103,8 +104,16 @@ def _enclosed(inner: Layer, detected: Sequence[Layer], notes: list[tuple[str, st
     return Choice(inner, info, inner, allocation, tuple(notes))
 
 
-def choose(launcher: str, env: Mapping[str, str]) -> Choice:
+def choose(
+    launcher: str, env: Mapping[str, str], origin: Callable[[], Origin] | None = None
+) -> Choice:
     """Choose the launcher named (``auto``: the innermost detected) and read its layout.
+
+    Args:
+        launcher: ``auto`` or a launcher name.
+        env: The environment to read.
+        origin: Reads what the process tree says of this process, asked only where no launcher
+            is detected (`distenv.detection.starters`); None: nothing is asked.
 
     Raises:
         DistEnvError: If the environment is incomplete, malformed, or contradicts the name given;
@@ -124,8 +133,11 @@ def choose(launcher: str, env: Mapping[str, str]) -> Choice:
         for c in candidates
     ]
     try:
-        if name == "auto" and not detected:
-            _refuse_signs([c.launcher for c in candidates], env)
+        if not detected and name != NONE.name:
+            if name == "auto":
+                _refuse_signs([c.launcher for c in candidates], env)
+            if origin is not None:
+                refuse_stripped(origin())
         choice = _choose(name, layers, detected, notes)
     except DistEnvError as exc:
         exc.considered = tuple(notes)
