@@ -118,3 +118,44 @@ def test_charliecloud_stripped_environment_is_refused(harness: Harness) -> None:
     assert max(elapsed) < REFUSAL_S, elapsed
     assert result.records() == [], result.text  # no rank trained alone
     assert time.monotonic() - started < 60
+
+
+def test_distenv_info_in_a_stripped_task_explains(harness: Harness) -> None:
+    """`distenv info` in the same stripped tasks: one line per task naming slurmstepd, exit 1,
+    no traceback."""
+    made, binds = image(harness.outdir("charliecloud-image"))
+    argv = in_image(srun_line("test_charliecloud_stripped_environment_is_refused"), made, binds,
+                    [PYTHON, "-m", "distenv", "info"])  # fmt: skip
+    argv.insert(argv.index("--unset-env=*") + 1, f"--set-env=PYTHONPATH={REPO}")
+    env = harness.env("multi", extra={"USER": "root", "PYTHONPATH": str(REPO)})
+    result = harness.run(argv, cluster="multi", env=env, timeout=60)
+    assert result.returncode not in (0, None), result.text
+    lines = re.findall(
+        r"(?m)^distenv: slurm: this process was started by slurmstepd", result.stderr
+    )
+    assert len(lines) == 4, result.text
+    assert "Traceback" not in result.stderr
+
+
+@pytest.mark.mpi
+@pytest.mark.parametrize(
+    ("launcher", "daemon"),
+    [
+        (["mpirun.openmpi", "--allow-run-as-root", "-np", "2"], "mpirun.openmpi"),
+        (["mpiexec.hydra", "-n", "2"], "hydra_pmi_proxy"),
+    ],
+    ids=["openmpi", "mpich"],
+)
+def test_mpi_ranks_with_an_emptied_environment_are_refused(
+    harness: Harness, launcher: list[str], daemon: str
+) -> None:
+    """`env -i` between mpirun and the rank (as a stripping container would): both ranks are
+    refused as `mpi`, naming the daemon that started them (mpirun itself on its own node,
+    Hydra's proxy)."""
+    program = ["env", "-i", f"PYTHONPATH={REPO}", PYTHON, str(RANK_CHECK)]
+    result = harness.run([*launcher, *program], env=harness.env(ompi=True), timeout=60)
+    assert result.returncode not in (0, None), result.text
+    refusals = re.findall(rf"(?m)^rank_check: mpi: this process was started by {daemon} \(pid",
+                          result.stderr)  # fmt: skip
+    assert len(refusals) == 2, result.text
+    assert result.records() == [], result.text
