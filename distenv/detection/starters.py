@@ -58,7 +58,8 @@ COMMANDS_OF = frozenset({"slurmstepd"})
 #: Slurm steps that are one process by design (slurmstepd's argv, the cgroup's ``step_`` name).
 SINGLE_STEPS = frozenset({"batch", "extern", "interactive"})
 
-_STEP_ARGV = re.compile(r"\[(\d+)\.(\w+)\]")
+# "[5.0]", "[5.batch]"; an array element's job may read "5_3". The cgroup has the job's number.
+_STEP_ARGV = re.compile(r"\[([^\].\s]+)\.([^\]\s]+)\]")
 _STEP_CGROUP = re.compile(r"/job_(\d+)/step_(\w+)")
 
 

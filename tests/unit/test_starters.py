@@ -115,6 +115,13 @@ def test_every_launch_daemon_names_its_launcher(tmp_path: Path, name: str, launc
     assert "--launcher none" in message
 
 
+def test_an_array_element_task_is_refused_naming_its_step(tmp_path: Path) -> None:
+    """slurmstepd of an array element's task step: `[500014_3.0]` is a task step, refused."""
+    proc = write_tree(tmp_path, {**SRUN_STEP, 22140: ("slurmstepd", 1, "slurmstepd: [500014_3.0]")})
+    with pytest.raises(StrippedEnvironmentError, match=r"\(pid 22140, step 500014_3\.0\)"):
+        locate("auto", {}, runtime=False, proc=proc)
+
+
 def test_the_container_found_names_its_own_flag_and_fix(tmp_path: Path) -> None:
     """Inside charliecloud ($CH_RUNNING survives --unset-env): its flag and fix only."""
     proc = write_tree(tmp_path, SRUN_STEP)
@@ -145,9 +152,10 @@ def test_a_slurm_step_cgroup_names_the_step_where_the_tree_does_not(
 
 
 @pytest.mark.parametrize("step", ["batch", "extern", "interactive"])
-def test_single_process_steps_run_alone(tmp_path: Path, step: str) -> None:
+@pytest.mark.parametrize("job", ["500014", "500014_3"], ids=["job", "array-element"])
+def test_single_process_steps_run_alone(tmp_path: Path, step: str, job: str) -> None:
     """A batch script (or an extern/interactive step) is one process by design: rank 0 of 1."""
-    tree = {**SBATCH_SCRIPT, 299: ("slurmstepd", 1, f"slurmstepd: [500014.{step}]")}
+    tree = {**SBATCH_SCRIPT, 299: ("slurmstepd", 1, f"slurmstepd: [{job}.{step}]")}
     info = locate("auto", {}, runtime=False, proc=write_tree(tmp_path / "tree", tree)).info
     assert (info.launcher, info.world_size) == ("none", 1)
     cgroup_proc = write_tree(
