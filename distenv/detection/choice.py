@@ -133,12 +133,11 @@ def choose(
         for c in candidates
     ]
     try:
-        if not detected and name != NONE.name:
-            if name == "auto":
-                _refuse_signs([c.launcher for c in candidates], env)
+        if name == "auto" and not detected:
+            _refuse_signs([c.launcher for c in candidates], env)
             if origin is not None:
                 refuse_stripped(origin())
-        choice = _choose(name, layers, detected, notes)
+        choice = _choose(name, layers, detected, notes, origin)
     except DistEnvError as exc:
         exc.considered = tuple(notes)
         raise
@@ -177,6 +176,7 @@ def _choose(
     layers: Layers,
     detected: list[Layer],
     notes: list[tuple[str, str]],
+    origin: Callable[[], Origin] | None = None,
 ) -> Choice:
     """Pick the launcher named (or auto's choice) among those `detected`, innermost first."""
     env = layers.env
@@ -196,6 +196,8 @@ def _choose(
         return _alone(chosen, notes)
     if not chosen.detected():
         found = detected[0].name if detected else "none"
+        if found == "none" and origin is not None:  # its variables stripped, not absent?
+            refuse_stripped(origin())
         start = chosen.launcher.how_to_start or f"start the job with {chosen.name}'s launcher"
         raise LauncherNotFoundError(
             chosen.name,

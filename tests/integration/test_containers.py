@@ -25,6 +25,7 @@ from tests.support.integration.helpers import (
     TWO_BY_TWO,
     Harness,
     check_world,
+    wait_all,
 )
 
 pytestmark = pytest.mark.slurm
@@ -120,21 +121,24 @@ def test_charliecloud_stripped_environment_is_refused(harness: Harness) -> None:
     assert time.monotonic() - started < 60
 
 
-def test_distenv_info_in_a_stripped_task_explains(harness: Harness) -> None:
-    """`distenv info` in the same stripped tasks: one line per task naming slurmstepd, exit 1,
-    no traceback."""
+def test_distenv_info_and_run_in_a_stripped_task_explain(harness: Harness) -> None:
+    """`distenv info` and `distenv run` in the same stripped tasks: one line per task naming
+    slurmstepd, exit 1, no traceback; `distenv run` starts no node of its own."""
     made, binds = image(harness.outdir("charliecloud-image"))
-    argv = in_image(srun_line("test_charliecloud_stripped_environment_is_refused"), made, binds,
-                    [PYTHON, "-m", "distenv", "info"])  # fmt: skip
-    argv.insert(argv.index("--unset-env=*") + 1, f"--set-env=PYTHONPATH={REPO}")
     env = harness.env("multi", extra={"USER": "root", "PYTHONPATH": str(REPO)})
-    result = harness.run(argv, cluster="multi", env=env, timeout=60)
-    assert result.returncode not in (0, None), result.text
-    lines = re.findall(
-        r"(?m)^distenv: slurm: this process was started by slurmstepd", result.stderr
-    )
-    assert len(lines) == 4, result.text
-    assert "Traceback" not in result.stderr
+    launches = []
+    for command in (["info"], ["run", "-n", "2", "--no-python", "true"]):
+        program = [PYTHON, "-m", "distenv", *command]
+        argv = in_image(srun_line("test_charliecloud_stripped_environment_is_refused"), made,
+                        binds, program)  # fmt: skip
+        argv.insert(argv.index("--unset-env=*") + 1, f"--set-env=PYTHONPATH={REPO}")
+        launches.append(harness.start(argv, cluster="multi", env=env, timeout=60))
+    for result in wait_all(launches):
+        assert result.returncode not in (0, None), result.text
+        lines = re.findall(r"(?m)^distenv: slurm: this process was started by slurmstepd",
+                           result.stderr)  # fmt: skip
+        assert len(lines) == 4, result.text
+        assert "Traceback" not in result.stderr
 
 
 @pytest.mark.mpi
