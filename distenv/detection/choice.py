@@ -5,7 +5,9 @@ master is, is `distenv.master`'s question (`distenv.detection.pipeline` asks bot
 launchers' types, never their names: a `Scheduler` is an outer layer, and an
 `AllocationLauncher` (MPI) consults every scheduler that encloses it. Before it chooses,
 `distenv.detection.agreement` refuses launcher variables left over from another job inside the step
-this process belongs to. Every launcher is asked through its `distenv.detection.layer.Layer`, so each
+this process belongs to; where nothing is detected, `distenv.detection.starters` refuses a task
+whose launcher's variables a container stripped (the process tree, read by the pipeline, says who
+started it). Every launcher is asked through its `distenv.detection.layer.Layer`, so each
 answer is computed once and handed on in the `Choice`.
 
 Reads the environment only: no torch, no mpi4py, no subprocess.
@@ -196,7 +198,7 @@ def _choose(
         return _alone(chosen, notes)
     if not chosen.detected():
         found = detected[0].name if detected else "none"
-        if found == "none" and origin is not None:  # its variables stripped, not absent?
+        if found == "none" and origin is not None:  # stripped by a container, or truly absent
             refuse_stripped(origin())
         start = chosen.launcher.how_to_start or f"start the job with {chosen.name}'s launcher"
         raise LauncherNotFoundError(
