@@ -27,6 +27,7 @@ __all__ = [
     "RendezvousTimeoutError",
     "RequeueError",
     "StoreTakenError",
+    "StrippedEnvironmentError",
     "WorkerFailedError",
 ]
 
@@ -115,6 +116,14 @@ class NotLaunchedError(DistEnvError):
 
     The classic case is a Slurm batch script (or salloc shell) of a 4-task job running the training
     script itself: it would be "rank 0 of 4" and wait forever for three ranks nobody started.
+    """
+
+
+class StrippedEnvironmentError(DistEnvError):
+    """A launcher started this process, but none of its variables reach it.
+
+    A container run with ``apptainer exec --cleanenv``, ``ch-run --unset-env`` or ``podman run``
+    without ``-e`` hides them: run alone, every task would be "rank 0 of 1" and train by itself.
     """
 
 

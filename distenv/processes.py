@@ -1,8 +1,10 @@
-"""Linux process plumbing: parent-death signal, child subreaper, the process and thread tables.
+"""Linux process plumbing: parent-death signal, child subreaper, the process tables, the ancestry.
 
 The one owner of the prctl(2) calls and the /proc reading that the local launchers and the forked
-MPI deadline helper need. Everything fails soft where Linux is missing: without prctl nothing is
-asked of the kernel, without /proc the table is None and nothing is adopted.
+MPI deadline helper need, and of the reading of this process's ancestors and cgroup that detection
+asks for (who started a process whose environment a container stripped). Everything fails soft
+where Linux is missing: without prctl nothing is asked of the kernel, without /proc the table is
+None, nothing is adopted and no ancestor is found.
 
 Importable before MPI is initialised and in a freshly forked helper: standard library only, and
 ctypes imported by the calls that need it.
@@ -19,12 +21,16 @@ from dataclasses import dataclass
 
 __all__ = [
     "PDEATH_WRAPPER",
+    "PROC",
     "PR_GET_CHILD_SUBREAPER",
     "PR_SET_CHILD_SUBREAPER",
     "PR_SET_PDEATHSIG",
     "Adopter",
+    "Ancestor",
     "ProcessEntry",
     "ThreadEntry",
+    "ancestors",
+    "cgroup",
     "live_groups",
     "parent_death_signal",
     "prctl",
@@ -175,6 +181,78 @@ def processes() -> list[ProcessEntry] | None:
             state, ppid, pgrp = fields[0].decode(), int(fields[1]), int(fields[2])
             found.append(ProcessEntry(int(entry), state, ppid, pgrp))
     return found
+
+
+#: Where the kernel shows processes (proc(5)); tests pass a recorded tree instead.
+PROC = "/proc"
+#: How far up `ancestors` looks: a launcher's daemon is a few generations up (a container
+#: runtime, a shell, a wrapper between), never dozens.
+ANCESTRY_LIMIT = 24
+# Bounds of each read: a stat line is under 1 KiB; a command line is cut (only its start is
+# shown); a cgroup file has one line per hierarchy (about a dozen under cgroup v1).
+_STAT_BYTES = 1024
+_COMMAND_BYTES = 256
+_CGROUP_BYTES = 4096
+
+
+@dataclass(frozen=True)
+class Ancestor:
+    """One process above this one: its pid, its name (``comm``), and the start of its argv where
+    the caller asked for it ("" otherwise: a command line may hold secrets)."""
+
+    pid: int
+    name: str
+    command: str = ""
+
+
+def _read(path: str, limit: int) -> bytes | None:
+    try:
+        with open(path, "rb") as file:
+            return file.read(limit)
+    except OSError:
+        return None
+
+
+def ancestors(
+    proc: str = PROC, limit: int = ANCESTRY_LIMIT, commands_of: frozenset[str] = frozenset()
+) -> list[Ancestor]:
+    """Return this process's ancestors, its parent first, up to `limit` generations.
+
+    Read from ``PROC/self/stat`` and each ancestor's ``stat``, each read bounded, no subprocess.
+    The walk ends at pid 1, at the edge of this process's pid namespace (parent pid 0: a
+    container with its own pid namespace hides what started it) or where /proc cannot be read
+    (not Linux): an empty list then.
+
+    Args:
+        proc: The /proc to read: a recorded tree in tests (``self/stat``, ``PID/stat`` and
+            ``PID/cmdline`` files).
+        limit: How many generations to look at.
+        commands_of: The names whose command line (``PID/cmdline``, its start) is read too.
+    """
+    stat = _read(f"{proc}/self/stat", _STAT_BYTES)
+    found: list[Ancestor] = []
+    while stat is not None and len(found) < limit:
+        _, fields = _stat_fields(stat)
+        if len(fields) < 2 or not fields[1].isdigit() or int(fields[1]) <= 0:
+            break
+        pid = int(fields[1])
+        stat = _read(f"{proc}/{pid}/stat", _STAT_BYTES)
+        if stat is None:
+            break
+        name = _stat_fields(stat)[0].decode(errors="replace")
+        command = ""
+        if name in commands_of:
+            argv = _read(f"{proc}/{pid}/cmdline", _COMMAND_BYTES) or b""
+            command = argv.rstrip(b"\0").replace(b"\0", b" ").decode(errors="replace")
+        found.append(Ancestor(pid, name, command))
+        if pid == 1:
+            break
+    return found
+
+
+def cgroup(proc: str = PROC) -> str:
+    """Return ``PROC/self/cgroup`` (bounded), or "" where it cannot be read."""
+    return (_read(f"{proc}/self/cgroup", _CGROUP_BYTES) or b"").decode(errors="replace")
 
 
 def live_groups(groups: set[int]) -> set[int]:

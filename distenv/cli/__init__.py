@@ -14,6 +14,7 @@ from distenv import __version__
 from distenv.args import add_launcher_option
 from distenv.cli import templates
 from distenv.cli.doctor import add_doctor_parser, write_considered
+from distenv.containers import container
 from distenv.detection.pipeline import Detection, locate
 from distenv.device import rank_backend, rank_device_reason, visible_device_count
 from distenv.errors import DistEnvError, MasterResolutionError
@@ -91,8 +92,13 @@ def _cmd_info(args: argparse.Namespace) -> int:
         from distenv.netpath import path
 
         network = path(info.master_addr, info.master_port, os.environ)
+    # Which container runtime this runs in: named, so a stripped environment or a small /dev/shm
+    # is read against it (distenv.containers).
+    inside = container(os.environ)
     if args.json:
-        extra: dict[str, object] = {} if why is None else {"device_reason": why}
+        extra: dict[str, object] = {"container": None if inside is None else inside.runtime.name}
+        if why is not None:
+            extra["device_reason"] = why
         if network is not None:
             extra["network"] = _network_json(network)
         _write_whole(json.dumps({**info.to_dict(), **device, **extra}) + "\n")
@@ -110,6 +116,9 @@ def _cmd_info(args: argparse.Namespace) -> int:
     rows = [(name, shown(name, value)) for name, value in info.to_dict().items()]
     visible_env = device["cuda_visible_devices"]
     rows.append(("cuda_visible_devices", "unset" if visible_env is None else repr(visible_env)))
+    rows.append(
+        ("container", "none" if inside is None else f"{inside.runtime.label} ({inside.evidence})")
+    )
     if why is None:
         rows.append(("device", "not checked: pass --device (imports torch)"))
     else:

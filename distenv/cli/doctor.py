@@ -20,6 +20,7 @@ from distenv.bootstrap.records import CheckIn
 from distenv.bootstrap.rollcall import fill_layout, make_checkin, meet
 from distenv.bootstrap.session import Bootstrap, Session
 from distenv.bootstrap.verdict import Verdict
+from distenv.containers import SHM, container, shm_bytes
 from distenv.detection.pipeline import locate
 from distenv.device import rank_backend, rank_device, rank_device_reason
 from distenv.errors import DistEnvError
@@ -29,6 +30,11 @@ from distenv.settings import Settings
 __all__ = ["add_doctor_parser", "doctor", "write_considered"]
 
 DEFAULT_TIMEOUT = 60.0
+MIB = 1 << 20
+#: The /dev/shm below which doctor warns: NCCL's troubleshooting page asks containers for
+#: ``--shm-size=1g`` (its shared-memory transport), and DataLoader workers pass every batch
+#: through /dev/shm too. Docker's and podman's default is 64 MiB.
+SHM_NEEDED = 1024 * MIB
 
 
 def write_considered(rows: Sequence[tuple[str, str]], out: TextIO) -> None:
@@ -137,6 +143,7 @@ def doctor(
     )
     _table(info, verdict, out)
     _network(verdict, out)
+    _shared_memory(out)
     if verdict.ok:
         out.write(f"verdict: OK: {info.world_size} of {info.world_size} ranks checked in\n")
         return 0
@@ -144,6 +151,22 @@ def doctor(
     for problem in verdict.describe(seconds):
         out.write(f"  - {problem}\n")
     return 1
+
+
+def _shared_memory(out: TextIO, path: str = SHM) -> None:
+    """Warn where rank 0's /dev/shm is smaller than its host's ranks need (a container's default)."""
+    size = shm_bytes(path)
+    if size is None or size >= SHM_NEEDED:
+        return
+    inside = container(os.environ)
+    runtime = "" if inside is None else f" in {inside.runtime.label}"
+    out.write(
+        f"warning: {path} is {size / MIB:.0f} MiB{runtime}, under the {SHM_NEEDED // MIB} MiB "
+        "that the ranks' NCCL shared-memory transport and DataLoader workers need (Docker's and "
+        "podman's default is 64 MiB): they fail with bus errors or NCCL shm errors that never "
+        "name it. Hint: start the container with `--shm-size=1g` (docker/podman run), or "
+        "`--ipc=host` to share the host's\n"
+    )
 
 
 def _network(verdict: Verdict, out: TextIO) -> None:

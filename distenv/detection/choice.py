@@ -5,7 +5,9 @@ master is, is `distenv.master`'s question (`distenv.detection.pipeline` asks bot
 launchers' types, never their names: a `Scheduler` is an outer layer, and an
 `AllocationLauncher` (MPI) consults every scheduler that encloses it. Before it chooses,
 `distenv.detection.agreement` refuses launcher variables left over from another job inside the step
-this process belongs to. Every launcher is asked through its `distenv.detection.layer.Layer`, so each
+this process belongs to; where nothing is detected, `distenv.detection.starters` refuses a task
+whose launcher's variables a container stripped (the process tree, read by the pipeline, says who
+started it). Every launcher is asked through its `distenv.detection.layer.Layer`, so each
 answer is computed once and handed on in the `Choice`.
 
 Reads the environment only: no torch, no mpi4py, no subprocess.
@@ -13,12 +15,13 @@ Reads the environment only: no torch, no mpi4py, no subprocess.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import NamedTuple
 
 from distenv.detection.agreement import agrees, describe, refuse_leftovers
 from distenv.detection.layer import Layer, Layers
 from distenv.detection.signs import multi_process_signs
+from distenv.detection.starters import Origin, refuse_stripped
 from distenv.errors import (
     DistEnvError,
     InconsistentEnvironmentError,
@@ -95,8 +98,16 @@ def _enclosed(inner: Layer, detected: Sequence[Layer], notes: list[tuple[str, st
     return Choice(inner, info, inner, allocation, tuple(notes))
 
 
-def choose(launcher: str, env: Mapping[str, str]) -> Choice:
+def choose(
+    launcher: str, env: Mapping[str, str], origin: Callable[[], Origin] | None = None
+) -> Choice:
     """Choose the launcher named (``auto``: the innermost detected) and read its layout.
+
+    Args:
+        launcher: ``auto`` or a launcher name.
+        env: The environment to read.
+        origin: Reads what the process tree says of this process, asked only where no launcher
+            is detected (`distenv.detection.starters`); None: nothing is asked.
 
     Raises:
         DistEnvError: If the environment is incomplete, malformed, or contradicts the name given;
@@ -118,7 +129,9 @@ def choose(launcher: str, env: Mapping[str, str]) -> Choice:
     try:
         if name == "auto" and not detected:
             _refuse_signs([c.launcher for c in candidates], env)
-        choice = _choose(name, layers, detected, notes)
+            if origin is not None:
+                refuse_stripped(origin())
+        choice = _choose(name, layers, detected, notes, origin)
     except DistEnvError as exc:
         exc.considered = tuple(notes)
         raise
@@ -157,6 +170,7 @@ def _choose(
     layers: Layers,
     detected: list[Layer],
     notes: list[tuple[str, str]],
+    origin: Callable[[], Origin] | None = None,
 ) -> Choice:
     """Pick the launcher named (or auto's choice) among those `detected`, innermost first."""
     env = layers.env
@@ -176,6 +190,8 @@ def _choose(
         return _alone(chosen, notes)
     if not chosen.detected():
         found = detected[0].name if detected else "none"
+        if found == "none" and origin is not None:  # stripped by a container, or truly absent
+            refuse_stripped(origin())
         start = chosen.launcher.how_to_start or f"start the job with {chosen.name}'s launcher"
         raise LauncherNotFoundError(
             chosen.name,

@@ -35,6 +35,7 @@ from distenv.master import (
     MasterQuery,
     find_master,
 )
+from distenv.processes import PROC
 from distenv.rankinfo import RankInfo
 from distenv.settings import OMP_VAR, Settings
 
@@ -115,7 +116,8 @@ def scheduler_layout(who: str, env: Mapping[str, str]) -> Detection | None:
         ConfigurationError: If this process is not alone on its node or not a scheduler's task.
     """
     try:
-        detection = locate("auto", env, runtime=False)
+        # The real process tree: a srun task whose container stripped SLURM_* is refused.
+        detection = locate("auto", env, runtime=False, proc=PROC)
     except NotLaunchedError as exc:
         agent = _node_agent(exc, env)
         if agent is not None:

@@ -35,8 +35,10 @@ PYTHON=${PYTHON:-python3}
 HOST=$(hostname)
 WAIT_S=${DISTENV_SETUP_WAIT_S:-60}
 
+# charliecloud-runtime: ch-run, the container runtime tests/integration/test_containers.py runs
+# the ranks in (an image made from local files; no registry).
 APT_PACKAGES=(munge slurm-wlm openmpi-bin libopenmpi-dev mpich libmpich-dev shellcheck
-    chromium chromium-driver)
+    chromium chromium-driver charliecloud-runtime)
 MPICH_SO=/usr/lib/x86_64-linux-gnu/libmpich.so.12
 
 log() { printf '[setup %3ds] %s\n' "$((SECONDS - T0))" "$*"; }

@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 
 from distenv.cli import main
+from distenv.containers import container
 from tests.conftest import scrubbed_environ
 from tests.support.envs import flux, mpi, slurm, torchrun
 
@@ -37,6 +38,7 @@ def test_info_json_is_one_object_with_stable_fields_and_types() -> None:
     lines = result.stdout.strip().splitlines()
     assert len(lines) == 1
     data = json.loads(lines[0])
+    inside = container(slurm.SRUN_2N_4T[2])  # /.dockerenv on a CI machine that is a container
     assert data == {
         "launcher": "slurm",
         "rank": 2,
@@ -50,6 +52,7 @@ def test_info_json_is_one_object_with_stable_fields_and_types() -> None:
         "job_id": slurm.SRUN_2N_4T[2]["SLURM_JOB_ID"],
         "restart_count": 0,
         "cuda_visible_devices": None,
+        "container": None if inside is None else inside.runtime.name,
     }
     assert isinstance(data["master_port"], int)
 
