@@ -31,7 +31,7 @@ from typing import NamedTuple
 
 from distenv.containers import RUNTIMES, Container
 from distenv.errors import StrippedEnvironmentError
-from distenv.launchers import get_launcher
+from distenv.launchers.registry import get_launcher
 from distenv.processes import Ancestor
 
 __all__ = ["COMMANDS_OF", "DAEMONS", "Origin", "Starter", "refuse_stripped", "started_by"]
