@@ -18,13 +18,13 @@ from __future__ import annotations
 import os
 import re
 import secrets
-import sys
 from collections.abc import Mapping
 from dataclasses import dataclass
 
 from distenv.detection.pipeline import Detection, locate
 from distenv.errors import ConfigurationError, LauncherNotFoundError, NotLaunchedError
 from distenv.launchers import Scheduler, get_launcher
+from distenv.local.output import tell
 from distenv.master import (
     RUN_ID_PATTERN,
     RUN_ID_VAR,
@@ -120,10 +120,9 @@ def scheduler_layout(who: str, env: Mapping[str, str]) -> Detection | None:
         if agent is not None:
             return agent
         # A batch script or salloc shell, not an srun step: this node alone, like torchrun would.
-        print(
+        tell(
             f"distenv {who}: not started by srun/jsrun: running on this node only (for several "
-            "nodes, start one distenv run per node with srun --ntasks-per-node=1)",
-            file=sys.stderr,
+            "nodes, start one distenv run per node with srun --ntasks-per-node=1)"
         )
         return None
     info = detection.info
@@ -298,10 +297,9 @@ def thread_env(who: str, nproc: int, settings: Settings) -> dict[str, str]:
     if nproc <= 1 or settings.omp_num_threads is not None:
         return {}
     # N ranks each starting one OpenMP thread per core would fight over the cores.
-    print(
+    tell(
         f"distenv {who}: setting {OMP_VAR}=1 for each of the {nproc} ranks to avoid "
-        "oversubscribing the CPUs; set it yourself to tune",
-        file=sys.stderr,
+        "oversubscribing the CPUs; set it yourself to tune"
     )
     return {OMP_VAR: "1"}
 

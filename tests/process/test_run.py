@@ -425,3 +425,27 @@ def test_several_nodes_need_a_master() -> None:
         plan_from_args(parse("--nnodes", "2", "--node-rank", "1", "--run-id", "x"), {})
     with pytest.raises(ConfigurationError, match="outside"):
         plan_from_args(parse("--nnodes", "2", "--node-rank", "2"), {})
+
+
+@pytest.mark.parametrize("restarts", [[], ["--max-restarts", "1"]], ids=["plain", "agent"])
+def test_a_closed_stderr_changes_nothing_but_the_messages(
+    tmp_path: Path, restarts: list[str]
+) -> None:
+    """stdout and stderr a pipe whose reader is gone (`2>&1 | head -1` once head has read, a dead
+    tee): the failure message cannot be written, yet the others still get SIGTERM and the grace
+    period, and the launcher exits with the failing rank's status (#44 item 6)."""
+    reader, writer = os.pipe()
+    os.close(reader)
+    args = ["-n", "3", *restarts, CHILD, str(tmp_path), "--on-signal", "--fail-rank", "1"]
+    try:
+        done = subprocess.run(
+            [sys.executable, "-m", "distenv", "run", *args, "--sleep", "60"],
+            env=launcher_env(), cwd=REPO, stdin=subprocess.DEVNULL, stdout=writer,
+            stderr=writer, timeout=TIMEOUT, check=False,
+        )  # fmt: skip
+    finally:
+        os.close(writer)
+    assert done.returncode == 3
+    # The two others stopped on SIGTERM, in their own handler: no SIGKILL.
+    assert sorted(p.name for p in tmp_path.glob("SIGTERM*")) == ["SIGTERM0", "SIGTERM2"]
+    assert all(gone(pid) for pid in pids(tmp_path))
