@@ -20,7 +20,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from distenv.errors import ConfigurationError
+from distenv.errors import ConfigurationError, shown
 from distenv.local.plan import (
     LaunchOptions,
     NodePlan,
@@ -36,7 +36,7 @@ from distenv.local.restarts import Restarts, reporting_program
 from distenv.local.stopping import DEFAULT_GRACE_PERIOD, StopPolicy
 from distenv.local.supervise import Child, Supervisor
 from distenv.master import DEFAULT_PORT, LOCAL_HOST
-from distenv.settings import Settings
+from distenv.settings import MAX_SECONDS, Settings
 
 __all__ = [
     "REFUSED_FLAGS",
@@ -134,12 +134,15 @@ def _port(text: str) -> int:
 
 
 def _seconds(text: str) -> float:
+    """Parse a period: seconds in ``[0, MAX_SECONDS]`` (a longer one overflows Python's waits)."""
     try:
-        value = float(text)
+        value = float(text)  # '9' * 5000 reads as inf: refused below
     except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a number of seconds") from None
-    if not value >= 0:  # also refuses NaN
-        raise argparse.ArgumentTypeError(f"{text!r} is not a non-negative number of seconds")
+        raise argparse.ArgumentTypeError(f"{shown(text)} is not a number of seconds") from None
+    if not 0 <= value <= MAX_SECONDS:  # also refuses NaN
+        raise argparse.ArgumentTypeError(
+            f"{shown(text)} is not a number of seconds in [0, {MAX_SECONDS:.0f}] (a year)"
+        )
     return value
 
 

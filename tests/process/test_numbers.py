@@ -1,0 +1,78 @@
+"""Numbers of any size, in any variable or argument, end in one line naming it (#44 items 9, 11).
+
+Real processes: a rank under torchrun's contract calling `init_dist`, and the ``distenv`` command.
+Out of range used to mean a traceback from below distenv: ``DISTENV_TIMEOUT=1e14`` a 35-line
+`OverflowError` from `datetime.timedelta`, ``1e13`` gloo's "enforce fail" naming no variable, a
+``RANK`` of 5000 digits a 52-line `ValueError` (Python's 4300-digit limit on ``int()``) raised
+while the real error was being formatted.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+
+from tests.support.spawn import REPO, contract_env, free_port
+
+HUGE = "9" * 5000
+WITHIN = "a positive number of seconds, at most 31536000 (a year)"
+# A rank that calls init_dist with the keyword arguments given as Python source in argv[1].
+RANK = "import sys, distenv\ndistenv.init_dist(backend='gloo', **eval(sys.argv[1]))\n"
+
+
+def _rank(env: dict[str, str], arguments: str = "{}") -> subprocess.CompletedProcess[str]:
+    env["PYTHONPATH"] = str(REPO)
+    return subprocess.run(
+        [sys.executable, "-c", RANK, arguments],
+        env=env, cwd=REPO, capture_output=True, text=True, timeout=120, check=False,
+    )  # fmt: skip
+
+
+def _one_line(done: subprocess.CompletedProcess[str]) -> str:
+    assert done.returncode == 1, done.stderr
+    lines = done.stderr.splitlines()
+    assert len(lines) == 1, done.stderr
+    return lines[0]
+
+
+@pytest.mark.parametrize("value", ["1e13", "1e14", "31536001", HUGE, "inf"])
+def test_an_out_of_range_timeout_variable_is_refused_naming_it(value: str) -> None:
+    """``DISTENV_TIMEOUT`` past a year: one line naming it, its value and the range (item 9)."""
+    env = contract_env(0, 1, free_port(), extra={"DISTENV_TIMEOUT": value})
+    line = _one_line(_rank(env))
+    quoted = (
+        repr(value) if len(value) < 100 else f"{value[:60]!r}...{value[-60:]!r} (5000 characters)"
+    )
+    assert f"init: $DISTENV_TIMEOUT is {quoted}, expected {WITHIN}" in line, line
+
+
+@pytest.mark.parametrize(
+    ("arguments", "shown"),
+    [
+        ("{'rendezvous_timeout': 1e14}", "rendezvous_timeout=100000000000000.0"),
+        ("{'rendezvous_timeout': 10**5000}", "rendezvous_timeout=<an integer of 16610 bits>"),
+        ("{'timeout': 1e13}", "timeout=10000000000000.0"),
+        ("{'timeout': __import__('datetime').timedelta(days=10**6)}", "timeout=datetime.timedelta"),
+    ],
+)
+def test_an_out_of_range_timeout_argument_is_refused_naming_it(arguments: str, shown: str) -> None:
+    """The same for the arguments, whatever their type: an int past 1e308 too (item 9)."""
+    line = _one_line(_rank(contract_env(0, 1, free_port()), arguments))
+    assert f"init: {shown}" in line, line
+    assert f"is invalid, expected {WITHIN}" in line, line
+
+
+@pytest.mark.parametrize("option", ["--grace-period", "--monitor-interval", "--restart-backoff"])
+def test_an_out_of_range_period_option_is_a_usage_error(option: str) -> None:
+    """distenv run's periods: past a year a usage error naming the option (Python's waits
+    overflow past 9.2e9 s)."""
+    done = subprocess.run(
+        [sys.executable, "-m", "distenv", "run", option, "1e14", "x.py"],
+        cwd=REPO, capture_output=True, text=True, timeout=60, check=False,
+    )  # fmt: skip
+    assert done.returncode == 2, done.stderr
+    last = done.stderr.splitlines()[-1]
+    assert last.startswith(f"distenv run: error: argument {option}/"), done.stderr
+    assert last.endswith(": '1e14' is not a number of seconds in [0, 31536000] (a year)"), last
