@@ -18,11 +18,12 @@ from __future__ import annotations
 import os
 import re
 import secrets
+import shutil
 from collections.abc import Mapping
 from dataclasses import dataclass
 
 from distenv.detection.pipeline import Detection, locate
-from distenv.errors import ConfigurationError, LauncherNotFoundError, NotLaunchedError
+from distenv.errors import ConfigurationError, LauncherNotFoundError, NotLaunchedError, shown
 from distenv.launchers import Scheduler, get_launcher
 from distenv.local.output import tell
 from distenv.master import (
@@ -49,6 +50,7 @@ __all__ = [
     "run_id",
     "scheduler_layout",
     "thread_env",
+    "unrunnable",
 ]
 
 PER_NODE_HINT = (
@@ -345,3 +347,35 @@ def child_env(
     env[RUN_ID_VAR] = plan.run_id
     env.update(extra)
     return env
+
+
+def unrunnable(who: str, script: str, *, python: bool) -> tuple[ConfigurationError, int] | None:
+    """Return why the ranks' program cannot start, and the status each rank would end with.
+
+    A script python cannot open (`python`), or a program not found (``--no-python``), would end
+    every rank, and every attempt of ``--max-restarts``, the same way before anything ran: it is
+    refused once, with the status of ``python SCRIPT`` (2) or of a shell (127).
+
+    Returns:
+        The error and the status, or None when the program can start.
+    """
+    if not python:
+        if shutil.which(script) is not None:
+            return None
+        problem, status = f"cannot execute {shown(script)}: no such executable program", 127
+    else:
+        try:
+            os.stat(script)
+        except OSError as exc:
+            problem, status = f"cannot open the script {shown(script)}: {exc.strerror}", 2
+        else:
+            return None
+    error = ConfigurationError(
+        who,
+        problem,
+        hint="check the path (a relative one starts from the directory distenv run runs in); "
+        "every rank would fail the same way",
+        variable="SCRIPT",
+        value=script,
+    )
+    return error, status

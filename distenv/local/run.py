@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from distenv.errors import ConfigurationError, shown
+from distenv.local.output import tell
 from distenv.local.plan import (
     LaunchOptions,
     NodePlan,
@@ -31,6 +32,7 @@ from distenv.local.plan import (
     plan_node,
     scheduler_layout,
     thread_env,
+    unrunnable,
 )
 from distenv.local.restarts import Restarts, reporting_program
 from distenv.local.stopping import DEFAULT_GRACE_PERIOD, StopPolicy
@@ -497,6 +499,14 @@ def run(args: argparse.Namespace) -> int:
     Raises:
         ConfigurationError: For refused or contradictory options, or an unusable scheduler layout.
     """
+    check_refused(args)  # a refused option is named first, whatever else is wrong
+    # Not a module (-m): looking one up imports its parent packages; its rank reports the
+    # ImportError instead, which --max-restarts does not retry.
+    refused = None if args.module else unrunnable(COMMAND, args.script, python=not args.no_python)
+    if refused is not None:  # one line, not one failure per rank (and per attempt)
+        error, status = refused
+        tell(f"distenv: {error}")
+        return status
     plan, children = _node(args, os.environ)
     _check_port(plan, given=args.master_port is not None)
     policy = StopPolicy(args.grace_period)

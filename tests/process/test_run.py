@@ -449,3 +449,46 @@ def test_a_closed_stderr_changes_nothing_but_the_messages(
     # The two others stopped on SIGTERM, in their own handler: no SIGKILL.
     assert sorted(p.name for p in tmp_path.glob("SIGTERM*")) == ["SIGTERM0", "SIGTERM2"]
     assert all(gone(pid) for pid in pids(tmp_path))
+
+
+def test_a_program_that_cannot_start_is_refused_once(tmp_path: Path) -> None:
+    """A missing script: one line and python's status 2, not a traceback per rank per attempt
+    (0.2.0.dev: 4 attempts, 57 lines, status 1); a missing --no-python program: a shell's 127
+    (#44 item 10)."""
+    script = str(tmp_path / "missing.py")
+    result = run_cli(["--max-restarts", "3", "-n", "2", script, "--flag"])
+    assert result.returncode == 2, result.stderr
+    assert result.stderr == (
+        f"distenv: run: cannot open the script {script!r}: No such file or directory. Hint: "
+        "check the path (a relative one starts from the directory distenv run runs in); every "
+        "rank would fail the same way\n"
+    )
+    result = run_cli(["--no-python", "-n", "2", str(tmp_path / "missing")])
+    assert result.returncode == 127, result.stderr
+    assert len(result.stderr.splitlines()) == 1, result.stderr
+    assert "cannot execute" in result.stderr
+
+
+def test_a_script_gone_when_its_rank_starts_is_reported_not_worth_retrying(tmp_path: Path) -> None:
+    """A rank whose script cannot be opened (gone since the check, or absent on another node)
+    ends as python does, with its line and status 2, and reports it as not worth retrying."""
+    from distenv.local.reporting import REPORT_FD_VAR, read_report
+
+    script = str(tmp_path / "missing.py")
+    plain = subprocess.run([sys.executable, script], capture_output=True, text=True, check=False)
+    reader, writer = os.pipe()
+    try:
+        os.set_blocking(reader, False)
+        done = subprocess.run(
+            [sys.executable, "-m", "distenv.local.reporting", script],
+            env=launcher_env(**{REPORT_FD_VAR: str(writer)}), cwd=REPO, pass_fds=(writer,),
+            capture_output=True, text=True, timeout=TIMEOUT, check=False,
+        )  # fmt: skip
+        report = read_report(reader)
+    finally:
+        os.close(reader)
+        os.close(writer)
+    assert (done.returncode, done.stderr) == (plain.returncode, plain.stderr) == (2, plain.stderr)
+    assert report is not None
+    assert (report.kind, report.retried) == ("import", False)
+    assert report.what == f"can't open file {script!r}: [Errno 2] No such file or directory"
