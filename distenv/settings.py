@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, NamedTuple
 
-from distenv.errors import SHOWN_CHARS, ConfigurationError, shown
+from distenv.errors import ConfigurationError, quoted, shown
 from distenv.exits import DEBUG_VAR
 from distenv.variables import Reader, Var
 
@@ -117,14 +117,6 @@ def _within(number: float) -> bool:
     return math.isfinite(number) and 0 < number <= MAX_SECONDS
 
 
-def _quoted(value: object) -> str:
-    """Return an argument's value for a message: short, and never a conversion of a huge int."""
-    if isinstance(value, int) and value.bit_length() > 64:  # repr() raises past 4300 digits
-        return f"<an integer of {value.bit_length()} bits>"
-    text = repr(value)
-    return text if len(text) <= SHOWN_CHARS else f"{text[:SHOWN_CHARS]}... ({len(text)} characters)"
-
-
 def seconds(value: object, name: str) -> float:
     """Return the argument `value` (seconds or a timedelta) as seconds, or raise naming it.
 
@@ -145,7 +137,7 @@ def seconds(value: object, name: str) -> float:
     if not _within(result):
         raise ConfigurationError(
             "init",
-            f"{name}={_quoted(value)} is invalid, expected {SECONDS}",
+            f"{name}={quoted(value)} is invalid, expected {SECONDS}",
             hint=f"pass {name} as seconds (e.g. 600) or a datetime.timedelta",
         )
     return result

@@ -37,6 +37,7 @@ from distenv.master import (
 )
 from distenv.rankinfo import RankInfo
 from distenv.settings import OMP_VAR, Settings
+from distenv.variables import decimal
 
 __all__ = [
     "LaunchOptions",
@@ -184,13 +185,16 @@ def check_processes_per_node(
         ConfigurationError: Naming the variable, its value and the option to pass.
     """
     stated = layout.launcher.processes_per_node(env)
-    if stated is None or not stated[1].isdigit() or int(stated[1]) == nproc:
+    if stated is None:
         return
     variable, value = stated
+    # A plug-in's text, unchecked: decimal() never converts more digits than a count may have.
+    if not (value.isascii() and value.isdigit()) or decimal(value) == nproc:
+        return
     raise ConfigurationError(
         who,
         f"--nproc-per-node gives {nproc} rank(s) on this node, but the {layout.launcher.name} "
-        f"job runs ${variable}={value!r} per node",
+        f"job runs ${variable}={shown(value)} per node",
         hint=f"start the ranks the job states: `distenv {who} --nproc-per-node {value} ...` "
         f"(or change the job's own count, which sets ${variable})",
         variable=variable,
