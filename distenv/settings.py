@@ -112,7 +112,8 @@ SETTINGS = (
 
 
 def _within(number: float) -> bool:
-    import math
+    """Return whether `number` seconds is a timeout distenv accepts (`SECONDS`)."""
+    import math  # here: detection imports this module and never needs it
 
     return math.isfinite(number) and 0 < number <= MAX_SECONDS
 
@@ -124,7 +125,7 @@ def seconds(value: object, name: str) -> float:
         ConfigurationError: If `value` is not a number of seconds in `SECONDS` (one line naming
             the argument, its value and the range).
     """
-    import datetime
+    import datetime  # here: detection imports this module and never needs it
 
     result = float("nan")
     if isinstance(value, datetime.timedelta):

@@ -9,9 +9,9 @@ agent (`distenv.local.restarts`) reads it once the rank has exited (`read_report
 What is not worth retrying is decided here, from what the rank raised (`classify`): a distenv
 refusal of the environment or the configuration (detection, configuration, master
 resolution, requeue errors; not a rendezvous, process-group or worker failure, which a peer's
-crash causes), an import or syntax error, a script that cannot be opened, a usage error (argparse's ``error``, recognised by its
-frame), an interruption. Everything else, and a rank killed by a signal other than a stopping one,
-is retried.
+crash causes), an import or syntax error, a script that cannot be opened, a usage error
+(argparse's ``error``, recognised by its frame), an interruption. Everything else, and a rank
+killed by a signal other than a stopping one, is retried.
 """
 
 from __future__ import annotations
