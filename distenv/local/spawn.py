@@ -45,7 +45,7 @@ from distenv.local.plan import (
 )
 from distenv.local.stopping import DEFAULT_GRACE_PERIOD, StopPolicy, describe_exit
 from distenv.processes import parent_death_signal
-from distenv.settings import Settings
+from distenv.settings import MAX_SECONDS, Settings, seconds
 from distenv.variables import MAX_COUNT
 
 __all__ = ["Launched", "launch"]
@@ -187,6 +187,15 @@ def _check(options: _Options) -> None:
             f"node_rank={quoted(options.node_rank)} is outside [0, nnodes={options.nnodes})",
             hint="number the nodes 0 to nnodes-1",
         )
+    grace = options.grace_period
+    if type(grace) not in (int, float) or not 0 <= grace <= MAX_SECONDS:  # the joins overflow
+        raise ConfigurationError(
+            SOURCE,
+            f"grace_period={quoted(grace)} is not a number of seconds in [0, {MAX_SECONDS:.0f}]",
+            hint="pass the seconds between SIGTERM and SIGKILL, e.g. grace_period=30",
+        )
+    if options.timeout is not None:  # here once, not in every worker
+        seconds(options.timeout, "timeout")
 
 
 def _run(

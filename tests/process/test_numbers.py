@@ -16,6 +16,7 @@ import sys
 
 import pytest
 
+from distenv.errors import ConfigurationError
 from tests.conftest import scrubbed_environ
 from tests.support.envs import slurm
 from tests.support.spawn import REPO, contract_env, free_port
@@ -121,3 +122,26 @@ def test_a_rank_range_past_the_world_is_refused_without_building_it() -> None:
         assert last.startswith(f"distenv run: error: argument {option}"), last
         assert "(5000 characters) is not " in last, last
         assert len(last) < 400, last
+
+
+@pytest.mark.parametrize(
+    ("arguments", "shown"),
+    [
+        ({"grace_period": 1e14}, "grace_period=100000000000000.0 is not a number of seconds"),
+        ({"timeout": 10**5000}, "timeout=<an integer of 16610 bits> is invalid"),
+        ({"nprocs": 10**5000}, "nprocs=<an integer of 16610 bits>, expected an int in [1, "),
+    ],
+    ids=["grace_period", "timeout", "nprocs"],
+)
+def test_launch_refuses_out_of_range_arguments_before_any_worker(
+    arguments: dict[str, object], shown: str
+) -> None:
+    """launch()'s numbers, refused in one line before a worker starts (a grace period past
+    9.2e9 s overflowed its joins; a huge count started workers) (item 9, 11)."""
+    import distenv
+
+    options: dict[str, object] = {"nprocs": 1, **arguments}
+    with pytest.raises(ConfigurationError) as caught:
+        distenv.launch(print, **options)  # type: ignore[call-overload]
+    assert shown in str(caught.value), caught.value
+    assert "\n" not in str(caught.value)
