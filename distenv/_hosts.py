@@ -6,7 +6,10 @@ hostlist alphabet and its host count is computed from the brackets, so a 30-byte
 billion hosts is refused instead of eating the node's memory.
 
 Host files (`read_host_file`, `read_host_text`) are read only if they are regular files, and under a bound: a FIFO
-with no writer, a device, or a file on a hung network file system must not stall detection.
+with no writer, a device, or a file on a hung network file system must not stall detection. Within
+one detection (`host_files`, entered by the pipeline) each file is read once, and all of them
+within one deadline: a launcher asks for its rank file for the layout and again for the master,
+and on a slow file system each read had its own bound.
 """
 
 from __future__ import annotations
@@ -14,6 +17,9 @@ from __future__ import annotations
 import os
 import re
 import stat
+from collections.abc import Iterator
+from contextlib import contextmanager
+from contextvars import ContextVar
 
 from distenv.deadline import Deadline, bounded
 from distenv.errors import InvalidVariableError
@@ -25,6 +31,7 @@ __all__ = [
     "count_hosts",
     "expand_nodelist",
     "expand_tasks_per_node",
+    "host_files",
     "read_host_file",
     "read_host_text",
 ]
@@ -59,6 +66,58 @@ class _NotRegularError(Exception):
     """The path names something other than a regular file; the text says what."""
 
 
+class _ExpiredError(Exception):
+    """The read did not return by its deadline."""
+
+
+class _Reads:
+    """The host files of one detection: the deadline of all their reads, and each one's outcome."""
+
+    def __init__(self, deadline: Deadline) -> None:
+        self.deadline = deadline
+        self.outcomes: dict[str, bytes | Exception] = {}
+
+
+_READS: ContextVar[_Reads | None] = ContextVar("distenv_host_file_reads", default=None)
+
+
+@contextmanager
+def host_files(within: float = HOST_FILE_S) -> Iterator[None]:
+    """Read each host file once while the body runs, all of them within `within` seconds from now.
+
+    A later read of a path returns the first one's text, or raises its error again at once. Nested
+    uses share the outermost one's reads and deadline.
+    """
+    if _READS.get() is not None:
+        yield
+        return
+    token = _READS.set(_Reads(Deadline.after(within)))
+    try:
+        yield
+    finally:
+        _READS.reset(token)
+
+
+def _outcome(path: str, within: float) -> tuple[bytes | Exception, Deadline]:
+    """Return the read of `path` (its bytes, or the exception it raised) and the deadline it had."""
+    reads = _READS.get()
+    deadline = Deadline.after(within) if reads is None else reads.deadline
+    if reads is not None and path in reads.outcomes:
+        return reads.outcomes[path], deadline
+
+    def expired() -> _ExpiredError:
+        return _ExpiredError()
+
+    outcome: bytes | Exception
+    try:
+        outcome = bounded(lambda: _read_regular(path, MAX_HOST_FILE_BYTES + 1), deadline, expired)
+    except (_NotRegularError, _ExpiredError, OSError) as exc:
+        outcome = exc
+    if reads is not None:
+        reads.outcomes[path] = outcome
+    return outcome, deadline
+
+
 def read_host_file(
     launcher: str, variable: str, path: str, kind: str, *, within: float = HOST_FILE_S
 ) -> list[str]:
@@ -90,44 +149,39 @@ def read_host_text(
 
     Reads at most 16 MiB of a regular file; `kind` names the file in errors ("node file"). The
     whole read, from the path's lookup on, runs in a thread abandoned after `within` seconds
-    (`distenv.timing.HOST_FILE_S`; tests shorten it): on a network file system whose server does
-    not answer, even a stat blocks, and no signal ends it. Bytes that are no UTF-8 are replaced
-    (the caller's parser refuses them). `shape` says what the file holds, in errors.
+    (`distenv.timing.HOST_FILE_S`; tests shorten it), or at the deadline of the detection's
+    `host_files`, whose read of the same path it reuses: on a network file system whose server
+    does not answer, even a stat blocks, and no signal ends it. Bytes that are no UTF-8 are
+    replaced (the caller's parser refuses them). `shape` says what the file holds, in errors.
 
     Raises:
         InvalidVariableError: If the path names no regular file (a FIFO, a device, a directory,
             a socket), the file cannot be read, is too large, or its read has not returned
-            within `within` seconds.
+            within its deadline (stated in the message).
     """
-
-    def expired() -> InvalidVariableError:
-        return InvalidVariableError(
+    data, deadline = _outcome(path, within)
+    if isinstance(data, _ExpiredError):
+        raise InvalidVariableError(
             launcher,
             variable,
             path,
-            f"a {kind} that can be read within {within:g} s; reading it did not return, as on a "
-            "hung network file system",
+            f"a {kind} that can be read within {deadline.seconds:g} s; reading it did not "
+            "return, as on a hung network file system",
             hint="check the file system that holds it on this node (a `stat` of the path hangs "
             f"too when its server does not answer), or point ${variable} at a copy on a local disk",
         )
-
-    try:
-        data = bounded(
-            lambda: _read_regular(path, MAX_HOST_FILE_BYTES + 1), Deadline.after(within), expired
-        )
-    except _NotRegularError as exc:
+    if isinstance(data, _NotRegularError):
         raise InvalidVariableError(
             launcher,
             variable,
             path,
-            f"a {kind}: a regular file, {shape}, not {exc}",
+            f"a {kind}: a regular file, {shape}, not {data}",
             hint=f"the scheduler sets ${variable} to the {kind} it writes: correct or remove "
             "whatever overrides it",
-        ) from None
-    except OSError as exc:
-        raise InvalidVariableError(
-            launcher, variable, path, f"a readable {kind} ({exc.strerror})"
-        ) from None
+        )
+    if isinstance(data, OSError):
+        raise InvalidVariableError(launcher, variable, path, f"a readable {kind} ({data.strerror})")
+    assert isinstance(data, bytes)
     if len(data) > MAX_HOST_FILE_BYTES:
         raise InvalidVariableError(launcher, variable, path, f"a {kind} under 16 MiB")
     return data.decode("utf-8", "replace")

@@ -47,6 +47,21 @@ def shown(value: str) -> str:
     return f"{value[:half]!r}...{value[-half:]!r} ({len(value)} characters)"
 
 
+def quoted(value: object) -> str:
+    """Return an argument's value for a message: its ``repr``, elided past `SHOWN_CHARS`.
+
+    An int of more than 4300 digits has no ``repr`` (Python 3.11's limit raises ValueError): it
+    is described by its size instead. For distenv's own messages, as `shown`.
+    """
+    if isinstance(value, int) and value.bit_length() > 64:
+        sign = "a negative" if value < 0 else "an"
+        return f"<{sign} integer of {value.bit_length()} bits>"
+    text = repr(value)
+    if len(text) <= SHOWN_CHARS:
+        return text
+    return f"{text[: SHOWN_CHARS // 2]}...{text[-SHOWN_CHARS // 2 :]} ({len(text)} characters)"
+
+
 class DistEnvError(Exception):
     """Base of every error distenv raises on purpose.
 

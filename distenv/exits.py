@@ -170,7 +170,8 @@ def _converted(error: DistEnvError, code: str) -> DistEnvError:
 def _rank(env: Mapping[str, str]) -> int | None:
     for name in RANK_VARS:
         value = env.get(name, "")
-        if value.isascii() and value.isdigit():
+        # At most 9 digits: int() of over 4300 raises, here while a real error is being told.
+        if value.isascii() and value.isdigit() and len(value) <= 9:
             return int(value)
     return None
 

@@ -6,7 +6,7 @@ import importlib
 import random
 
 from distenv import comm
-from distenv.errors import ConfigurationError
+from distenv.errors import ConfigurationError, quoted
 
 __all__ = ["check_seed", "seed_everything"]
 
@@ -23,7 +23,7 @@ def check_seed(seed: object) -> int:
     if type(seed) is not int or not 0 <= seed < SEED_SPAN:
         raise ConfigurationError(
             "seed",
-            f"seed={seed!r} is not an integer in [0, 2**32)",
+            f"seed={quoted(seed)} is not an integer in [0, 2**32)",
             hint="pass a non-negative int below 4294967296",
         )
     return seed

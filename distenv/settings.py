@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, NamedTuple
 
-from distenv.errors import ConfigurationError
+from distenv.errors import ConfigurationError, quoted, shown
 from distenv.exits import DEBUG_VAR
 from distenv.variables import Reader, Var
 
@@ -27,9 +27,11 @@ __all__ = [
     "DEFAULT_RENDEZVOUS_TIMEOUT",
     "LEADERS_VAR",
     "LEADER_MODES",
+    "MAX_SECONDS",
     "OMP_VAR",
     "PLUGINS_VAR",
     "RESTART_VAR",
+    "SECONDS",
     "SETTINGS",
     "TIMEOUT_VAR",
     "Settings",
@@ -47,6 +49,15 @@ LEADERS_VAR = "DISTENV_NODE_LEADERS"
 #: The values ``DISTENV_NODE_LEADERS`` takes (`distenv.bootstrap.leaders`).
 LEADER_MODES = ("auto", "on", "off")
 
+#: The longest timeout or period distenv accepts, in seconds: a year. Past it the value breaks
+#: below distenv, each way its own: at 1e10 s torch's store client times out at once, at 1e13 s
+#: gloo refuses it as negative ("enforce fail ... Invalid timeout"), past 8.6e13 s
+#: datetime.timedelta overflows, and past 9.2e9 s (threading.TIMEOUT_MAX) a thread's wait raises
+#: OverflowError.
+MAX_SECONDS = 365 * 24 * 3600.0
+#: What a timeout setting or argument must be, as the refusals say it.
+SECONDS = f"a positive number of seconds, at most {MAX_SECONDS:.0f} (a year)"
+
 #: Seconds every rank may take to reach rank 0's store, when neither the argument nor
 #: ``DISTENV_TIMEOUT`` says otherwise (TCPStore's own default).
 DEFAULT_RENDEZVOUS_TIMEOUT = 300.0
@@ -57,7 +68,7 @@ SETTINGS = (
         "rendezvous timeout",
         "no",
         "seconds a rank may take to reach rank 0's store and check in (init_dist: 300; "
-        "doctor: 60); the rendezvous_timeout= argument wins",
+        f"doctor: 60; at most {MAX_SECONDS:.0f}, a year); the rendezvous_timeout= argument wins",
     ),
     Var(
         PLUGINS_VAR,
@@ -100,22 +111,34 @@ SETTINGS = (
 )
 
 
-def seconds(value: object, name: str) -> float:
-    """Return `value` (seconds or a timedelta) as positive finite seconds, or raise naming it."""
-    # Imported here: detection imports this module and never needs them.
-    import datetime
-    import math
+def _within(number: float) -> bool:
+    """Return whether `number` seconds is a timeout distenv accepts (`SECONDS`)."""
+    import math  # here: detection imports this module and never needs it
 
+    return math.isfinite(number) and 0 < number <= MAX_SECONDS
+
+
+def seconds(value: object, name: str) -> float:
+    """Return the argument `value` (seconds or a timedelta) as seconds, or raise naming it.
+
+    Raises:
+        ConfigurationError: If `value` is not a number of seconds in `SECONDS` (one line naming
+            the argument, its value and the range).
+    """
+    import datetime  # here: detection imports this module and never needs it
+
+    result = float("nan")
     if isinstance(value, datetime.timedelta):
         result = value.total_seconds()
-    elif isinstance(value, (int, float)) and not isinstance(value, bool):
-        result = float(value)
-    else:
-        result = math.nan
-    if not (math.isfinite(result) and result > 0):
+    elif isinstance(value, int) and not isinstance(value, bool):
+        if 0 < value <= MAX_SECONDS:  # compared first: float() of an int past 1e308 raises
+            result = float(value)
+    elif isinstance(value, float):
+        result = value
+    if not _within(result):
         raise ConfigurationError(
             "init",
-            f"{name}={value!r} is invalid, expected a positive number of seconds",
+            f"{name}={quoted(value)} is invalid, expected {SECONDS}",
             hint=f"pass {name} as seconds (e.g. 600) or a datetime.timedelta",
         )
     return result
@@ -163,22 +186,21 @@ class Settings(NamedTuple):
         """Return the rendezvous timeout: `argument`, else ``$DISTENV_TIMEOUT``, else `default`.
 
         Raises:
-            ConfigurationError: If the one that applies is not a positive number of seconds.
+            ConfigurationError: If the one that applies is not a number of seconds in `SECONDS`,
+                naming it, its value and the range.
         """
         if argument is not None:
             return seconds(argument, "rendezvous_timeout")
         if self.timeout is None:
             return default
-        import math
-
         try:
-            value = float(self.timeout)
+            value = float(self.timeout)  # '9' * 5000 reads as inf: refused below
         except ValueError:
-            value = math.nan
-        if not (math.isfinite(value) and value > 0):
+            value = float("nan")
+        if not _within(value):
             raise ConfigurationError(
                 "init",
-                f"${TIMEOUT_VAR} is {self.timeout!r}, expected a positive number of seconds",
+                f"${TIMEOUT_VAR} is {shown(self.timeout)}, expected {SECONDS}",
                 hint=f"export {TIMEOUT_VAR}=600, or unset it for {default:g} s",
                 variable=TIMEOUT_VAR,
                 value=self.timeout,

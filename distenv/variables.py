@@ -13,11 +13,27 @@ from dataclasses import dataclass
 
 from distenv.errors import InvalidVariableError, MissingVariableError
 
-__all__ = ["Reader", "Var"]
+__all__ = ["Reader", "Var", "decimal"]
 
 # An integer an environment variable may reasonably hold for a rank or a count. Anything larger is a
 # corrupted value, not a job (Frontier has ~75k GPUs).
 MAX_COUNT = 10_000_000
+
+
+def decimal(text: str, maximum: int = MAX_COUNT) -> int | None:
+    """Return `text` as a decimal integer in ``[0, maximum]``, or None if it is not one.
+
+    Only ASCII digits count (``int()`` also takes ``+5``, ``1_000`` and other scripts' digits, which
+    no launcher writes), and no more of them are converted than `maximum` has: ``int()`` of over
+    4300 digits raises ValueError (Python 3.11's limit), and of millions takes seconds.
+    """
+    if not (text.isascii() and text.isdigit()):
+        return None
+    digits = text.lstrip("0") or "0"
+    if len(digits) > len(str(maximum)):
+        return None
+    number = int(digits)
+    return number if number <= maximum else None
 
 
 @dataclass(frozen=True)
@@ -110,12 +126,11 @@ class Reader:
     ) -> int:
         """Parse `value` (read from `name`) as a decimal integer in ``[minimum, maximum]``."""
         text = value.strip()
-        # int() also accepts '+5', '1_000' and non-ASCII digits; a scheduler writes none of those.
-        if not (text.isascii() and text.isdigit()) or len(text) > len(str(maximum)):
+        if not (text.isascii() and text.isdigit()):
             expected = "a non-negative integer" if minimum == 0 else f"an integer >= {minimum}"
             raise InvalidVariableError(self.source, name, value, expected, hint=hint)
-        number = int(text)
-        if not minimum <= number <= maximum:
+        number = decimal(text, maximum)
+        if number is None or number < minimum:
             raise InvalidVariableError(
                 self.source, name, value, f"an integer in [{minimum}, {maximum}]", hint=hint
             )

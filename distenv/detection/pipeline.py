@@ -16,6 +16,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from distenv._hosts import host_files
 from distenv.containers import container
 from distenv.detection.choice import Choice, choose
 from distenv.detection.starters import COMMANDS_OF, Origin
@@ -157,15 +158,18 @@ def locate(
         env = {**env, FORMAT_VAR: master_addr_format}
     # Read only if nothing is detected: the tree is the last word, never the first.
     tree = None if proc is None else functools.partial(origin, env, proc, root)
-    choice = choose(launcher, env, tree)
-    try:
-        query = master_query(choice)
-        exchange = _LazyMpi(choice.info, comm, deadline, env) if runtime and mpi else None
-        master = find_master(query, runtime=runtime, exchange=exchange)
-    except DistEnvError as exc:
-        # The reasons of the choice explain a master error too (distenv doctor prints them).
-        exc.considered = exc.considered or choice.considered
-        raise
+    # The layout and the master may each read a host file (jsrun's rank file): each is read once,
+    # all within one bound.
+    with host_files():
+        choice = choose(launcher, env, tree)
+        try:
+            query = master_query(choice)
+            exchange = _LazyMpi(choice.info, comm, deadline, env) if runtime and mpi else None
+            master = find_master(query, runtime=runtime, exchange=exchange)
+        except DistEnvError as exc:
+            # The reasons of the choice explain a master error too (distenv doctor prints them).
+            exc.considered = exc.considered or choice.considered
+            raise
     notes = choice.considered
     if master.addr_rule == "allocation" and choice.allocation is not None:
         notes += ((choice.allocation.source, f"master taken from its allocation: {master.addr}"),)

@@ -20,6 +20,7 @@ from collections.abc import Iterable, Mapping
 from typing import NamedTuple
 
 from distenv.launchers import Launcher
+from distenv.variables import decimal
 
 __all__ = ["Sign", "multi_process_signs"]
 
@@ -38,10 +39,9 @@ class Sign(NamedTuple):
 
 
 def _says_several(field: str, value: str) -> bool:
-    text = value.strip()
-    if not text.isdigit() or len(text) > 9:
+    number = decimal(value.strip())  # not int(): '²' is a digit that int() refuses
+    if number is None:
         return False
-    number = int(text)
     return (field in SIZES and number > 1) or (field in RANKS and number > 0)
 
 

@@ -12,11 +12,11 @@ from __future__ import annotations
 import ipaddress
 from collections.abc import Mapping
 
-from distenv.errors import InconsistentEnvironmentError, InvalidVariableError
+from distenv.errors import InconsistentEnvironmentError, InvalidVariableError, shown
 from distenv.launchers.base import Scheduler, World
 from distenv.master import MASTER_VARS, Default, scheduler_port, scope_tag
 from distenv.rankinfo import RankInfo
-from distenv.variables import Reader, Var
+from distenv.variables import Reader, Var, decimal
 
 __all__ = ["AwsBatchLauncher"]
 
@@ -135,10 +135,11 @@ class AwsBatchLauncher(Scheduler):
                 self.name, JOB, job, "a job id, or '<job id>#<node index>'", hint=HINT
             )
         index = reader.integer(INDEX, hint=HINT)
-        if int(suffix) != index:
+        if decimal(suffix) != index:  # not int(): a suffix may hold more than 4300 digits
+            node = suffix if len(suffix) <= 20 else f"of {len(suffix)} digits"
             raise InconsistentEnvironmentError(
                 self.name,
-                f"${JOB}={job!r} names node {suffix} but ${INDEX}={index}",
+                f"${JOB}={shown(job)} names node {node} but ${INDEX}={index}",
                 hint="AWS Batch sets both for the same node; unset any copy set in the job "
                 "definition's environment",
                 variable=JOB,

@@ -1,24 +1,46 @@
-"""A rank's output copied to the launcher's, line by line, each line prefixed with its rank.
+"""The launcher's output: its own lines, and a rank's copied line by line with its rank's prefix.
 
-Used by ``distenv run --prefix-output``. Each line is written with one write, so that the lines of
-ranks writing at once never interleave mid-line.
+`tell` prints the launcher's own lines; a stderr nobody reads any more (``2>&1 | head -1``, a dead
+``tee``) drops them rather than ending the supervision. `prefix_output` serves ``distenv run
+--prefix-output``: each line is written with one write, so that the lines of ranks writing at once
+never interleave mid-line.
 """
 
 from __future__ import annotations
 
 import contextlib
 import os
+import sys
 import threading
 import time
 from collections.abc import Sequence
 from typing import IO
 
-__all__ = ["DRAIN_WAIT", "LINE_LIMIT", "copy_lines", "drain", "prefix_output"]
+__all__ = ["DRAIN_WAIT", "LINE_LIMIT", "copy_lines", "drain", "prefix_output", "tell"]
 
 #: How long output threads may keep draining pipes after the ranks are gone.
 DRAIN_WAIT = 2.0
 #: The longest line read at once; a longer one is copied in pieces, the prefix on the first.
 LINE_LIMIT = 1 << 16
+
+
+def tell(line: str) -> None:
+    """Print one line of the launcher's own to stderr, or drop it if stderr can no longer be written.
+
+    A write that fails for good (EPIPE: the reader is gone; EIO: the terminal is) points stderr at
+    /dev/null, so that the interpreter's last flush cannot fail either (Python's status 120 at
+    exit): the launcher goes on stopping its ranks and exits with the job's status.
+    """
+    try:
+        print(line, file=sys.stderr, flush=True)
+    except BlockingIOError:  # a full non-blocking stderr: this line only is lost
+        pass
+    except (OSError, ValueError):  # ValueError: stderr was closed
+        with contextlib.suppress(OSError, ValueError, AttributeError):
+            devnull = os.open(os.devnull, os.O_WRONLY)
+            os.dup2(devnull, sys.stderr.fileno())
+            os.close(devnull)
+            sys.stderr.flush()  # what the failed write left buffered, into /dev/null
 
 
 def copy_lines(stream: IO[bytes], fd: int, prefix: bytes) -> None:

@@ -18,14 +18,15 @@ from __future__ import annotations
 import os
 import re
 import secrets
-import sys
+import shutil
 from collections.abc import Mapping
 from dataclasses import dataclass
 
 from distenv.detection.pipeline import Detection, locate
-from distenv.errors import ConfigurationError, LauncherNotFoundError, NotLaunchedError
+from distenv.errors import ConfigurationError, LauncherNotFoundError, NotLaunchedError, shown
 from distenv.launchers import Scheduler
 from distenv.launchers.registry import get_launcher
+from distenv.local.output import tell
 from distenv.master import (
     RUN_ID_PATTERN,
     RUN_ID_VAR,
@@ -38,6 +39,7 @@ from distenv.master import (
 from distenv.processes import PROC
 from distenv.rankinfo import RankInfo
 from distenv.settings import OMP_VAR, Settings
+from distenv.variables import decimal
 
 __all__ = [
     "LaunchOptions",
@@ -51,6 +53,7 @@ __all__ = [
     "run_id",
     "scheduler_layout",
     "thread_env",
+    "unrunnable",
 ]
 
 PER_NODE_HINT = (
@@ -123,10 +126,9 @@ def scheduler_layout(who: str, env: Mapping[str, str]) -> Detection | None:
         if agent is not None:
             return agent
         # A batch script or salloc shell, not an srun step: this node alone, like torchrun would.
-        print(
+        tell(
             f"distenv {who}: not started by srun/jsrun: running on this node only (for several "
-            "nodes, start one distenv run per node with srun --ntasks-per-node=1)",
-            file=sys.stderr,
+            "nodes, start one distenv run per node with srun --ntasks-per-node=1)"
         )
         return None
     info = detection.info
@@ -186,13 +188,16 @@ def check_processes_per_node(
         ConfigurationError: Naming the variable, its value and the option to pass.
     """
     stated = layout.launcher.processes_per_node(env)
-    if stated is None or not stated[1].isdigit() or int(stated[1]) == nproc:
+    if stated is None:
         return
     variable, value = stated
+    # A plug-in's text, unchecked: decimal() never converts more digits than a count may have.
+    if not (value.isascii() and value.isdigit()) or decimal(value) == nproc:
+        return
     raise ConfigurationError(
         who,
         f"--nproc-per-node gives {nproc} rank(s) on this node, but the {layout.launcher.name} "
-        f"job runs ${variable}={value!r} per node",
+        f"job runs ${variable}={shown(value)} per node",
         hint=f"start the ranks the job states: `distenv {who} --nproc-per-node {value} ...` "
         f"(or change the job's own count, which sets ${variable})",
         variable=variable,
@@ -301,10 +306,9 @@ def thread_env(who: str, nproc: int, settings: Settings) -> dict[str, str]:
     if nproc <= 1 or settings.omp_num_threads is not None:
         return {}
     # N ranks each starting one OpenMP thread per core would fight over the cores.
-    print(
+    tell(
         f"distenv {who}: setting {OMP_VAR}=1 for each of the {nproc} ranks to avoid "
-        "oversubscribing the CPUs; set it yourself to tune",
-        file=sys.stderr,
+        "oversubscribing the CPUs; set it yourself to tune"
     )
     return {OMP_VAR: "1"}
 
@@ -350,3 +354,35 @@ def child_env(
     env[RUN_ID_VAR] = plan.run_id
     env.update(extra)
     return env
+
+
+def unrunnable(who: str, script: str, *, python: bool) -> tuple[ConfigurationError, int] | None:
+    """Return why the ranks' program cannot start, and the status each rank would end with.
+
+    A script python cannot open (`python`), or a program not found (``--no-python``), would end
+    every rank, and every attempt of ``--max-restarts``, the same way before anything ran: it is
+    refused once, with the status of ``python SCRIPT`` (2) or of a shell (127).
+
+    Returns:
+        The error and the status, or None when the program can start.
+    """
+    if not python:
+        if shutil.which(script) is not None:
+            return None
+        problem, status = f"cannot execute {shown(script)}: no such executable program", 127
+    else:
+        try:
+            os.stat(script)
+        except OSError as exc:
+            problem, status = f"cannot open the script {shown(script)}: {exc.strerror}", 2
+        else:
+            return None
+    error = ConfigurationError(
+        who,
+        problem,
+        hint="check the path (a relative one starts from the directory distenv run runs in); "
+        "every rank would fail the same way",
+        variable="SCRIPT",
+        value=script,
+    )
+    return error, status

@@ -9,9 +9,9 @@ agent (`distenv.local.restarts`) reads it once the rank has exited (`read_report
 What is not worth retrying is decided here, from what the rank raised (`classify`): a distenv
 refusal of the environment or the configuration (detection, configuration, master
 resolution, requeue errors; not a rendezvous, process-group or worker failure, which a peer's
-crash causes), an import or syntax error, a usage error (argparse's ``error``, recognised by its
-frame), an interruption. Everything else, and a rank killed by a signal other than a stopping one,
-is retried.
+crash causes), an import or syntax error, a script that cannot be opened, a usage error
+(argparse's ``error``, recognised by its frame), an interruption. Everything else, and a rank
+killed by a signal other than a stopping one, is retried.
 """
 
 from __future__ import annotations
@@ -24,6 +24,8 @@ import sys
 import time
 from dataclasses import asdict, dataclass
 from types import TracebackType
+
+from distenv.variables import decimal
 
 __all__ = ["REPORT_FD_VAR", "Report", "classify", "main", "read_report"]
 
@@ -43,7 +45,8 @@ class Report:
 
     Attributes:
         kind: One of `RETRIED`'s keys: ``exception`` (anything else, retried), ``refused`` (a
-            distenv refusal), ``import`` (an import or syntax error), ``usage`` (the script's
+            distenv refusal), ``import`` (an import or syntax error, or a script that cannot be
+            opened), ``usage`` (the script's
             argument parser refused its arguments), ``stopped`` (KeyboardInterrupt).
         what: The exception's first line, ``Type: message``.
         at: When it was raised (``time.time()``), so that the agents can tell a rank's own
@@ -131,13 +134,20 @@ def read_report(fd: int) -> Report | None:
     return Report.parse(data)
 
 
+def _report_fd() -> int | None:
+    """Return the report pipe's descriptor (``DISTENV_REPORT_FD``), None if unset or not one."""
+    return decimal(os.environ.get(REPORT_FD_VAR, ""))
+
+
+def _send(report: Report | None) -> None:
+    fd = _report_fd()
+    if report is not None and fd is not None:
+        with contextlib.suppress(OSError):
+            os.write(fd, report.line())
+
+
 def _report(exc: BaseException) -> None:
-    fd = os.environ.get(REPORT_FD_VAR, "")
-    report = classify(exc)
-    if report is None or not fd.isdigit():
-        return
-    with contextlib.suppress(OSError):
-        os.write(int(fd), report.line())
+    _send(classify(exc))
 
 
 def _user_frames(tb: TracebackType | None) -> TracebackType | None:
@@ -149,15 +159,29 @@ def _user_frames(tb: TracebackType | None) -> TracebackType | None:
     return start or tb
 
 
+def _check_openable(script: str) -> None:
+    """End as ``python SCRIPT`` does when it cannot open `script` (status 2), reported as not
+    worth retrying: every attempt would fail the same way before running anything."""
+    try:
+        os.stat(script)
+    except OSError as exc:
+        what = f"can't open file {os.path.abspath(script)!r}: [Errno {exc.errno}] {exc.strerror}"
+        print(f"{sys.executable}: {what}", file=sys.stderr)
+        _send(Report("import", what[:MAX_WHAT_CHARS], time.time()))
+        sys.exit(2)
+
+
 def main(argv: list[str]) -> None:
     """Run ``[-m] SCRIPT ARGS`` as ``python`` would, reporting the exception that ends it."""
     module = argv[:1] == ["-m"]
     target, args = (argv[1], argv[2:]) if module else (argv[0], argv[1:])
-    fd = os.environ.get(REPORT_FD_VAR, "")
-    if fd.isdigit():  # a program the rank starts must not hold the agent's pipe open
+    fd = _report_fd()
+    if fd is not None:  # a program the rank starts must not hold the agent's pipe open
         with contextlib.suppress(OSError):
-            os.set_inheritable(int(fd), False)
+            os.set_inheritable(fd, False)
     sys.argv = [target, *args]
+    if not module:
+        _check_openable(target)
     try:
         if module:
             sys.path[0] = os.getcwd()

@@ -20,7 +20,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from distenv.errors import ConfigurationError
+from distenv.errors import ConfigurationError, shown
+from distenv.local.output import tell
 from distenv.local.plan import (
     LaunchOptions,
     NodePlan,
@@ -31,12 +32,14 @@ from distenv.local.plan import (
     plan_node,
     scheduler_layout,
     thread_env,
+    unrunnable,
 )
 from distenv.local.restarts import Restarts, reporting_program
 from distenv.local.stopping import DEFAULT_GRACE_PERIOD, StopPolicy
 from distenv.local.supervise import Child, Supervisor
 from distenv.master import DEFAULT_PORT, LOCAL_HOST
-from distenv.settings import Settings
+from distenv.settings import MAX_SECONDS, Settings
+from distenv.variables import MAX_COUNT, decimal
 
 __all__ = [
     "REFUSED_FLAGS",
@@ -109,15 +112,14 @@ def _spellings(flag: str) -> list[str]:
     return [flag] if underscored == flag else [flag, underscored]
 
 
-def _bounded_int(text: str, low: int, high: int | None = None) -> int:
-    """Parse an argparse value as an integer in ``[low, high]`` (usage error otherwise)."""
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
-    if value < low or (high is not None and value > high):
-        bounds = f"[{low}, {high}]" if high is not None else f">= {low}"
-        raise argparse.ArgumentTypeError(f"{text!r} is not an integer {bounds}")
+def _bounded_int(text: str, low: int, high: int = MAX_COUNT) -> int:
+    """Parse an argparse value as an integer in ``[low, high]`` (usage error otherwise).
+
+    `decimal` never converts more digits than `high` has: ``int()`` of over 4300 raises.
+    """
+    value = decimal(text.strip(), high)
+    if value is None or value < low:
+        raise argparse.ArgumentTypeError(f"{shown(text)} is not an integer in [{low}, {high}]")
     return value
 
 
@@ -134,12 +136,15 @@ def _port(text: str) -> int:
 
 
 def _seconds(text: str) -> float:
+    """Parse a period: seconds in ``[0, MAX_SECONDS]`` (a longer one overflows Python's waits)."""
     try:
-        value = float(text)
+        value = float(text)  # '9' * 5000 reads as inf: refused below
     except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a number of seconds") from None
-    if not value >= 0:  # also refuses NaN
-        raise argparse.ArgumentTypeError(f"{text!r} is not a non-negative number of seconds")
+        raise argparse.ArgumentTypeError(f"{shown(text)} is not a number of seconds") from None
+    if not 0 <= value <= MAX_SECONDS:  # also refuses NaN
+        raise argparse.ArgumentTypeError(
+            f"{shown(text)} is not a number of seconds in [0, {MAX_SECONDS:.0f}] (a year)"
+        )
     return value
 
 
@@ -160,22 +165,22 @@ def _nnodes(text: str) -> int:
     return _positive_int(low)
 
 
-def _ranks(text: str) -> frozenset[int]:
-    """Parse ``0,2,4-7``."""
-    ranks: set[int] = set()
+def _ranks(text: str) -> tuple[range, ...]:
+    """Parse ``0,2,4-7`` as ranges, never as a set of ranks: ``0-100000000000`` costs nothing.
+
+    The world's size is not known yet: `_node` refuses a rank outside it.
+    """
+    ranges = []
     for part in text.split(","):
         low, dash, high = part.strip().partition("-")
-        try:
-            first = int(low)
-            last = int(high) if dash else first
-        except ValueError:
-            raise argparse.ArgumentTypeError(
-                f"{text!r} is not a list of ranks like '0,2,4-7'"
-            ) from None
-        if first < 0 or last < first:
-            raise argparse.ArgumentTypeError(f"{part!r} in {text!r} is not a rank range")
-        ranks.update(range(first, last + 1))
-    return frozenset(ranks)
+        first = decimal(low, sys.maxsize)
+        last = decimal(high, sys.maxsize) if dash else first
+        if first is None or last is None:
+            raise argparse.ArgumentTypeError(f"{shown(text)} is not a list of ranks like '0,2,4-7'")
+        if last < first:
+            raise argparse.ArgumentTypeError(f"{shown(part)} in {shown(text)} is not a rank range")
+        ranges.append(range(first, last + 1))
+    return tuple(ranges)
 
 
 def _epilog() -> str:
@@ -428,11 +433,11 @@ def _node(args: argparse.Namespace, env: Mapping[str, str]) -> tuple[NodePlan, l
     nproc = nproc_per_node(COMMAND, args.nproc_per_node)
     plan = plan_from_args(args, env, nproc)
     world_size = plan.nnodes * nproc
-    bad = sorted(r for r in args.ranks or () if r >= world_size)
-    if bad:
+    outside = [max(r.start, world_size) for r in args.ranks or () if r[-1] >= world_size]
+    if outside:
         raise ConfigurationError(
             COMMAND,
-            f"--ranks names rank {bad[0]}, but the world has {world_size} ranks",
+            f"--ranks names rank {min(outside)}, but the world has {world_size} ranks",
             hint=f"choose among 0 to {world_size - 1}",
         )
     settings = Settings.read(env)
@@ -454,7 +459,7 @@ def _node(args: argparse.Namespace, env: Mapping[str, str]) -> tuple[NodePlan, l
                 rank=info.rank,
                 command=[*program, *legacy, *args.script_args],
                 env=child_env(env, info, plan, extra),
-                show_output=args.ranks is None or info.rank in args.ranks,
+                show_output=args.ranks is None or any(info.rank in r for r in args.ranks),
                 prefix_output=args.prefix_output,
             )
         )
@@ -494,6 +499,14 @@ def run(args: argparse.Namespace) -> int:
     Raises:
         ConfigurationError: For refused or contradictory options, or an unusable scheduler layout.
     """
+    check_refused(args)  # a refused option is named first, whatever else is wrong
+    # Not a module (-m): looking one up imports its parent packages; its rank reports the
+    # ImportError instead, which --max-restarts does not retry.
+    refused = None if args.module else unrunnable(COMMAND, args.script, python=not args.no_python)
+    if refused is not None:  # one line, not one failure per rank (and per attempt)
+        error, status = refused
+        tell(f"distenv: {error}")
+        return status
     plan, children = _node(args, os.environ)
     _check_port(plan, given=args.master_port is not None)
     policy = StopPolicy(args.grace_period)

@@ -33,7 +33,7 @@ from multiprocessing.connection import Connection, wait
 from multiprocessing.process import BaseProcess
 from typing import Any, Generic, ParamSpec, TypeVar, overload
 
-from distenv.errors import ConfigurationError, WorkerFailedError
+from distenv.errors import ConfigurationError, WorkerFailedError, quoted
 from distenv.exits import one_line
 from distenv.local.plan import (
     LaunchOptions,
@@ -45,7 +45,8 @@ from distenv.local.plan import (
 )
 from distenv.local.stopping import DEFAULT_GRACE_PERIOD, StopPolicy, describe_exit
 from distenv.processes import parent_death_signal
-from distenv.settings import Settings
+from distenv.settings import MAX_SECONDS, Settings, seconds
+from distenv.variables import MAX_COUNT
 
 __all__ = ["Launched", "launch"]
 
@@ -174,18 +175,27 @@ def _worker(
 def _check(options: _Options) -> None:
     for name in ("nprocs", "nnodes"):
         value = getattr(options, name)
-        if type(value) is not int or value < 1:
+        if type(value) is not int or not 1 <= value <= MAX_COUNT:
             raise ConfigurationError(
                 SOURCE,
-                f"{name}={value!r}, expected a positive int",
+                f"{name}={quoted(value)}, expected an int in [1, {MAX_COUNT}]",
                 hint=f"pass {name} as a whole number of processes/nodes, e.g. {name}=2",
             )
     if type(options.node_rank) is not int or not 0 <= options.node_rank < options.nnodes:
         raise ConfigurationError(
             SOURCE,
-            f"node_rank={options.node_rank!r} is outside [0, nnodes={options.nnodes})",
+            f"node_rank={quoted(options.node_rank)} is outside [0, nnodes={options.nnodes})",
             hint="number the nodes 0 to nnodes-1",
         )
+    grace = options.grace_period
+    if type(grace) not in (int, float) or not 0 <= grace <= MAX_SECONDS:  # the joins overflow
+        raise ConfigurationError(
+            SOURCE,
+            f"grace_period={quoted(grace)} is not a number of seconds in [0, {MAX_SECONDS:.0f}]",
+            hint="pass the seconds between SIGTERM and SIGKILL, e.g. grace_period=30",
+        )
+    if options.timeout is not None:  # here once, not in every worker
+        seconds(options.timeout, "timeout")
 
 
 def _run(

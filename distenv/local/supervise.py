@@ -13,7 +13,6 @@ import contextlib
 import os
 import signal
 import subprocess
-import sys
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -23,7 +22,7 @@ from typing import Any
 
 from distenv.deadline import Deadline
 from distenv.local.group_killer import GroupKiller
-from distenv.local.output import drain, prefix_output
+from distenv.local.output import drain, prefix_output, tell
 from distenv.local.stopping import KILL_WAIT, StopPolicy, describe_exit, exit_status
 from distenv.processes import Adopter, live_groups, with_parent_death
 
@@ -40,8 +39,8 @@ REAP_INTERVAL = 1.0
 
 
 def say(message: str) -> None:
-    """Print one line of ``distenv run``'s own to stderr, prefixed with its name."""
-    print(f"{PROGRAM}: {message}", file=sys.stderr, flush=True)
+    """Print one line of ``distenv run``'s own to stderr, prefixed with its name (`tell`)."""
+    tell(f"{PROGRAM}: {message}")
 
 
 @dataclass

@@ -425,3 +425,70 @@ def test_several_nodes_need_a_master() -> None:
         plan_from_args(parse("--nnodes", "2", "--node-rank", "1", "--run-id", "x"), {})
     with pytest.raises(ConfigurationError, match="outside"):
         plan_from_args(parse("--nnodes", "2", "--node-rank", "2"), {})
+
+
+@pytest.mark.parametrize("restarts", [[], ["--max-restarts", "1"]], ids=["plain", "agent"])
+def test_a_closed_stderr_changes_nothing_but_the_messages(
+    tmp_path: Path, restarts: list[str]
+) -> None:
+    """stdout and stderr a pipe whose reader is gone (`2>&1 | head -1` once head has read, a dead
+    tee): the failure message cannot be written, yet the others still get SIGTERM and the grace
+    period, and the launcher exits with the failing rank's status (#44 item 6)."""
+    reader, writer = os.pipe()
+    os.close(reader)
+    args = ["-n", "3", *restarts, CHILD, str(tmp_path), "--on-signal", "--fail-rank", "1"]
+    try:
+        done = subprocess.run(
+            [sys.executable, "-m", "distenv", "run", *args, "--sleep", "60"],
+            env=launcher_env(), cwd=REPO, stdin=subprocess.DEVNULL, stdout=writer,
+            stderr=writer, timeout=TIMEOUT, check=False,
+        )  # fmt: skip
+    finally:
+        os.close(writer)
+    assert done.returncode == 3
+    # The two others stopped on SIGTERM, in their own handler: no SIGKILL.
+    assert sorted(p.name for p in tmp_path.glob("SIGTERM*")) == ["SIGTERM0", "SIGTERM2"]
+    assert all(gone(pid) for pid in pids(tmp_path))
+
+
+def test_a_program_that_cannot_start_is_refused_once(tmp_path: Path) -> None:
+    """A missing script: one line and python's status 2, not a traceback per rank per attempt
+    (0.2.0.dev: 4 attempts, 57 lines, status 1); a missing --no-python program: a shell's 127
+    (#44 item 10)."""
+    script = str(tmp_path / "missing.py")
+    result = run_cli(["--max-restarts", "3", "-n", "2", script, "--flag"])
+    assert result.returncode == 2, result.stderr
+    assert result.stderr == (
+        f"distenv: run: cannot open the script {script!r}: No such file or directory. Hint: "
+        "check the path (a relative one starts from the directory distenv run runs in); every "
+        "rank would fail the same way\n"
+    )
+    result = run_cli(["--no-python", "-n", "2", str(tmp_path / "missing")])
+    assert result.returncode == 127, result.stderr
+    assert len(result.stderr.splitlines()) == 1, result.stderr
+    assert "cannot execute" in result.stderr
+
+
+def test_a_script_gone_when_its_rank_starts_is_reported_not_worth_retrying(tmp_path: Path) -> None:
+    """A rank whose script cannot be opened (gone since the check, or absent on another node)
+    ends as python does, with its line and status 2, and reports it as not worth retrying."""
+    from distenv.local.reporting import REPORT_FD_VAR, read_report
+
+    script = str(tmp_path / "missing.py")
+    plain = subprocess.run([sys.executable, script], capture_output=True, text=True, check=False)
+    reader, writer = os.pipe()
+    try:
+        os.set_blocking(reader, False)
+        done = subprocess.run(
+            [sys.executable, "-m", "distenv.local.reporting", script],
+            env=launcher_env(**{REPORT_FD_VAR: str(writer)}), cwd=REPO, pass_fds=(writer,),
+            capture_output=True, text=True, timeout=TIMEOUT, check=False,
+        )  # fmt: skip
+        report = read_report(reader)
+    finally:
+        os.close(reader)
+        os.close(writer)
+    assert (done.returncode, done.stderr) == (plain.returncode, plain.stderr) == (2, plain.stderr)
+    assert report is not None
+    assert (report.kind, report.retried) == ("import", False)
+    assert report.what == f"can't open file {script!r}: [Errno 2] No such file or directory"

@@ -184,6 +184,9 @@ def _names(variable: str, message: str) -> bool:
 @example(index=0, edit=("wrap", "", ":7", 0))
 @example(index=0, edit=("set", "9" * 5000, "", 0))
 @example(index=0, edit=("set", "x\udcff", "", 0))
+# #44 item 11: a digit int() refuses; more than 4300 digits after a separator.
+@example(index=0, edit=("set", "\u00b2", "", 0))
+@example(index=0, edit=("wrap", "", "#" + "9" * 5000, 0))
 def test_any_value_is_accepted_or_named(
     bases: Bases, launcher_name: str, variable: str, index: int, edit: Edit
 ) -> None:
