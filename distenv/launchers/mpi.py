@@ -7,11 +7,15 @@ from dataclasses import dataclass
 
 from distenv.errors import MissingVariableError
 from distenv.launchers.base import AllocationLauncher, Nodes, World
-from distenv.master import MASTER_VARS, scope_tag
+from distenv.master import MASTER_VARS, scheduler_port, scope_tag
 from distenv.rankinfo import RankInfo
 from distenv.variables import Reader, Var
 
-__all__ = ["FLAVORS", "Flavor", "MpiLauncher"]
+__all__ = ["FLAVORS", "PMI_FD", "Flavor", "MpiLauncher"]
+
+#: Hydra's (and any PMI-1 server's) socket to this rank; on one node its peer process, the node's
+#: PMI proxy, names the launch where no variable does (`distenv.detection.pipeline`, run time).
+PMI_FD = Var("PMI_FD", "master_port", "no", "PMI: the server's socket; its peer names the launch")
 
 
 @dataclass(frozen=True)
@@ -102,7 +106,9 @@ class MpiLauncher(AllocationLauncher):
     local size is the world size: then every rank is on this one node. Nodes may hold
     different numbers of ranks, in any order. PALS_NODEID, where set, is the node index. The master
     comes from MASTER_ADDR / MASTER_PORT, else an enclosing scheduler's allocation, else
-    `distenv.resolve` finds it over MPI (mpi4py).
+    `distenv.resolve` finds it over MPI (mpi4py; on one node rank 0 sends 127.0.0.1); a one-node
+    job without mpi4py takes 127.0.0.1 and a port derived from the launch (`launch_port`, or the
+    PMI server behind ``PMI_FD`` under Hydra).
 
     The job's identity (its export tag, from which the rendezvous scope is made) is
     ``PMIX_NAMESPACE`` where the launcher is PMIx based (Open MPI 4/5, ``srun --mpi=pmix``,
@@ -122,6 +128,7 @@ class MpiLauncher(AllocationLauncher):
             "PMIX_NAMESPACE", "(export tag)", "no", "PMIx: this launch's namespace (Open MPI, srun)"
         ),
         Var("PALS_APID", "(export tag)", "no", "Cray PALS: this launch's application id"),
+        PMI_FD,
         *MASTER_VARS,
     )
 
@@ -203,6 +210,17 @@ class MpiLauncher(AllocationLauncher):
             master_port=None,
             job_id=None,
         )
+
+    def launch_port(self, env: Mapping[str, str]) -> int | None:
+        """Return a port every rank of this launch derives alike from its identity, or None.
+
+        ``PMIX_NAMESPACE`` (Open MPI 4/5, ``srun --mpi=pmix``) or ``PALS_APID`` names the launch;
+        Hydra exports no identity (None). A one-node job without mpi4py uses it with 127.0.0.1
+        (`distenv.detection.pipeline`).
+        """
+        reader = self.reader(env)
+        launch = reader.get("PMIX_NAMESPACE") or reader.get("PALS_APID")
+        return None if launch is None else scheduler_port(launch, "mpi")
 
     def scope(self, env: Mapping[str, str]) -> str:
         # PMIx launchers and Cray PALS name the launch; Hydra names nothing every rank shares but
