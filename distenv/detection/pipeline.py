@@ -271,6 +271,7 @@ def resolve(
         env=env,
         stated=(info.master_addr, info.master_port),
         world_size=info.world_size,
+        # Only the launcher's name comes with a bare RankInfo: the built-in MPI launcher's rule.
         node_port=_node_port(MPI, info, env) if info.launcher == MPI.name else None,
     )
     master = find_master(query, runtime=True, exchange=_LazyMpi(info, comm, deadline, env))

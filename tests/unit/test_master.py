@@ -395,3 +395,16 @@ def test_an_ascii_master_name_resolves_without_loading_the_idna_codec() -> None:
     with pytest.raises(MasterResolutionError) as caught:
         _resolve(detect_info(slurm.SRUN_2N_4T[2]), "b\u00fccher.invalid", 29500)
     assert "'b\u00fccher.invalid'" in str(caught.value)
+
+
+def test_resolve_completes_a_one_node_mpi_job_without_mpi4py(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """distenv.resolve (what a script calls after detect) applies the same one-node rule."""
+    from distenv import detect, resolve
+
+    monkeypatch.setitem(sys.modules, "mpi4py", None)
+    env = mpi.OMPI_4[2]
+    info = resolve(detect("auto", env), env=env)
+    port = scheduler_port(env["PMIX_NAMESPACE"], "mpi")
+    assert (info.master_addr, info.master_port) == ("127.0.0.1", port)
