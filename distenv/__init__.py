@@ -27,6 +27,7 @@ if TYPE_CHECKING:
         is_main_process,
         master_only,
     )
+    from distenv.device import current_device
     from distenv.local.spawn import launch
     from distenv.log import get_logger
     from distenv.preempt import requeue, stop_requested, watch_preemption
@@ -43,6 +44,7 @@ _LAZY = frozenset(
         "allreduce_grads",
         "allreduce_params",
         "barrier",
+        "current_device",
         "get_dist_info",
         "get_local_group",
         "is_main_process",
@@ -68,6 +70,10 @@ def _load(name: str) -> Any:
         from distenv.bootstrap import init
 
         return getattr(init, name)
+    if name == "current_device":
+        from distenv import device
+
+        return device.current_device
     if name == "get_logger":
         from distenv import log
 
@@ -110,6 +116,7 @@ __all__ = [
     "allreduce_grads",
     "allreduce_params",
     "barrier",
+    "current_device",
     "detect",
     "explain",
     "get_dist_info",

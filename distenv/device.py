@@ -9,12 +9,18 @@ share), and only they, `visible_device_count` and `device_identity` ask torch (i
 from __future__ import annotations
 
 import os
+from typing import TYPE_CHECKING
 
+from distenv import state
 from distenv.errors import ConfigurationError
 from distenv.rankinfo import RankInfo
 
+if TYPE_CHECKING:
+    import torch
+
 __all__ = [
     "choose_backend",
+    "current_device",
     "device_identity",
     "device_reason",
     "rank_backend",
@@ -52,6 +58,33 @@ def select_device(local_rank: int, local_world_size: int, visible: int) -> int |
         )
     # local_rank itself when visible, else wrapped: both are local_rank % visible.
     return local_rank % visible if visible else None
+
+
+def current_device() -> torch.device:
+    """Return this rank's device as `init_dist`/`setup` chose it: ``cuda:N``, or ``cpu``.
+
+    The one answer to "which device is mine" under every binding: ``cuda:0`` for each task under
+    ``srun --gpus-per-task=1`` (each sees one GPU), ``cuda:<local rank>`` where every rank sees
+    the node's GPUs, ``cpu`` without one (`select_device`). It is what replaces torchvision's
+    ``args.gpu`` (``info.local_rank`` is wrong under per-task binding, and no device on CPU)::
+
+        device = distenv.current_device()
+        model.to(device)
+        ddp = DistributedDataParallel(model, device_ids=[device] if device.type == "cuda" else None)
+
+    Raises:
+        ConfigurationError: If neither `init_dist` nor `setup` ran in this process.
+    """
+    import torch
+
+    chosen = state.current()
+    if chosen is None:
+        raise ConfigurationError(
+            "device",
+            "no device was chosen yet: distenv.current_device() was called before init_dist",
+            hint="call distenv.init_dist() (or distenv.setup()) first",
+        )
+    return torch.device("cpu") if chosen.device is None else torch.device("cuda", chosen.device)
 
 
 def choose_backend(*, cuda_available: bool, has_device: bool, explicit: str | None = None) -> str:

@@ -20,10 +20,12 @@ Rules 4 and 5 pass their host through ``DISTENV_MASTER_ADDR_FORMAT`` (``{host}-i
 stops there (it reads the environment only). `find_master` with ``runtime=True`` goes on:
 
 6. **local**: one node (a single process, or a local launcher's one node): 127.0.0.1 and a free
-   port. A local launcher spanning several nodes needs the address given; its port is 29500.
-7. **exchange**: otherwise (an MPI job with no master): rank 0's host name, mapped, and a free port
-   picked on rank 0, sent to every rank by the `Exchange` the caller passes (mpi4py's broadcast,
-   `distenv.detection.exchange`).
+   port. A local launcher spanning several nodes needs the address given; its port is 29500. An
+   MPI job on one node (local size = world size) without mpi4py: 127.0.0.1 and a port its ranks
+   derive alike from the launch (`MasterQuery.node_port`).
+7. **exchange**: otherwise (an MPI job with no master): rank 0's host name, mapped (127.0.0.1 on
+   one node), and a free port picked on rank 0, sent to every rank by the `Exchange` the caller
+   passes (mpi4py's broadcast, `distenv.detection.exchange`).
 """
 
 from __future__ import annotations
@@ -154,7 +156,10 @@ def free_port(host: str = "") -> int:
 
 
 def map_master_host(source: str, env: Mapping[str, str], host: str) -> str:
-    """Apply ``DISTENV_MASTER_ADDR_FORMAT`` (``{host}`` is replaced) to a default master host."""
+    """Apply ``DISTENV_MASTER_ADDR_FORMAT`` (``{host}`` is replaced) to a default master host.
+
+    127.0.0.1 (a one-node default) is checked against the template but kept as it is.
+    """
     template = Reader(source, env, MASTER_VARS).get(FORMAT_VAR)
     if template is None:
         return host
@@ -166,6 +171,8 @@ def map_master_host(source: str, env: Mapping[str, str], host: str) -> str:
             variable=FORMAT_VAR,
             value=template,
         )
+    if host == LOCAL_HOST:  # loopback names this host on every network: nothing to map
+        return host
     return check_hostname(source, FORMAT_VAR, template.replace("{host}", host))
 
 
@@ -219,6 +226,10 @@ class MasterQuery(NamedTuple):
         allocation: The enclosing scheduler's allocation `Default` (MPI ranks inside Slurm/LSF).
         world_size: The job's size (a single process is rule 6).
         local: Set for a local launcher.
+        node_port: Set for a launch whose ranks all run on this host (an MPI job whose local
+            size is its size): 127.0.0.1 then serves as the address (rules 6 and 7), and this
+            returns, at run time, a port every rank derives alike without talking, or None (then
+            rule 7's exchange runs).
     """
 
     source: str
@@ -231,6 +242,7 @@ class MasterQuery(NamedTuple):
     allocation: Default | None = None
     world_size: int = 1
     local: LocalLaunch | None = None
+    node_port: Callable[[], int | None] | None = None
 
 
 class Master(NamedTuple):
@@ -357,13 +369,19 @@ def find_master(
     elif local is not None or query.world_size == 1:
         addr = answer.addr or LOCAL_HOST
         answer.offer("local", addr, free_port(addr if addr == LOCAL_HOST else ""))
+    elif query.node_port is not None and (shared := query.node_port()) is not None:
+        answer.offer("local", LOCAL_HOST, shared)
     elif exchange is not None:
         known = answer.addr, answer.port
 
         def rank0_master() -> tuple[str, int]:
             import socket
 
-            host = known[0] or map_master_host(query.source, query.env, socket.gethostname())
+            host = known[0] or (
+                LOCAL_HOST
+                if query.node_port is not None  # one node: whatever the host name resolves to
+                else map_master_host(query.source, query.env, socket.gethostname())
+            )
             return host, known[1] or free_port()
 
         answer.offer("exchange", *exchange(rank0_master))

@@ -1,4 +1,5 @@
-"""Linux process plumbing: parent-death signal, child subreaper, the process tables, the ancestry.
+"""Linux process plumbing: parent-death signal, child subreaper, the process and thread tables,
+the ancestry, the process behind an inherited socket.
 
 The one owner of the prctl(2) calls and the /proc reading that the local launchers and the forked
 MPI deadline helper need, and of the reading of this process's ancestors and cgroup that detection
@@ -35,6 +36,7 @@ __all__ = [
     "parent_death_signal",
     "prctl",
     "processes",
+    "socket_peer",
     "threads",
     "with_parent_death",
 ]
@@ -74,6 +76,37 @@ def prctl(option: int, argument: object) -> int | None:
     except (OSError, AttributeError):  # not Linux, or no C library to ask
         return None
     return result
+
+
+def socket_peer(fd: int) -> int | None:
+    """Return the pid of the process at the other end of the Unix socket `fd` (SO_PEERCRED).
+
+    The socket is inspected through a duplicate, so `fd` is neither read, written nor closed.
+    None where `fd` is no open Unix socket, or the system has no SO_PEERCRED.
+    """
+    import socket
+    import struct
+
+    option = getattr(socket, "SO_PEERCRED", None)
+    if option is None or fd < 0:
+        return None
+    creds = struct.Struct("3i")  # struct ucred: pid, uid, gid
+    try:
+        copy = os.dup(fd)
+    except OSError:  # not an open descriptor
+        return None
+    try:
+        sock = socket.socket(fileno=copy)
+    except OSError:  # not a socket
+        os.close(copy)
+        return None
+    try:
+        with sock:
+            raw = sock.getsockopt(socket.SOL_SOCKET, option, creds.size)
+    except OSError:  # not a Unix socket
+        return None
+    pid: int = creds.unpack(raw)[0]
+    return pid if pid > 0 else None
 
 
 def parent_death_signal(parent: int) -> bool:

@@ -132,7 +132,7 @@ def render_mpi_flavors() -> str:
         rows.append(
             f"| {flavor.name} | {names(flavor.rank)} | {names(flavor.size)} | "
             f"{names(flavor.local_rank)} | {names(flavor.local_size)} | "
-            f"{names(flavor.node) if flavor.node else 'rank // local_world_size'} |"
+            f"{names(flavor.node) if flavor.node else 'the roll call (0 when local = world size)'} |"
         )
     return "\n".join(rows) + "\n"
 

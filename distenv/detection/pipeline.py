@@ -23,7 +23,9 @@ from distenv.detection.starters import COMMANDS_OF, Origin
 from distenv.errors import DistEnvError
 from distenv.exits import one_line
 from distenv.launchers import Launcher
-from distenv.master import FORMAT_VAR, MasterQuery, addr_origin, find_master
+from distenv.launchers.mpi import MpiLauncher
+from distenv.launchers.registry import MPI
+from distenv.master import FORMAT_VAR, MasterQuery, addr_origin, find_master, scheduler_port
 from distenv.processes import PROC, ancestors, cgroup
 from distenv.rankinfo import RankInfo
 from distenv.settings import Settings
@@ -75,6 +77,7 @@ def master_query(choice: Choice) -> MasterQuery:
         default=owner.default_master(),
         allocation=choice.allocation,
         world_size=info.world_size,
+        node_port=_node_port(owner.launcher, info, owner.env),
     )
 
 
@@ -87,6 +90,49 @@ def origin(env: Mapping[str, str], proc: str = PROC, root: str = "/") -> Origin:
     return Origin(
         tuple(ancestors(proc, commands_of=COMMANDS_OF)), cgroup(proc), container(env, root)
     )
+
+
+def _node_port(
+    launcher: Launcher, info: RankInfo, env: Mapping[str, str]
+) -> Callable[[], int | None] | None:
+    """Return how an MPI job on one node derives its port without mpi4py (None: not one).
+
+    Every rank is on this host (the local size is the world size), so 127.0.0.1 serves and only
+    the port must be agreed: from the launch's identity (`MpiLauncher.launch_port`), else,
+    under Hydra, which exports none, from the PMI proxy that every rank of the node talks to
+    over ``PMI_FD`` (its pid, alike through any wrapper shell). Where mpi4py imports, the function
+    answers None and the MPI exchange runs as on several nodes (it also draws the job's random
+    token, `distenv.detection.exchange`), with rank 0 sending 127.0.0.1.
+    """
+    if not isinstance(launcher, MpiLauncher) or info.num_nodes != 1 or info.world_size < 2:
+        return None
+
+    def port() -> int | None:
+        if _mpi4py_installed():
+            return None
+        return launcher.launch_port(env) or _pmi_server_port(launcher.reader(env).get("PMI_FD"))
+
+    return port
+
+
+def _mpi4py_installed() -> bool:
+    """Return whether mpi4py can be found, without importing it (`distenv info` must not)."""
+    from importlib.util import find_spec
+
+    try:
+        return find_spec("mpi4py") is not None
+    except (ImportError, ValueError):  # a broken entry in sys.modules or on the path
+        return False
+
+
+def _pmi_server_port(fd: str | None) -> int | None:
+    """Return the port derived from the pid of the PMI server behind ``PMI_FD``, if any."""
+    if fd is None or not (fd.isascii() and fd.isdigit()) or len(fd) > 9:
+        return None
+    from distenv.processes import socket_peer  # here: a plain detect() never needs it
+
+    peer = socket_peer(int(fd))
+    return None if peer is None else scheduler_port(f"pmi-server-{peer}", "mpi")
 
 
 class _LazyMpi:
@@ -256,6 +302,8 @@ def resolve(
         env=env,
         stated=(info.master_addr, info.master_port),
         world_size=info.world_size,
+        # Only the launcher's name comes with a bare RankInfo: the built-in MPI launcher's rule.
+        node_port=_node_port(MPI, info, env) if info.launcher == MPI.name else None,
     )
     master = find_master(query, runtime=True, exchange=_LazyMpi(info, comm, deadline, env))
     return info.replace(master_addr=master.addr, master_port=master.port)

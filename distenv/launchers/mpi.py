@@ -7,11 +7,15 @@ from dataclasses import dataclass
 
 from distenv.errors import MissingVariableError
 from distenv.launchers.base import AllocationLauncher, Nodes, World
-from distenv.master import MASTER_VARS, scope_tag
+from distenv.master import MASTER_VARS, scheduler_port, scope_tag
 from distenv.rankinfo import RankInfo
 from distenv.variables import Reader, Var
 
-__all__ = ["FLAVORS", "Flavor", "MpiLauncher"]
+__all__ = ["FLAVORS", "PMI_FD", "Flavor", "MpiLauncher"]
+
+#: Hydra's (and any PMI-1 server's) socket to this rank; on one node its peer process, the node's
+#: PMI proxy, names the launch where no variable does (`distenv.detection.pipeline`, run time).
+PMI_FD = Var("PMI_FD", "master_port", "no", "PMI: the server's socket; its peer names the launch")
 
 
 @dataclass(frozen=True)
@@ -100,8 +104,10 @@ class MpiLauncher(AllocationLauncher):
     |---|---|---|
     | PMIX_NAMESPACE | export tag: one PMIx launch (Open MPI, ``srun --mpi=pmix``, jsrun) | no |
     | PALS_APID | export tag: one Cray PALS launch | no |
-    | MASTER_ADDR, MASTER_PORT, DISTENV_SCOPE, DISTENV_MASTER_ADDR_FORMAT | master | no | Inside a scheduler's step that spans the
-    allocation (mpiexec.hydra inside salloc), that step numbers the nodes (`placed_rank_info`);
+    | PMI_FD | master_port on one node without mpi4py: Hydra's PMI server behind it | no |
+    | MASTER_ADDR, MASTER_PORT, DISTENV_SCOPE, DISTENV_MASTER_ADDR_FORMAT | master | no |
+
+    Inside a scheduler's step that spans the allocation (mpiexec.hydra inside salloc), that step numbers the nodes (`placed_rank_info`);
     otherwise no MPI library tells a rank its node index and node count (Open MPI 5 sets no
     OMPI_MCA_orte_*, Hydra nothing of the kind; ``OMPI_COMM_WORLD_NODE_RANK`` is *not* a node index:
     it is a local rank counted across jobs), so node_rank and num_nodes are left unknown (None)
@@ -109,7 +115,9 @@ class MpiLauncher(AllocationLauncher):
     local size is the world size: then every rank is on this one node. Nodes may hold
     different numbers of ranks, in any order. PALS_NODEID, where set, is the node index. The master
     comes from MASTER_ADDR / MASTER_PORT, else an enclosing scheduler's allocation, else
-    `distenv.resolve` finds it over MPI (mpi4py).
+    `distenv.resolve` finds it over MPI (mpi4py; on one node rank 0 sends 127.0.0.1); a one-node
+    job without mpi4py takes 127.0.0.1 and a port derived from the launch (`launch_port`, or the
+    PMI server behind ``PMI_FD`` under Hydra).
 
     The job's identity (its export tag, from which the rendezvous scope is made) is
     ``PMIX_NAMESPACE`` where the launcher is PMIx based (Open MPI 4/5, ``srun --mpi=pmix``,
@@ -129,6 +137,7 @@ class MpiLauncher(AllocationLauncher):
             "PMIX_NAMESPACE", "(export tag)", "no", "PMIx: this launch's namespace (Open MPI, srun)"
         ),
         Var("PALS_APID", "(export tag)", "no", "Cray PALS: this launch's application id"),
+        PMI_FD,
         *MASTER_VARS,
     )
 
@@ -210,6 +219,17 @@ class MpiLauncher(AllocationLauncher):
             master_port=None,
             job_id=None,
         )
+
+    def launch_port(self, env: Mapping[str, str]) -> int | None:
+        """Return a port every rank of this launch derives alike from its identity, or None.
+
+        ``PMIX_NAMESPACE`` (Open MPI 4/5, ``srun --mpi=pmix``) or ``PALS_APID`` names the launch;
+        Hydra exports no identity (None). A one-node job without mpi4py uses it with 127.0.0.1
+        (`distenv.detection.pipeline`).
+        """
+        reader = self.reader(env)
+        launch = reader.get("PMIX_NAMESPACE") or reader.get("PALS_APID")
+        return None if launch is None else scheduler_port(launch, "mpi")
 
     def scope(self, env: Mapping[str, str]) -> str:
         # PMIx launchers and Cray PALS name the launch; Hydra names nothing every rank shares but

@@ -159,10 +159,17 @@ elif [[ $VENV_ONLY == yes ]]; then
     else
         log "venv: $REPO/distenv/__init__.py missing; distenv itself not installed (re-run later)"
     fi
-    # Once, here, not in each of the 4 ranks at once; also with PYTHONDONTWRITEBYTECODE set, which
-    # pip's own compile ignores too.
-    log "venv: compiling the modules of torch the job imports"
-    env -u PYTHONDONTWRITEBYTECODE "$VENV/bin/python" -c 'import torch, torch.distributed, torch.nn.parallel'
+    # Once, here, not in each of the 4 ranks at once, and with PYTHONDONTWRITEBYTECODE unset: where
+    # it is set (many container images) nothing else writes them, and every rank would compile
+    # about 1000 modules at each start (an optimizer's first step imports torch._dynamo, and
+    # it sympy: the import below compiles those of other packages).
+    # All of torch (5 s on 2 cores; torch/testing holds py3.12-only helpers and no job code), then
+    # what the job imports from other packages.
+    log "venv: compiling torch and the modules the job imports"
+    timeout 300 env -u PYTHONDONTWRITEBYTECODE "$VENV/bin/python" -m compileall -q -j 0 \
+        -x '/torch/testing/' "$main_site/torch" || die "compiling $main_site/torch failed"
+    env -u PYTHONDONTWRITEBYTECODE "$VENV/bin/python" \
+        -c 'import torch, torch.distributed, torch.nn.parallel, torch._dynamo'
     printf '%s\n' "$stamp_key" >"$stamp"
     log "venv: done"
 else

@@ -94,6 +94,9 @@ def test_skypilot_task_runs_one_job_across_its_nodes(harness: Harness) -> None:
     task = yaml.safe_load(block.code)
     gpus = int(str(task["resources"]["accelerators"]).rpartition(":")[2])
     assert task["num_nodes"] == 2
+    # distenv is not on PyPI: setup installs the wheel `python -m build --wheel` writes to dist/.
+    [(target, source)] = task["file_mounts"].items()
+    assert (source, task["setup"]) == ("./dist", f"pip install {target}/distenv-*.whl")
     recorded = {
         **skypilot.SKY_2N_NODE0,
         "SKYPILOT_NUM_GPUS_PER_NODE": str(gpus),

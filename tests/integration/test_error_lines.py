@@ -7,9 +7,11 @@ asserted on every line the job printed, and each rank's line must carry the erro
 
 from __future__ import annotations
 
+import re
+
 import pytest
 
-from tests.support.integration.helpers import OMPI5, PYTHON, REPO, Harness, Result, engine
+from tests.support.integration.helpers import OMPI, OMPI5, PYTHON, REPO, Harness, Result, engine
 
 TRAIN = str(REPO / "examples" / "train.py")
 ERROR = "distenv.errors.LauncherNotFoundError: slurm: none of its variables are set"
@@ -39,6 +41,21 @@ def test_a_refused_mpirun_of_four_ranks_prints_at_most_12_lines(harness: Harness
     assert sorted(line.split(":")[0] for line in lines if ERROR in line) == [
         f"rank {rank}" for rank in range(4)
     ]
+
+
+@pytest.mark.mpi
+def test_a_refused_debian_mpirun_of_four_ranks_prints_at_most_15_lines(harness: Harness) -> None:
+    """Debian's Open MPI 4.1 (mpirun.openmpi) adds a longer report of its own: 15 lines in all."""
+    mpirun = [*OMPI, "--oversubscribe", "-np", "4"]
+    result = harness.run([*mpirun, PYTHON, TRAIN, "--launcher", "slurm"], env=harness.env())
+    assert result.returncode != 0, result.text
+    lines = _lines(result)
+    assert len(lines) <= 15, result.text
+    # Two ranks' lines may share one line of the merged output: count the errors, not lines.
+    assert sorted(re.findall(r"rank (\d): \S*train\.py:", result.stdout + result.stderr)) == [
+        str(rank) for rank in range(4)
+    ], result.text
+    assert not any(line.startswith("Traceback") for line in lines), lines
 
 
 def test_a_refused_distenv_run_of_four_ranks_prints_at_most_8_lines(harness: Harness) -> None:

@@ -22,12 +22,14 @@ from typing import Any
 import pytest
 
 from distenv.detection.exchange import MPICH_RECIPE
+from distenv.master import PORT_HIGH, PORT_LOW
 from tests.support.integration.helpers import (
     HERE,
     JOB_NAME,
     OMPI,
     ONE_NODE,
     PYTHON,
+    REPO,
     STEPS,
     TWO_BY_TWO,
     Harness,
@@ -53,7 +55,8 @@ LATE = "rank 0 did not publish its master over MPI within 13 s"
 def test_mpirun_and_hydra_alone_find_the_master_over_mpi(harness: Harness) -> None:
     """`mpirun.openmpi -np 4` and `mpiexec.hydra -n 4`, auto and --launcher mpi: master via mpi4py.
 
-    mpi4py's COMM_WORLD must see the same ranks as distenv (rank_check --mpi).
+    mpi4py's COMM_WORLD must see the same ranks as distenv (rank_check --mpi). Every rank is on
+    this host, so rank 0 sends 127.0.0.1, not its host name (which need not resolve).
     """
     ompi_env = harness.env(ompi=True)
     mpich_env = harness.env(mpich=True)
@@ -66,10 +69,35 @@ def test_mpirun_and_hydra_alone_find_the_master_over_mpi(harness: Harness) -> No
         harness.start(["mpiexec.hydra", "-n", "4", *rank_check("--mpi", *args)], env=mpich_env)
         for args in ((), ("--launcher", "mpi"))
     ]
-    host = socket.gethostname()
     for result in wait_all(launches):
-        recs = check_world(result, launcher="mpi", layouts=ONE_NODE, master=host, mpi=True)
+        recs = check_world(result, launcher="mpi", layouts=ONE_NODE, master="127.0.0.1", mpi=True)
         assert {r["info"]["job_id"] for r in recs} == {None}
+
+
+def test_one_machine_without_mpi4py_takes_loopback_and_a_port_from_the_launch(
+    harness: Harness, tmp_path: Path
+) -> None:
+    """`mpirun.openmpi -np 4` and `mpiexec.hydra -n 4` where `import mpi4py` fails and no
+    MASTER_* is set (the README's `mpirun -np N python train.py` on a workstation): every rank is
+    on this host, so each takes 127.0.0.1 and the port derived from its launch (Open MPI's
+    PMIX_NAMESPACE; Hydra, which exports no identity: its PMI proxy), and the all_reduce
+    finishes. A derived port is below the kernel's ephemeral range, where a free port would be.
+    """
+    shim = tmp_path / "no-mpi4py"
+    shim.mkdir()
+    # Loaded by site before the program: mpi4py is then as absent as if it were not installed.
+    (shim / "sitecustomize.py").write_text('import sys\n\nsys.modules["mpi4py"] = None\n')
+    extra = {"PYTHONPATH": f"{shim}{os.pathsep}{REPO}"}
+    control = harness.run([PYTHON, "-c", "import mpi4py"], env=harness.env(extra=extra))
+    assert "ModuleNotFoundError: import of mpi4py halted" in control.stderr, control.text
+    launches = [
+        harness.start([*argv, *rank_check()], env=harness.env(**options, extra=extra))
+        for argv, options in ENGINES.values()
+    ]
+    for result in wait_all(launches):
+        recs = check_world(result, launcher="mpi", layouts=ONE_NODE, master="127.0.0.1")
+        port = recs[0]["info"]["master_port"]
+        assert PORT_LOW <= port < PORT_HIGH, result.text
 
 
 @pytest.mark.slurm
@@ -327,7 +355,7 @@ def test_info_does_not_initialise_mpi_unless_asked(harness: Harness) -> None:
             cmd = [PYTHON, "-X", "importtime", "-m", "distenv", "info", "--json", *extra]
             launches.append((engine, extra, harness.start([*argv, *cmd], env=env)))
     results = wait_all([launch for _, _, launch in launches])
-    host = socket.gethostname()
+    host = "127.0.0.1"  # what rank 0 sends with --mpi: every rank is on this host
     for (engine, extra, _), result in zip(launches, results, strict=True):
         result.ok()
         records = sorted(

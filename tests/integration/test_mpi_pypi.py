@@ -107,10 +107,11 @@ def _env(harness: Harness, cluster: str | None = None) -> dict[str, str]:
 def test_pypi_engines_alone_with_and_without_master_addr(harness: Harness) -> None:
     """Open MPI 5 `-np 3` (local ranks out of rank order) and MPICH 5 `-n 4`, alone.
 
-    Without MASTER_ADDR rank 0 sends its master over mpi4py; with it the ranks take it as given.
-    mpi4py's COMM_WORLD sees the same world (it loads the engine's own library).
+    Without MASTER_ADDR rank 0 sends its master over mpi4py (127.0.0.1: every rank is on this
+    host); with it the ranks take it as given. mpi4py's COMM_WORLD sees the same world (it loads
+    the engine's own library).
     """
-    host = socket.gethostname()
+    host = "127.0.0.1"
     ompi_port, mpich_port = free_port("127.0.0.1"), free_port("127.0.0.1")
     ompi = [*engine(OMPI5), "--oversubscribe"]
     mpich = engine(MPICH5)
@@ -293,22 +294,22 @@ def test_cli_commands_as_ranks_of_the_pypi_engines_alone(harness: Harness) -> No
     """`distenv info`, `info --json` and `export --mpi` as every rank of Open MPI 5 `-np 3` and
     MPICH 5 `-n 4`, alone on this host: neither names a node, but every rank's local size is the
     world size, so `info` knows the one node (node 0 of 1) and export gives GROUP_*; export's
-    master is the one rank 0 sent over MPI. Open MPI 5's ranks also run `doctor` (only there: it
-    imports torch on every rank), whose table (from the roll call) puts every rank on node 0 with
-    the local rank `info` printed.
+    master is the one rank 0 sent over MPI (127.0.0.1: one node). Open MPI 5's ranks also run
+    `doctor` (only there: it imports torch on every rank), whose table (from the roll call) puts
+    every rank on node 0 with the local rank `info` printed.
     """
-    host = socket.gethostname()
+    host, master = socket.gethostname(), "127.0.0.1"
     launches = [
         harness.start([*engine(OMPI5), "--oversubscribe", "-np", "3",
                        *_cli_ranks(OMPI5, "::", "doctor")], env=_env(harness)),
         harness.start([*engine(MPICH5), "-n", "4", *_cli_ranks(MPICH5)], env=_env(harness)),
     ]  # fmt: skip
     ompi, mpich = wait_all(launches)
-    _check_cli(mpich, [0] * 4, host, known=True)
-    recs = _check_cli(ompi, [0] * 3, host, known=True)
+    _check_cli(mpich, [0] * 4, master, known=True)
+    recs = _check_cli(ompi, [0] * 3, master, known=True)
     doctor = [rec["runs"][3]["stdout"] for rec in recs]
     assert doctor[1:] == ["", ""], doctor
-    assert f"distenv doctor: launcher=mpi world_size=3 nodes=1 master={host}:" in doctor[0]
+    assert f"distenv doctor: launcher=mpi world_size=3 nodes=1 master={master}:" in doctor[0]
     rows = [line.split() for line in doctor[0].splitlines() if line[:1].isdigit()]
     expected = [[str(r), host, str(rec["json"]["local_rank"]), "0", "cpu", "mpi", "ok"]
                 for r, rec in enumerate(recs)]  # fmt: skip

@@ -16,7 +16,7 @@ from textwrap import dedent
 import pytest
 
 from tests.support.docblocks import recipe
-from tests.support.integration.helpers import STATE, Harness
+from tests.support.integration.helpers import OMPI, PYTHON, STATE, Harness
 from tests.support.integration.recipes import (
     HF_OFFLINE,
     HF_TRAINER_PARTS,
@@ -209,9 +209,6 @@ ARGPARSE = """
     parser = argparse.ArgumentParser()
 """
 DDP_STEP = """
-    if torch.cuda.is_available():
-        model.to(f"cuda:{info.local_rank}")
-    ddp = torch.nn.parallel.DistributedDataParallel(model)
     before = recipe_rank.digest(ddp.parameters())
     recipe_rank.loss(ddp).backward()
     optimizer.step()
@@ -225,10 +222,54 @@ DDP_STEP = """
 
 
 def test_plain_ddp(harness: Harness) -> None:
-    """docs/migration.md's torch.distributed.launch replacement: init_dist, then DDP (gloo)."""
+    """docs/migration.md's torch.distributed.launch replacement: init_dist, then DDP on the
+    device distenv.current_device() names (gloo, cpu, no device_ids)."""
     code = script(HERE + "test_plain_ddp", ARGPARSE + PLAIN, DDP_STEP)
     recs = check(*launch(harness, "plain-ddp", code))
     assert {r["backend"] for r in recs} == {"gloo"}
+
+
+# ---- torchvision's init_distributed_mode --------------------------------------------------------
+
+TORCHVISION_STEP = """
+    optimizer = torch.optim.SGD(model_without_ddp.parameters(), lr=0.1)
+    before = recipe_rank.digest(model.parameters())
+    recipe_rank.loss(model).backward()
+    optimizer.step()
+    recipe_rank.report(
+        torch.distributed.get_world_size(),
+        before,
+        recipe_rank.digest(model.parameters()),
+        args=[args.rank, args.world_size, args.distributed],
+        device=str(device),
+        ddp=type(model).__name__,
+    )
+"""
+
+
+def _torchvision(harness: Harness, test: str, start: list[str] | None) -> None:
+    """Run the torchvision port on 2 CPU ranks: `start` (argv before ``train.py``), else
+    ``distenv run -n 2``; check the ported ``args`` fields and that DDP trained on cpu."""
+    code = script(HERE + test, ARGPARSE + PLAIN, TORCHVISION_STEP)
+    recs = check(*launch(harness, test, code, start=start))
+    for r in recs:
+        assert r["args"] == [r["rank"], 2, True], r
+        assert (r["device"], r["ddp"]) == ("cpu", "DistributedDataParallel"), r
+
+
+def test_torchvision_port(harness: Harness) -> None:
+    """docs/migration.md's init_distributed_mode port under `distenv run -n 2`."""
+    _torchvision(harness, "test_torchvision_port", None)
+
+
+@pytest.mark.mpi
+def test_torchvision_port_under_mpirun(harness: Harness) -> None:
+    """The same text under `mpirun.openmpi -np 2`: no MASTER_*, one machine."""
+    _torchvision(
+        harness,
+        "test_torchvision_port_under_mpirun",
+        [*OMPI, "--oversubscribe", "-np", "2", PYTHON],
+    )
 
 
 @pytest.mark.gpu

@@ -139,6 +139,18 @@ def test_wheel_and_sdist_ship_exactly_the_templates_of_scripts(built: Built) -> 
         assert {name: sdist.extractfile(m).read() for name, m in files.items()} == expected  # type: ignore[union-attr]
 
 
+def test_every_slurm_template_ends_the_step_when_a_rank_fails() -> None:
+    """Every `srun` of the Slurm templates carries --kill-on-bad-exit=1, as the README's line does:
+    one crashed rank ends the step instead of leaving the others blocked in a collective."""
+    templates = sorted((SCRIPTS / "slurm").glob("*.sbatch"))
+    assert templates
+    for path in templates:
+        runs = [line for line in path.read_text().splitlines() if line.startswith("srun ")]
+        assert runs, path.name
+        for line in runs:
+            assert "--kill-on-bad-exit=1" in line, f"{path.name}: {line}"
+
+
 def test_sdist_carries_no_tests(built: Built) -> None:
     """The sdist is for building: no half test tree that cannot collect (see MANIFEST.in)."""
     with tarfile.open(built.sdist) as sdist:

@@ -122,6 +122,14 @@ def test_venv_only_installs_the_main_jobs_set_once(sandbox: Sandbox) -> None:
     args = " ".join(pips).split()
     assert "pytest" not in args, pips
     assert not [a for a in args if a.endswith("]")], pips  # no extras
+    # Bytecode for what every rank imports, written once (PYTHONDONTWRITEBYTECODE images).
+    main = f"{sandbox.repo / '.venv' / 'bin' / 'python'} "
+    runs = [run.removeprefix(main) for run in sandbox.log.read_text().splitlines()]
+    assert any(
+        run.startswith("-m compileall -q -j 0 -x /torch/testing/ ") and run.endswith("/torch")
+        for run in runs
+    ), runs
+    assert "-c import torch, torch.distributed, torch.nn.parallel, torch._dynamo" in runs, runs
 
     status, out, pips = sandbox.setup("--venv-only")
     assert status == 0, out

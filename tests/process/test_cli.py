@@ -381,3 +381,27 @@ def test_a_bad_timeout_is_refused_by_info_and_once_by_run(tmp_path: Path) -> Non
     assert run.stderr.count("$DISTENV_TIMEOUT is 'abc'") == 1, run.stderr
     assert len(run.stderr.strip().splitlines()) == 1, run.stderr
     assert not started.exists()
+
+
+def _page_sample(command: str, page: str = "cli.md") -> list[str]:
+    """Return the lines docs/`page` shows after the console line that starts with `command`."""
+    lines = (Path(__file__).resolve().parents[2] / "docs" / page).read_text().splitlines()
+    start = next(i for i, line in enumerate(lines) if line.startswith(f"$ {command}"))
+    end = next(i for i in range(start, len(lines)) if lines[i].startswith("```"))
+    return lines[start + 1 : end]
+
+
+def test_cli_page_samples_are_what_the_commands_print() -> None:
+    """docs/cli.md's `info --json` and `export` samples and docs/master.md's `info --json` with
+    DISTENV_MASTER_ADDR_FORMAT (rank 3 of srun_2n_4t) are the commands' output for that capture,
+    field for field: a new field or a re-recorded capture fails here."""
+    env = slurm.SRUN_2N_4T[3]
+    [shown] = _page_sample("distenv info --json")
+    assert json.loads(shown) == json.loads(run_cli("info", "--json", env=env).stdout)
+    assert (
+        _page_sample('eval "$(distenv export)"') == run_cli("export", env=env).stdout.splitlines()
+    )
+    # docs/master.md's sample of DISTENV_MASTER_ADDR_FORMAT, likewise.
+    [mapped] = _page_sample("distenv info --json", "master.md")
+    formatted = {**env, "DISTENV_MASTER_ADDR_FORMAT": "{host}-ib"}
+    assert json.loads(mapped) == json.loads(run_cli("info", "--json", env=formatted).stdout)

@@ -10,8 +10,11 @@ with warnings.catch_warnings():
     warnings.simplefilter("ignore")  # torch warns at import when NumPy is missing
     import torch
 
+import distenv
+from distenv import state
 from distenv.device import (
     choose_backend,
+    current_device,
     device_identity,
     device_reason,
     rank_backend,
@@ -179,3 +182,39 @@ def test_a_flux_task_without_a_local_size_gets_its_local_ranks_device(
     assert device.rank_device(info) == rank % 2
     monkeypatch.setattr(device, "visible_device_count", lambda: 1)
     assert device.rank_device(info) == 0
+
+
+@pytest.mark.parametrize(
+    ("chosen", "expected"),
+    [
+        pytest.param(None, torch.device("cpu"), id="cpu"),
+        pytest.param(0, torch.device("cuda", 0), id="gpus-per-task"),
+        pytest.param(3, torch.device("cuda", 3), id="local-rank-3"),
+    ],
+)
+def test_current_device_is_the_one_init_dist_chose(
+    monkeypatch: pytest.MonkeyPatch, chosen: int | None, expected: torch.device
+) -> None:
+    """distenv.current_device() answers what init_dist/setup chose (state), as a torch.device:
+    cuda:0 for local rank 3 under --gpus-per-task=1 (not its local rank), cpu without a GPU."""
+    info = RankInfo(
+        launcher="slurm",
+        rank=3,
+        world_size=4,
+        local_rank=3,
+        local_world_size=4,
+        node_rank=0,
+        num_nodes=1,
+        master_addr="127.0.0.1",
+        master_port=29500,
+    )
+    monkeypatch.setattr(state, "_state", state.State(info, "slurm/1/0", chosen, False))
+    assert distenv.current_device() == current_device() == expected
+
+
+def test_current_device_before_init_dist_is_an_error(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Asked before init_dist/setup, it says so instead of guessing cpu or cuda:0."""
+    monkeypatch.setattr(state, "_state", None)
+    with pytest.raises(ConfigurationError, match="called before init_dist") as caught:
+        current_device()
+    assert caught.value.hint == "call distenv.init_dist() (or distenv.setup()) first"

@@ -8,7 +8,9 @@ fails here by name.
 from __future__ import annotations
 
 import logging
+import os
 import socket
+import sys
 from collections.abc import Callable, Mapping
 
 import pytest
@@ -197,9 +199,96 @@ def test_local_several_nodes_need_the_address() -> None:
     assert given == Master("h0", DEFAULT_PORT, "flags", "local")
 
 
+#: HYDRA_4's rank 2 as if its node held 2 of the 4 ranks: an MPI job on two nodes.
+HYDRA_2_NODES = {**mpi.HYDRA_4[2], "MPI_LOCALNRANKS": "2", "MPI_LOCALRANKID": "0"}
+
+
 def test_mpi_job_without_master_stays_unresolved_in_detection() -> None:
-    """Detection (no runtime) leaves an MPI job's master to the exchange."""
-    assert master(mpi.HYDRA_4[2]) == Master(None, None)
+    """Detection (no runtime) leaves the master of an MPI job on several nodes to the exchange."""
+    assert master(HYDRA_2_NODES) == Master(None, None)
+
+
+def _one_node(env: Mapping[str, str], node_port: Callable[[], int | None]) -> MasterQuery:
+    """The pipeline's query for `env` (an MPI job on one node), with `node_port` in place of the
+    run-time one (which asks whether mpi4py imports)."""
+    query = master_query(choose("auto", env))
+    assert query.node_port is not None, "one node: the pipeline sets node_port"
+    return query._replace(node_port=node_port)
+
+
+def _no_exchange(rank0_master: Callable[[], tuple[str, int]]) -> tuple[str, int]:
+    raise AssertionError("a one-node job with a node port needs no exchange")
+
+
+@pytest.mark.parametrize(
+    "ranks",
+    [
+        pytest.param(mpi.OMPI_4, id="openmpi4"),
+        pytest.param(mpi.OMPI5_3, id="openmpi5"),
+    ],
+)
+def test_one_node_mpi_job_without_mpi4py_takes_loopback_and_a_port_from_its_launch(
+    ranks: tuple[dict[str, str], ...], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Rule 6: mpirun on one machine (local size = world size) without mpi4py: every rank takes
+    127.0.0.1 and one port from PMIX_NAMESPACE, without talking; MASTER_* still win."""
+    monkeypatch.setitem(sys.modules, "mpi4py", None)  # `import mpi4py` raises ImportError
+    port = scheduler_port(ranks[0]["PMIX_NAMESPACE"], "mpi")
+    for env in ranks:
+        found = master(env, runtime=True, exchange=_no_exchange)
+        assert found == Master("127.0.0.1", port, "local", "local")
+    other = {**ranks[0], "PMIX_NAMESPACE": ranks[0]["PMIX_NAMESPACE"] + "7"}
+    assert master(other, runtime=True, exchange=_no_exchange).port != port
+    explicit = master({**ranks[0], "MASTER_ADDR": "h9", "MASTER_PORT": "4444"}, runtime=True)
+    assert explicit == Master("h9", 4444, "explicit", "explicit")
+    assert master(ranks[0]) == Master(None, None)  # detection alone: still to be found
+
+
+def test_one_node_hydra_job_without_mpi4py_takes_its_pmi_servers_port(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Hydra exports no launch identity: the port comes from the pid of the process behind
+    PMI_FD (the node's PMI proxy), the same for every rank of the node."""
+    monkeypatch.setitem(sys.modules, "mpi4py", None)
+    ours, proxy = socket.socketpair()  # the proxy end: this process (the pid SO_PEERCRED gives)
+    with ours, proxy:
+        env = {**mpi.HYDRA_4[2], "PMI_FD": str(ours.fileno())}
+        found = master(env, runtime=True, exchange=_no_exchange)
+    port = scheduler_port(f"pmi-server-{os.getpid()}", "mpi")
+    assert found == Master("127.0.0.1", port, "local", "local")
+    # No socket behind PMI_FD (a pipe, a closed descriptor): nothing to derive; the exchange
+    # (absent here) would be asked, and it says mpi4py is missing.
+    read, write = os.pipe()
+    os.close(write)
+    for fd in (str(read), "999999"):
+        assert master({**mpi.HYDRA_4[2], "PMI_FD": fd}, runtime=True) == Master(None, None)
+    os.close(read)
+
+
+def test_one_node_mpi_job_with_mpi4py_exchanges_loopback() -> None:
+    """Rule 7 on one node (mpi4py imports: node_port answers None): rank 0 sends 127.0.0.1, not
+    its host name (which need not resolve: a laptop); on two nodes, its host name."""
+    sent: list[tuple[str, int]] = []
+
+    def transport(rank0_master: Callable[[], tuple[str, int]]) -> tuple[str, int]:
+        sent.append(rank0_master())
+        return sent[-1]
+
+    for env in (mpi.HYDRA_4[0], mpi.OMPI_4[0]):
+        found = find_master(_one_node(env, lambda: None), runtime=True, exchange=transport)
+        assert found.addr == "127.0.0.1"
+        assert (found.addr_rule, found.port_rule) == ("exchange", "exchange")
+    assert master(HYDRA_2_NODES, runtime=True, exchange=transport).addr == socket.gethostname()
+    assert master_query(choose("auto", HYDRA_2_NODES)).node_port is None
+
+
+def test_the_format_never_maps_loopback() -> None:
+    """DISTENV_MASTER_ADDR_FORMAT maps host names; a batch script's 127.0.0.1 stays itself (the
+    template is still checked)."""
+    batch = slurm.SBATCH_BATCH_1T[0]
+    assert master({**batch, "DISTENV_MASTER_ADDR_FORMAT": "{host}-ib"}).addr == "127.0.0.1"
+    with pytest.raises(ConfigurationError, match="expected a template containing"):
+        master({**batch, "DISTENV_MASTER_ADDR_FORMAT": "%s-ib"})
 
 
 def test_exchange_publishes_rank0_host_mapped_and_a_free_port() -> None:
@@ -210,12 +299,12 @@ def test_exchange_publishes_rank0_host_mapped_and_a_free_port() -> None:
         sent.append(rank0_master())  # what rank 0 would broadcast
         return sent[-1]
 
-    env = {**mpi.HYDRA_4[0], "DISTENV_MASTER_ADDR_FORMAT": "{host}-ib"}
+    env = {**HYDRA_2_NODES, "DISTENV_MASTER_ADDR_FORMAT": "{host}-ib"}
     found = master(env, runtime=True, exchange=transport)
     assert found.addr == f"{socket.gethostname()}-ib"
     assert (found.addr_rule, found.port_rule) == ("exchange", "exchange")
     assert sent == [(found.addr, found.port)]
-    with_port = master({**mpi.HYDRA_4[0], "MASTER_PORT": "4711"}, runtime=True, exchange=transport)
+    with_port = master({**HYDRA_2_NODES, "MASTER_PORT": "4711"}, runtime=True, exchange=transport)
     assert (with_port.port, with_port.port_rule) == (4711, "explicit")
 
 
@@ -306,3 +395,16 @@ def test_an_ascii_master_name_resolves_without_loading_the_idna_codec() -> None:
     with pytest.raises(MasterResolutionError) as caught:
         _resolve(detect_info(slurm.SRUN_2N_4T[2]), "b\u00fccher.invalid", 29500)
     assert "'b\u00fccher.invalid'" in str(caught.value)
+
+
+def test_resolve_completes_a_one_node_mpi_job_without_mpi4py(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """distenv.resolve (what a script calls after detect) applies the same one-node rule."""
+    from distenv import detect, resolve
+
+    monkeypatch.setitem(sys.modules, "mpi4py", None)
+    env = mpi.OMPI_4[2]
+    info = resolve(detect("auto", env), env=env)
+    port = scheduler_port(env["PMIX_NAMESPACE"], "mpi")
+    assert (info.master_addr, info.master_port) == ("127.0.0.1", port)
