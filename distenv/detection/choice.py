@@ -172,7 +172,8 @@ def _choose(
         if not detected:
             notes.append(("none", "chosen: no launcher detected, running as a single process"))
             return _alone(layers[NONE], notes)
-        refuse_leftovers(None, layers, detected, notes)
+        translated = refuse_leftovers(None, layers, detected, notes)
+        detected = [d for d in detected if d is not translated]
         chosen = detected[0]
         notes.append((chosen.name, "chosen: innermost launcher detected"))
         if isinstance(chosen.launcher, AllocationLauncher):
@@ -194,7 +195,8 @@ def _choose(
             if found == "none"
             else f"use --launcher {found} (or auto), or {start}",
         )
-    refuse_leftovers(chosen, layers, detected, notes)
+    translated = refuse_leftovers(chosen, layers, detected, notes)
+    detected = [d for d in detected if d is not translated]
     if chosen not in detected or detected[0] is chosen:  # a plug-in not opted in, or innermost
         if isinstance(chosen.launcher, AllocationLauncher):
             # The name asked for wins over an agreeing scheduler's: its layout, labelled as asked.
