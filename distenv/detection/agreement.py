@@ -270,8 +270,10 @@ def _contract_leftover(
         fix = f"set MASTER_ADDR to {foreign[1]}"
         note = f"{describe(contract)} as {layer.name}'s, MASTER_ADDR of another job"
     notes.append((TORCHRUN.name, f"refused: {note}: left over from another job"))
-    # --launcher pytorch is a way out only where its variables are complete enough to detect.
+    # --launcher pytorch is a way out only where its variables are complete enough to detect, and
+    # number the tasks as the step does (else it would wait for ranks that never start).
     named = " (or pass --launcher pytorch if a wrapper inside the step sets them on purpose)"
+    offered = not differences and torchrun.detected()
     raise InconsistentEnvironmentError(
         TORCHRUN.name,
         f"{torchrun.named(contract)} {verb} {layer.name}, which started this process as "
@@ -282,7 +284,7 @@ def _contract_leftover(
         "50-slurm-pytorch.sh) that numbers the tasks otherwise",
         hint=f"unset {' '.join(names)} where they are exported (job script, ~/.bashrc), or "
         f"make the wrapper {fix}: distenv reads {layer.name}'s numbering itself"
-        + (named if torchrun.detected() else ""),
+        + (named if offered else ""),
         variable=variable,
         value=value,
     )

@@ -68,8 +68,8 @@ def test_stale_torchrun_contract_in_an_srun_step_is_refused(
     assert "MASTER_ADDR MASTER_PORT where they are exported" in message
     assert "distenv reads slurm's numbering itself" in message
     assert (error.source, error.variable, error.value) == ("pytorch", "RANK", "3")
-    # --launcher pytorch is offered only where it would detect (the full set).
-    assert ("--launcher pytorch" in message) == ("LOCAL_RANK" in extra)
+    # --launcher pytorch is offered only where it would work: never for another numbering.
+    assert "--launcher pytorch" not in message
     assert error.considered[-1][0] == "pytorch"
     assert error.considered[-1][1].startswith("refused: rank 3 of 4 vs slurm's rank")
 
