@@ -36,6 +36,7 @@ from distenv.launchers import (
     canonical_name,
     get_launcher,
 )
+from distenv.launchers.torchrun import TorchrunLauncher
 from distenv.rankinfo import RankInfo
 
 __all__ = ["Choice", "choose"]
@@ -160,6 +161,12 @@ def _refuse_signs(launchers: Sequence[Launcher], env: Mapping[str, str]) -> None
     )
 
 
+def _named_torchrun(layer: Layer) -> bool:
+    """Whether ``--launcher pytorch`` names a contract that auto detection leaves to Azure ML."""
+    launcher = layer.launcher
+    return isinstance(launcher, TorchrunLauncher) and launcher.named_detect(layer.env)
+
+
 def _choose(
     name: str,
     layers: Layers,
@@ -183,7 +190,7 @@ def _choose(
     chosen = layers[get_launcher(name)]
     if chosen.launcher is NONE:
         return _alone(chosen, notes)
-    if not chosen.detected():
+    if not chosen.detected() and not _named_torchrun(chosen):
         found = detected[0].name if detected else "none"
         start = chosen.launcher.how_to_start or f"start the job with {chosen.name}'s launcher"
         raise LauncherNotFoundError(

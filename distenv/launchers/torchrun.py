@@ -125,6 +125,14 @@ class TorchrunLauncher(Launcher):
             reader.has(name) for name in SCHEDULER_STEP
         )
 
+    def named_detect(self, env: Mapping[str, str]) -> bool:
+        """Return whether ``--launcher pytorch`` finds its contract: `detect`, or the full set
+        that `detect` leaves to Azure ML's backend (its PyTorch distribution's processes)."""
+        if self.detect(env):
+            return True
+        reader = self.reader(env)
+        return not self._is_own_export(reader) and all(reader.has(name) for name in FULL_SET)
+
     def world(self, env: Mapping[str, str]) -> World | None:
         reader = self.reader(env)
         rank = reader.optional_int("RANK")

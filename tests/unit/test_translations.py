@@ -11,7 +11,7 @@ import pytest
 
 from distenv import detect, explain
 from distenv.errors import InconsistentEnvironmentError
-from tests.support.envs import Layout, layout, mpi, slurm, wrappers
+from tests.support.envs import Layout, azureml, layout, mpi, slurm, wrappers
 
 # (translated environments, the captured launch they were built on, the launcher that answers)
 TRANSLATIONS = [
@@ -164,3 +164,23 @@ def test_launcher_pytorch_without_local_world_size_defers_the_local_layout() -> 
     # GROUP_RANK/GROUP_WORLD_SIZE, where set, still number the node.
     env = {**wrappers.SRUN_WRAPPER_2N_4T[3], "GROUP_RANK": "1", "GROUP_WORLD_SIZE": "2"}
     assert layout(detect("pytorch", env)) == (3, 4, 1, None, 1, 2)
+
+
+def test_launcher_pytorch_in_azure_mls_pytorch_distribution() -> None:
+    """Azure ML's PyTorch distribution (no LOCAL_WORLD_SIZE, no AZUREML_NODE_COUNT): auto reads it
+    as `azureml`; `--launcher pytorch` takes torchrun's names and leaves the local layout to the
+    roll call, where it used to say that none of its variables were set."""
+    env = azureml.AML_PYTORCH_2X2_RANK3
+    assert detect("auto", env).launcher == "azureml"
+    info = detect("pytorch", env)
+    assert (info.launcher, info.master_addr, info.master_port) == ("pytorch", "10.0.0.4", 6105)
+    assert layout(info) == (3, 4, 1, None, None, None)
+
+
+def test_a_torch_distributed_launch_rank_defers_the_local_layout() -> None:
+    """What `python -m torch.distributed.launch --use_env --nproc_per_node 2` (torch < 1.9) set:
+    no LOCAL_WORLD_SIZE, no TORCHELASTIC_RUN_ID; auto and --launcher pytorch detect it."""
+    env = {"RANK": "1", "WORLD_SIZE": "2", "LOCAL_RANK": "1", "MASTER_ADDR": "127.0.0.1",
+           "MASTER_PORT": "29500", "OMP_NUM_THREADS": "1"}  # fmt: skip
+    for launcher in ("auto", "pytorch"):
+        assert layout(detect(launcher, env)) == (1, 2, 1, None, None, None)
