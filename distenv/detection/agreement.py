@@ -41,7 +41,7 @@ from distenv.detection.layer import Layer, Layers
 from distenv.errors import DistEnvError, InconsistentEnvironmentError, NotLaunchedError, shown
 from distenv.launchers import TORCHRUN, AllocationLauncher, Scheduler, World
 from distenv.launchers.torchrun import TorchrunLauncher
-from distenv.master import LOCAL_HOST, RUN_ID_VAR, SCOPE_VAR
+from distenv.master import LOCAL_HOST, RUN_ID_VAR, SCOPE_VAR, map_master_host
 from distenv.variables import Reader, Var
 
 __all__ = ["LAUNCH_MARKS", "MARK_VARS", "TRANSLATED", "agrees", "describe", "refuse_leftovers"]
@@ -166,13 +166,15 @@ def _differences(torchrun: Layer, step: Layer, world: World) -> list[tuple[str, 
 def _foreign_master(step: Layer) -> tuple[str, str] | None:
     """Return ``(MASTER_ADDR, the hosts it should name)`` where MASTER_ADDR names no host a
     translation of `step`'s numbering would: the first host of the step or of the job (enroot's
-    hook takes the step's, cluster guides' wrappers the job's), or loopback on one node."""
+    hook takes the step's, cluster guides' wrappers the job's), mapped by
+    ``DISTENV_MASTER_ADDR_FORMAT`` where set (``{host}-ib``), or loopback on one node."""
     addr = (step.env.get("MASTER_ADDR") or "").strip()
     if not addr or not isinstance(step.launcher, Scheduler):
         return None
     try:
         check_hostname(step.name, "MASTER_ADDR", addr)  # else the master rules name it
         hosts = [d.host for d in (step.default_master(), step.allocation_master()) if d and d.host]
+        hosts += [map_master_host(step.name, step.env, h) for h in hosts]
         nodes = step.rank_info().num_nodes
     except DistEnvError:
         return None

@@ -126,10 +126,8 @@ class TorchrunLauncher(Launcher):
         )
 
     def named_detect(self, env: Mapping[str, str]) -> bool:
-        """Return whether ``--launcher pytorch`` finds its contract: `detect`, or the full set
-        that `detect` leaves to Azure ML's backend (its PyTorch distribution's processes)."""
-        if self.detect(env):
-            return True
+        """Return whether ``--launcher pytorch`` finds its contract where `detect` did not: the
+        full set that `detect` leaves to Azure ML's backend (its PyTorch distribution)."""
         reader = self.reader(env)
         return not self._is_own_export(reader) and all(reader.has(name) for name in FULL_SET)
 

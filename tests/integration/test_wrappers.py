@@ -8,6 +8,7 @@ launches start together (a module fixture) and each test reads its own.
 
 from __future__ import annotations
 
+import json
 import uuid
 
 import pytest
@@ -20,6 +21,7 @@ from tests.support.integration.helpers import (
     OMPI,
     ONE_NODE,
     PYTHON,
+    STEPS,
     TWO_BY_TWO,
     Harness,
     Launch,
@@ -65,11 +67,16 @@ def _start(harness: Harness) -> dict[str, Launch]:
     mpi_wrapper = _script(harness, "test_an_mpirun_wrapper_is_accepted", "mpi-wrapper")
     multi = harness.env("multi")
     bound = harness.env("multi", extra=BOUND)
+    # A step of 2 tasks in an allocation of 4: the hook's WORLD_SIZE=$SLURM_NTASKS there.
+    subset = ["salloc", "-J", JOB, "-N", "2", "-n", "4", "--ntasks-per-node", "2", PYTHON, STEPS,
+              "srun", "-n", "2", hook, PYTHON, "-m", "distenv", "info", "--json"]  # fmt: skip
     master = ["-x", "MASTER_ADDR=127.0.0.1", "-x", f"MASTER_PORT={free_port()}"]
     info = f"{PYTHON} -m distenv info"  # detection alone: no torch import, in a --wrap line
     return {
         "hook": harness.start([*SRUN_2X2, hook, *rank_check()], env=multi),
         "info": harness.start([*SRUN_2X2, hook, PYTHON, "-m", "distenv", "info"], env=multi),
+        # A step of 2 tasks in an allocation of 4: what the hook's WORLD_SIZE=$SLURM_NTASKS is.
+        "subset": harness.start(subset, env=multi),
         "disagree": harness.start(
             [*SRUN_2X2, hook, "env", "WORLD_SIZE=8", *INIT_ONLY, TAG], env=bound
         ),
@@ -115,6 +122,20 @@ def test_the_hooks_formula_in_a_wrapper_meets_and_all_reduces(launches: dict[str
     accepted = [line for line in info.stdout.splitlines() if "accepted: RANK=" in line]
     assert len(accepted) == 4, info.text
     assert all("translate slurm's numbering of this task" in line for line in accepted)
+
+
+def test_the_hooks_world_size_in_a_step_on_part_of_the_allocation(
+    launches: dict[str, Result],
+) -> None:
+    """`srun -n 2` inside `salloc -n 4`: SLURM_NTASKS is the step's 2, so the hook's WORLD_SIZE
+    translates the step and both tasks are rank r of 2."""
+    (step,) = launches["subset"].ok().steps()
+    assert step.returncode == 0, step.stderr
+    infos = sorted((json.loads(line) for line in step.stdout.splitlines()), key=lambda i: i["rank"])
+    assert [(i["launcher"], i["rank"], i["world_size"]) for i in infos] == [
+        ("slurm", 0, 2),
+        ("slurm", 1, 2),
+    ], step.stdout
 
 
 def test_a_wrapper_that_disagrees_is_refused_on_every_task(launches: dict[str, Result]) -> None:

@@ -128,6 +128,14 @@ def test_master_addr_must_name_the_steps_or_jobs_first_host(addr: str, accepted:
             assert f"MASTER_ADDR={addr!r} names no host of this job" in message, message
 
 
+def test_master_addr_may_be_the_first_host_mapped_by_the_format() -> None:
+    """A wrapper that names rank 0's InfiniBand name (DISTENV_MASTER_ADDR_FORMAT='{host}-ib')."""
+    env = {**wrappers.SRUN_WRAPPER_2N_4T[2], "MASTER_ADDR": "n1-ib"}
+    with pytest.raises(InconsistentEnvironmentError):
+        detect("auto", env)
+    assert detect("auto", {**env, "DISTENV_MASTER_ADDR_FORMAT": "{host}-ib"}).master_addr == "n1-ib"
+
+
 @pytest.mark.parametrize("addr", ["127.0.0.1", "localhost"])
 def test_loopback_is_a_master_on_one_node(addr: str) -> None:
     """A one-node wrapper's MASTER_ADDR=127.0.0.1 (or localhost) is rank 0's host too."""
