@@ -157,7 +157,7 @@ def _differences(torchrun: Layer, step: Layer, world: World) -> list[tuple[str, 
     found = []
     for name, field in TRANSLATED:
         text, expected = torchrun.env.get(name), known.get(field)
-        if text is None or expected is None or _int_text(text) == expected:
+        if not text or expected is None or _int_text(text) == expected:
             continue
         found.append((name, text, _var_of(step, field, expected)))
     return found
