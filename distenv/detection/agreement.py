@@ -9,15 +9,20 @@ inherited from an outer launcher. Detection (`distenv.detection.choice`) asks
 rules:
 
 1. **torchrun's contract.** ``RANK`` and ``WORLD_SIZE`` inside a step (an srun task, a jsrun rank,
-   an MPI rank) are refused unless the launcher that set them marked them (`LAUNCH_MARKS`),
-   whether they contradict the step's numbering or match it. Matching proves nothing: an earlier
-   job's export matches one task of every later step of that size by chance, and sent that task
-   to the old job's master while the others were refused. Only a step whose own launcher declares
-   them sets them itself (a Kubeflow v1 pod's ``RANK`` is the pod's index), and only where they
-   match. MPI launches count as steps: mpirun and mpiexec hand their ranks the environment they
-   were started in, so a stale export reaches them just as it reaches srun's tasks, and distenv
-   reads their ranks itself. ``DISTENV_SCOPE`` (the export tag) marks distenv's own export of
-   another launcher's answer: no launch, judged by the export rules of `distenv.master` instead.
+   an MPI rank) that the launcher that set them did not mark (`LAUNCH_MARKS`) are accepted only
+   as a translation of the step's numbering of this task: a wrapper script's ``export
+   RANK=$SLURM_PROCID ...`` or enroot's PyTorch hook. Every layout variable of `TRANSLATED` that
+   is set must equal the step's, and ``MASTER_ADDR``, where set, must name the step's or the job's
+   first host (loopback on one node): then the step's layout is used with the user's
+   ``MASTER_ADDR``/``MASTER_PORT``. Anything else is refused on the task, naming the variable and
+   both values: an earlier job's export contradicts all but one task of a later step of its size,
+   and that one by its ``MASTER_ADDR`` (until issue #25 that task went to the old job's master
+   while the others were refused). A step whose own launcher declares them sets them itself (a
+   Kubeflow v1 pod's ``RANK`` is the pod's index), where they match. MPI launches count as steps:
+   mpirun and mpiexec hand their ranks the environment they were started in, so a stale export
+   reaches them just as it reaches srun's tasks, and distenv reads their ranks itself.
+   ``DISTENV_SCOPE`` (the export tag) marks distenv's own export of another launcher's answer: no
+   launch, judged by the export rules of `distenv.master` instead.
 2. **MPI inside a task step.** MPI ranks that disagree with the scheduler step around them are the
    ranks of an MPI launcher whose daemons are that step's tasks, one per node (measured: mpirun and
    Hydra inside salloc, tests/support/envs/mpi.py). A step that runs several tasks on this node is no such
@@ -31,15 +36,16 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+from distenv._hosts import check_hostname
 from distenv.detection.layer import Layer, Layers
-from distenv.errors import DistEnvError, InconsistentEnvironmentError
+from distenv.errors import DistEnvError, InconsistentEnvironmentError, NotLaunchedError, shown
 from distenv.launchers import AllocationLauncher, Scheduler, World
 from distenv.launchers.registry import TORCHRUN
 from distenv.launchers.torchrun import TorchrunLauncher
-from distenv.master import RUN_ID_VAR, SCOPE_VAR
+from distenv.master import LOCAL_HOST, RUN_ID_VAR, SCOPE_VAR, map_master_host
 from distenv.variables import Reader, Var
 
-__all__ = ["LAUNCH_MARKS", "MARK_VARS", "agrees", "describe", "refuse_leftovers"]
+__all__ = ["LAUNCH_MARKS", "MARK_VARS", "TRANSLATED", "agrees", "describe", "refuse_leftovers"]
 
 # The launchers that set torchrun's contract inside a scheduler step on purpose, and the variables
 # (all of them) by which their ranks are known.
@@ -57,6 +63,18 @@ MARK_VARS = (
     Var("CROSS_SIZE", "(agreement)", "no", "DeepSpeed's launcher: number of nodes"),
     Var("LOCAL_SIZE", "(agreement)", "no", "DeepSpeed's launcher: processes on this node"),
     Var(SCOPE_VAR, "(agreement)", "no", "distenv's export of another launcher's answer"),
+)
+# torchrun's variables a translation of a step's numbering may set, and the RankInfo field each
+# must equal. enroot's PyTorch hook (NVIDIA/enroot conf/hooks/extra/50-slurm-pytorch.sh) sets
+# RANK=$SLURM_PROCID WORLD_SIZE=$SLURM_NTASKS LOCAL_RANK=$SLURM_LOCALID; inside a step of 2 in an
+# allocation of 4, SLURM_NTASKS is the step's 2 (measured: salloc and sbatch, Slurm 22.05).
+TRANSLATED = (
+    ("RANK", "rank"),
+    ("WORLD_SIZE", "world_size"),
+    ("LOCAL_RANK", "local_rank"),
+    ("LOCAL_WORLD_SIZE", "local_world_size"),
+    ("GROUP_RANK", "node_rank"),
+    ("GROUP_WORLD_SIZE", "num_nodes"),
 )
 # RankInfo fields whose variables make up a launcher's numbering (named in the messages).
 _LAYOUT = ("rank", "world_size", "local_rank", "local_world_size", "node_rank", "num_nodes")
@@ -110,50 +128,168 @@ def _sets_contract(layer: Layer) -> bool:
     return contract <= {v.name for v in layer.launcher.variables}
 
 
+def _int_text(text: str | None) -> int | None:
+    try:
+        return None if text is None else int(text.strip())
+    except ValueError:
+        return None
+
+
+def _var_of(layer: Layer, field: str, value: int) -> str:
+    """Return ``VAR=value`` for the declared variable of `layer` that holds `value` for `field`,
+    else ``value (VAR=its text)`` for one that encodes it (``SLURM_STEP_TASKS_PER_NODE=2(x2)``)."""
+    declared = [v.name for v in layer.launcher.variables if v.field == field]
+    texts = {name: (layer.env.get(name) or "").strip() for name in declared}
+    exact = next((name for name in declared if texts[name] == str(value)), None)
+    if exact is not None:
+        return f"{exact}={value}"
+    encoded = next((name for name in declared if texts[name]), None)
+    return f"{value} ({encoded}={texts[encoded]})" if encoded else f"{field}={value}"
+
+
+def _differences(torchrun: Layer, step: Layer, world: World) -> list[tuple[str, str, str]]:
+    """Return ``(variable, its value, the step's)`` for each of torchrun's layout variables set
+    that differs from the step's numbering of this task (`TRANSLATED`)."""
+    try:
+        info = step.rank_info()
+        known = {field: getattr(info, field) for _, field in TRANSLATED}
+    except DistEnvError:  # the step's own reading reports it; compare what `world` states
+        known = {"rank": world[0], "world_size": world[1]}
+    found = []
+    for name, field in TRANSLATED:
+        text, expected = torchrun.env.get(name), known.get(field)
+        if not text or expected is None or _int_text(text) == expected:
+            continue
+        found.append((name, text, _var_of(step, field, expected)))
+    return found
+
+
+def _foreign_master(step: Layer) -> tuple[str, str] | None:
+    """Return ``(MASTER_ADDR, the hosts it should name)`` where MASTER_ADDR names no host a
+    translation of `step`'s numbering would: the first host of the step or of the job (enroot's
+    hook takes the step's, cluster guides' wrappers the job's), mapped by
+    ``DISTENV_MASTER_ADDR_FORMAT`` where set (``{host}-ib``), or loopback on one node."""
+    addr = (step.env.get("MASTER_ADDR") or "").strip()
+    if not addr or not isinstance(step.launcher, Scheduler):
+        return None
+    try:
+        check_hostname(step.name, "MASTER_ADDR", addr)  # else the master rules name it
+        hosts = [d.host for d in (step.default_master(), step.allocation_master()) if d and d.host]
+        hosts += [map_master_host(step.name, step.env, h) for h in hosts]
+        nodes = step.rank_info().num_nodes
+    except DistEnvError:
+        return None
+    if not hosts or hosts[0] == LOCAL_HOST:  # a batch script: no step's hosts to compare
+        return None
+    label = addr.split(".", 1)[0].lower()
+    if label in {h.split(".", 1)[0].lower() for h in hosts}:
+        return None
+    if nodes == 1 and (addr == "localhost" or addr.startswith("127.") or addr == "::1"):
+        return None
+    return addr, " or ".join(dict.fromkeys(hosts))
+
+
+def _outside_steps(
+    torchrun: Layer, contract: World, detected: Sequence[Layer], notes: list[tuple[str, str]]
+) -> None:
+    """Rule 1, outside any step: a translation's contract (LOCAL_RANK, no LOCAL_WORLD_SIZE: what a
+    wrapper or enroot's hook sets) in a batch script or salloc shell that the scheduler itself
+    refuses to run (a job of several tasks) was set with no step, by no launch."""
+    env = torchrun.env
+    if not env.get("LOCAL_RANK") or env.get("LOCAL_WORLD_SIZE") or env.get("LOCAL_SIZE"):
+        return  # torchrun's full contract: read as before (a launcher's, or refused by signs)
+    for layer in detected:
+        if not isinstance(layer.launcher, Scheduler) or layer.world() is not None:
+            continue
+        try:
+            layer.rank_info()
+        except NotLaunchedError as exc:
+            notes.append((TORCHRUN.name, f"refused: {describe(contract)} set with no step"))
+            raise InconsistentEnvironmentError(
+                TORCHRUN.name,
+                f"{torchrun.named(contract)} were set with no step and no launcher's mark: "
+                f"{exc.problem}; they were likely exported by an earlier job or a shell profile",
+                hint=exc.hint,
+                variable="RANK",
+                value=str(contract[0]),
+            ) from None
+
+
 def _contract_leftover(
     layers: Layers, detected: Sequence[Layer], notes: list[tuple[str, str]]
-) -> None:
-    """Rule 1: torchrun's RANK/WORLD_SIZE inside a step, set by no launcher that marks its ranks."""
+) -> Layer | None:
+    """Rule 1: torchrun's RANK/WORLD_SIZE inside a step, set by no launcher that marks its ranks.
+
+    Returns torchrun's layer where its variables translate the step's numbering (accepted).
+    """
     reader = Reader(TORCHRUN.name, layers.env, MARK_VARS)
     tag = reader.get(SCOPE_VAR)
     if tag is not None and not tag.startswith(f"{TORCHRUN.name}/"):
-        return
+        return None
     if any(all(reader.has(name) for name in names) for _, names in LAUNCH_MARKS):
-        return
+        return None
     torchrun = layers[TORCHRUN]
     contract = _world(torchrun)
     step = _step(detected)
-    if contract is None or contract[1] is None or step is None:
-        return
+    if contract is None or contract[1] is None:
+        return None
+    if step is None:
+        _outside_steps(torchrun, contract, detected, notes)
+        return None
     layer, world = step
-    matches = agrees(contract, world)
-    if matches and _sets_contract(layer):
-        return
+    if agrees(contract, world) and _sets_contract(layer):
+        return None
+    differences = _differences(torchrun, layer, world)
+    foreign = None if differences else _foreign_master(layer)
+    shown_vars = " ".join(
+        f"{n}={torchrun.env[n].strip()}" for n, _ in TRANSLATED if n in torchrun.env
+    )
+    if not differences and foreign is None:
+        notes.append(
+            (
+                TORCHRUN.name,
+                f"accepted: {shown_vars} translate {layer.name}'s numbering of this task "
+                f"(set by a wrapper or a container hook): {layer.name}'s layout used, "
+                "MASTER_ADDR/MASTER_PORT where set",
+            )
+        )
+        return torchrun
     names = _present(torchrun, _CONTRACT)
     marks = ", ".join(" ".join(vs) for _, vs in LAUNCH_MARKS)
-    if matches:
-        verb = "match"
-        chance = (
-            "; that they match this task proves nothing: an earlier job's export matches one "
-            "task of every step of its size"
-        )
-        note = f"{describe(contract)} as {layer.name}'s, but no launcher's mark"
+    if differences:
+        verb = "contradict"
+        why = "; ".join(f"{n}={shown(v)} where {layer.name} has {s}" for n, v, s in differences)
+        variable, value = differences[0][0], differences[0][1]
+        fix = f"copy {layer.name}'s numbering of the task"
+        note = f"{describe(contract)} vs {layer.name}'s {describe(world)}"
     else:
-        verb, chance = "contradict", ""
-        note = f"{describe(contract)} vs {layer.name}'s {describe(world)} and no launcher's mark"
+        assert foreign is not None
+        verb = "match"
+        why = (
+            f"MASTER_ADDR={shown(foreign[0])} names no host of this job, whose step and job start on "
+            f"{foreign[1]}: a value from another job"
+        )
+        variable, value = "MASTER_ADDR", foreign[0]
+        fix = f"set MASTER_ADDR to {foreign[1]}"
+        note = f"{describe(contract)} as {layer.name}'s, MASTER_ADDR of another job"
     notes.append((TORCHRUN.name, f"refused: {note}: left over from another job"))
-    # --launcher pytorch is a way out only where its variables are complete enough to detect.
+    # --launcher pytorch is a way out only where its variables are complete enough to detect, and
+    # number the tasks as the step does (else it would wait for ranks that never start).
     named = " (or pass --launcher pytorch if a wrapper inside the step sets them on purpose)"
+    offered = not differences and torchrun.detected()
     raise InconsistentEnvironmentError(
         TORCHRUN.name,
         f"{torchrun.named(contract)} {verb} {layer.name}, which started this process as "
         f"{layer.named(world)}, and were not set by any launcher inside the step (none marked "
-        f"them as its own: {marks}): they were likely exported by an earlier job or a shell "
-        f"profile{chance}",
-        hint=f"unset {' '.join(names)} where they are exported (job script, ~/.bashrc): distenv "
-        f"reads {layer.name}'s numbering itself" + (named if torchrun.detected() else ""),
-        variable="RANK",
-        value=str(contract[0]),
+        f"them as its own: {marks}): {why}. distenv accepts them there only as a translation of "
+        f"{layer.name}'s numbering of this task; these were likely exported by an earlier job or "
+        "a shell profile, or set by a wrapper script or container hook (enroot's "
+        "50-slurm-pytorch.sh) that numbers the tasks otherwise",
+        hint=f"unset {' '.join(names)} where they are exported (job script, ~/.bashrc), or "
+        f"make the wrapper {fix}: distenv reads {layer.name}'s numbering itself"
+        + (named if offered else ""),
+        variable=variable,
+        value=value,
     )
 
 
@@ -206,8 +342,11 @@ def refuse_leftovers(
     layers: Layers,
     detected: Sequence[Layer],
     notes: list[tuple[str, str]],
-) -> None:
+) -> Layer | None:
     """Raise if leftover launcher variables contradict the step that started this process.
+
+    Returns torchrun's layer where its variables translate the step's numbering of this task
+    (rule 1): the caller sets it aside and reads the step's layout.
 
     Args:
         named: The layer of the launcher asked for by name; None for auto detection. Naming
@@ -219,11 +358,10 @@ def refuse_leftovers(
     Raises:
         InconsistentEnvironmentError: Naming both sets of variables, the likely cause and the fix.
     """
+    translated = None
     if named is None or not isinstance(named.launcher, TorchrunLauncher):
-        _contract_leftover(layers, detected, notes)
-    if (
-        detected
-        and isinstance(detected[0].launcher, AllocationLauncher)
-        and named is not detected[0]
-    ):
-        _mpi_leftover(detected, notes)
+        translated = _contract_leftover(layers, detected, notes)
+    inner = [layer for layer in detected if layer is not translated]
+    if inner and isinstance(inner[0].launcher, AllocationLauncher) and named is not inner[0]:
+        _mpi_leftover(inner, notes)
+    return translated

@@ -31,6 +31,7 @@ from distenv.errors import (
 )
 from distenv.launchers import AllocationLauncher, Default, Launcher, Scheduler
 from distenv.launchers.registry import NONE, auto_candidates, canonical_name, get_launcher
+from distenv.launchers.torchrun import TorchrunLauncher
 from distenv.rankinfo import RankInfo
 
 __all__ = ["Choice", "choose"]
@@ -165,6 +166,12 @@ def _refuse_signs(launchers: Sequence[Launcher], env: Mapping[str, str]) -> None
     )
 
 
+def _named_torchrun(layer: Layer) -> bool:
+    """Whether ``--launcher pytorch`` names a contract that auto detection leaves to Azure ML."""
+    launcher = layer.launcher
+    return isinstance(launcher, TorchrunLauncher) and launcher.named_detect(layer.env)
+
+
 def _choose(
     name: str,
     layers: Layers,
@@ -178,7 +185,8 @@ def _choose(
         if not detected:
             notes.append(("none", "chosen: no launcher detected, running as a single process"))
             return _alone(layers[NONE], notes)
-        refuse_leftovers(None, layers, detected, notes)
+        translated = refuse_leftovers(None, layers, detected, notes)
+        detected = [d for d in detected if d is not translated]
         chosen = detected[0]
         notes.append((chosen.name, "chosen: innermost launcher detected"))
         if isinstance(chosen.launcher, AllocationLauncher):
@@ -188,7 +196,7 @@ def _choose(
     chosen = layers[get_launcher(name)]
     if chosen.launcher is NONE:
         return _alone(chosen, notes)
-    if not chosen.detected():
+    if not chosen.detected() and not _named_torchrun(chosen):
         found = detected[0].name if detected else "none"
         if found == "none" and origin is not None:  # stripped by a container, or truly absent
             refuse_stripped(origin())
@@ -202,7 +210,8 @@ def _choose(
             if found == "none"
             else f"use --launcher {found} (or auto), or {start}",
         )
-    refuse_leftovers(chosen, layers, detected, notes)
+    translated = refuse_leftovers(chosen, layers, detected, notes)
+    detected = [d for d in detected if d is not translated]
     if chosen not in detected or detected[0] is chosen:  # a plug-in not opted in, or innermost
         if isinstance(chosen.launcher, AllocationLauncher):
             # The name asked for wins over an agreeing scheduler's: its layout, labelled as asked.

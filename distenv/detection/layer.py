@@ -110,10 +110,12 @@ class Layer:
     def placed_rank_info(self, nodes: Nodes | None) -> RankInfo:
         """The layout of an `AllocationLauncher`, its nodes numbered by a daemon step's `nodes`.
 
-        Asked once per detection, by `distenv.detection.choice` alone: not kept.
+        Without `nodes` it is the launcher's own layout (`rank_info`, kept: the agreement check
+        may have read it); with them it is asked once per detection, by
+        `distenv.detection.choice` alone, and not kept.
         """
         launcher = self.launcher
-        if not isinstance(launcher, AllocationLauncher):
+        if not isinstance(launcher, AllocationLauncher) or nodes is None:
             return self.rank_info()
         return launcher.placed_rank_info(self.env, nodes)
 

@@ -54,9 +54,9 @@ class TorchrunLauncher(Launcher):
     | RANK | rank | yes |
     | WORLD_SIZE | world_size | yes |
     | LOCAL_RANK | local_rank (absent: Kubeflow style, one process per node) | yes* |
-    | LOCAL_WORLD_SIZE (LOCAL_SIZE) | local_world_size (LOCAL_SIZE: DeepSpeed's launcher) | with LOCAL_RANK |
-    | GROUP_RANK | node_rank (default rank // local_world_size) | no |
-    | GROUP_WORLD_SIZE | num_nodes (default world_size // local_world_size) | no |
+    | LOCAL_WORLD_SIZE (LOCAL_SIZE) | local_world_size (LOCAL_SIZE: DeepSpeed's launcher; absent: the roll call counts) | no |
+    | GROUP_RANK | node_rank (default rank // local_world_size, or the roll call) | no |
+    | GROUP_WORLD_SIZE | num_nodes (default world_size // local_world_size, or the roll call) | no |
     | MASTER_ADDR, MASTER_PORT | master | yes |
     | DISTENV_SCOPE | detection: distenv's own exports are not a launch | no |
     | SLURM_STEP_ID, OMPI_COMM_WORLD_SIZE, PMI_SIZE, PMIX_RANK, JSM_NAMESPACE_SIZE, LSB_JOBID | veto Kubeflow-style detection | no |
@@ -84,10 +84,14 @@ class TorchrunLauncher(Launcher):
         Var("RANK", "rank", "yes", "global rank"),
         Var("WORLD_SIZE", "world_size", "yes", "number of processes"),
         Var("LOCAL_RANK", "local_rank", "yes*", "rank on this node (*absent: Kubeflow style)"),
-        Var("LOCAL_WORLD_SIZE", "local_world_size", "with LOCAL_RANK", "processes on this node"),
+        Var(
+            "LOCAL_WORLD_SIZE", "local_world_size", "no", "processes on this node (else roll call)"
+        ),
         Var("LOCAL_SIZE", "local_world_size", "no", "DeepSpeed's launcher's LOCAL_WORLD_SIZE"),
-        Var("GROUP_RANK", "node_rank", "no", "node index (default rank // local_world_size)"),
-        Var("GROUP_WORLD_SIZE", "num_nodes", "no", "nodes (default world_size // local)"),
+        Var("GROUP_RANK", "node_rank", "no", "node index (else rank // local, or roll call)"),
+        Var(
+            "GROUP_WORLD_SIZE", "num_nodes", "no", "nodes (else world_size // local, or roll call)"
+        ),
         Var("MASTER_ADDR", "master_addr", "yes", "rank 0's host"),
         Var("MASTER_PORT", "master_port", "yes", "rank 0's store port"),
         Var(SCOPE_VAR, "(detection)", "no", "distenv's export tag: such RANK/... are no launch"),
@@ -121,6 +125,12 @@ class TorchrunLauncher(Launcher):
             reader.has(name) for name in SCHEDULER_STEP
         )
 
+    def named_detect(self, env: Mapping[str, str]) -> bool:
+        """Return whether ``--launcher pytorch`` finds its contract where `detect` did not: the
+        full set that `detect` leaves to Azure ML's backend (its PyTorch distribution)."""
+        reader = self.reader(env)
+        return not self._is_own_export(reader) and all(reader.has(name) for name in FULL_SET)
+
     def world(self, env: Mapping[str, str]) -> World | None:
         reader = self.reader(env)
         rank = reader.optional_int("RANK")
@@ -149,18 +159,28 @@ class TorchrunLauncher(Launcher):
         rank = reader.integer("RANK", hint=HINT)
         world_size = reader.integer("WORLD_SIZE", hint=HINT, minimum=1)
         sources = {"rank": "RANK", "world_size": "WORLD_SIZE"}
+        local_world_size: int | None
+        node_rank: int | None
+        num_nodes: int | None
         if reader.has("LOCAL_RANK") or reader.has("TORCHELASTIC_RUN_ID"):
             local_rank = reader.integer("LOCAL_RANK", hint=HINT)
-            # DeepSpeed's launcher (deepspeed/launcher/launch.py) names it LOCAL_SIZE.
-            local_world_size = reader.integer(
-                "LOCAL_WORLD_SIZE", "LOCAL_SIZE", hint=HINT, minimum=1
-            )
-            sources.update(local_rank="LOCAL_RANK", local_world_size="LOCAL_WORLD_SIZE")
+            # DeepSpeed's launcher (deepspeed/launcher/launch.py) names it LOCAL_SIZE. Without
+            # either (a wrapper's RANK/LOCAL_RANK/WORLD_SIZE, Azure ML's PyTorch distribution,
+            # torch.distributed.launch), init_dist's roll call counts the ranks on this host, as
+            # for MPI.
+            local_world_size = reader.optional_int("LOCAL_WORLD_SIZE", "LOCAL_SIZE", minimum=1)
+            sources["local_rank"] = "LOCAL_RANK"
+            if local_world_size is not None:
+                sources["local_world_size"] = "LOCAL_WORLD_SIZE"
         else:  # Kubeflow's PyTorchJob: one process per pod.
             local_rank, local_world_size = 0, 1
         node_rank = reader.optional_int("GROUP_RANK")
         num_nodes = reader.optional_int("GROUP_WORLD_SIZE", minimum=1)
-        if node_rank is None or num_nodes is None:
+        if node_rank is not None and num_nodes is not None:
+            sources.update(node_rank="GROUP_RANK", num_nodes="GROUP_WORLD_SIZE")
+        elif local_world_size is None:
+            node_rank = num_nodes = None  # the roll call numbers the hosts
+        else:
             if world_size % local_world_size:
                 raise InconsistentEnvironmentError(
                     self.name,
@@ -170,8 +190,6 @@ class TorchrunLauncher(Launcher):
                 )
             node_rank = rank // local_world_size if node_rank is None else node_rank
             num_nodes = world_size // local_world_size if num_nodes is None else num_nodes
-        else:
-            sources.update(node_rank="GROUP_RANK", num_nodes="GROUP_WORLD_SIZE")
         # torchrun's own MASTER_* are part of its contract: no export tag can make them stale.
         addr, port = explicit_master(reader)
         if addr is None or port is None:

@@ -68,8 +68,8 @@ def test_stale_torchrun_contract_in_an_srun_step_is_refused(
     assert "MASTER_ADDR MASTER_PORT where they are exported" in message
     assert "distenv reads slurm's numbering itself" in message
     assert (error.source, error.variable, error.value) == ("pytorch", "RANK", "3")
-    # --launcher pytorch is offered only where it would detect (the full set).
-    assert ("--launcher pytorch" in message) == ("LOCAL_RANK" in extra)
+    # --launcher pytorch is offered only where it would work: never for another numbering.
+    assert "--launcher pytorch" not in message
     assert error.considered[-1][0] == "pytorch"
     assert error.considered[-1][1].startswith("refused: rank 3 of 4 vs slurm's rank")
 
@@ -100,50 +100,67 @@ def stale_export(rank: int, size: int) -> dict[str, str]:
             "LOCAL_WORLD_SIZE": str(size), "MASTER_ADDR": "192.0.2.1", "MASTER_PORT": "29500"}  # fmt: skip
 
 
-@pytest.mark.parametrize("extra", [STALE, FULL_STALE], ids=["kubeflow-set", "full-set"])
+# What a stale export looks like in task 3 of a 4-task step that it matches by chance, its
+# LOCAL_* too (a ~/.bashrc written for that task).
+MATCHING_STALE = {**STALE, "LOCAL_RANK": "3", "LOCAL_WORLD_SIZE": "4"}
+
+
+@pytest.mark.parametrize("extra", [STALE, MATCHING_STALE], ids=["kubeflow-set", "full-set"])
 @pytest.mark.parametrize("launcher", ["auto", "slurm"])
-def test_contract_that_matches_the_step_is_refused_too(
+def test_a_match_whose_master_is_no_host_of_the_job_is_refused(
     launcher: str, extra: dict[str, str]
 ) -> None:
-    """`export RANK=3 WORLD_SIZE=4 ...` in task 3 of a 4-task step: it matches by chance, and is
-    refused like on every other task (until issue #25 this task used the old job's master)."""
+    """`export RANK=3 WORLD_SIZE=4 MASTER_ADDR=login7 ...` in task 3 of a 4-task step: its
+    numbering matches by chance, its MASTER_ADDR names another job's host: refused like on every
+    other task (until issue #25 this task used the old job's master)."""
     error = _refused(launcher, {**slurm.SRUN_1N_4T[3], **extra})
     message = str(error)
     assert message.startswith(
         "pytorch: RANK=3 WORLD_SIZE=4 match slurm, which started this process as SLURM_PROCID=3 "
         "SLURM_STEP_NUM_TASKS=4, and were not set by any launcher inside the step (none marked "
         "them as its own: TORCHELASTIC_RUN_ID, DISTENV_RUN_ID, CROSS_RANK CROSS_SIZE LOCAL_SIZE): "
-        "they were likely exported by an earlier job or a shell profile; that they match this "
-        "task proves nothing"
+        "MASTER_ADDR='login7' names no host of this job, whose step and job start on vm: a value "
+        "from another job."
     ), message
+    assert "likely exported by an earlier job or a shell profile" in message
     assert "Hint: unset RANK WORLD_SIZE" in message
-    assert "distenv reads slurm's numbering itself" in message
+    assert "or make the wrapper set MASTER_ADDR to vm: distenv reads slurm's numbering" in message
     assert ("--launcher pytorch if a wrapper inside the step sets them" in message) == (
         "LOCAL_RANK" in extra
     )
-    assert (error.source, error.variable, error.value) == ("pytorch", "RANK", "3")
+    assert (error.source, error.variable, error.value) == ("pytorch", "MASTER_ADDR", "login7")
     assert error.considered[-1] == (
         "pytorch",
-        "refused: rank 3 of 4 as slurm's, but no launcher's mark: left over from another job",
+        "refused: rank 3 of 4 as slurm's, MASTER_ADDR of another job: left over from another job",
     )
 
 
 @pytest.mark.parametrize(
-    ("envs", "step"),
+    ("envs", "step", "hosts"),
     [
-        pytest.param(slurm.SRUN_2N_4T, "SLURM_PROCID={} SLURM_STEP_NUM_TASKS=4", id="srun"),
-        pytest.param(slurm.SRUN_PMIX_4, "SLURM_PROCID={} SLURM_STEP_NUM_TASKS=4", id="srun-pmix"),
-        pytest.param(mpi.OMPI_4, "OMPI_COMM_WORLD_RANK={} OMPI_COMM_WORLD_SIZE=4", id="mpirun"),
-        pytest.param(mpi.HYDRA_4, "PMI_RANK={} PMI_SIZE=4", id="hydra"),
+        pytest.param(slurm.SRUN_1N_4T, "SLURM_PROCID={} SLURM_STEP_NUM_TASKS=4", True, id="srun"),
+        pytest.param(
+            slurm.SRUN_PMIX_4, "SLURM_PROCID={} SLURM_STEP_NUM_TASKS=4", True, id="srun-pmix"
+        ),
+        pytest.param(
+            mpi.OMPI_4, "OMPI_COMM_WORLD_RANK={} OMPI_COMM_WORLD_SIZE=4", False, id="mpirun"
+        ),
+        pytest.param(mpi.HYDRA_4, "PMI_RANK={} PMI_SIZE=4", False, id="hydra"),
     ],
 )
-def test_a_stale_export_is_refused_on_every_task_of_the_step(
-    envs: tuple[dict[str, str], ...], step: str
+def test_a_stale_export_is_refused_on_every_task_the_step_can_tell(
+    envs: tuple[dict[str, str], ...], step: str, hosts: bool
 ) -> None:
-    """A stale `distenv export` of rank r (no DISTENV_SCOPE) in every task: each task is refused,
-    the one it matches as much as the others, under srun and under an MPI launch alike."""
+    """A stale one-node `distenv export` of rank r (no DISTENV_SCOPE, an old job's master) in
+    every task: each task it contradicts is refused; the one it matches too where the step names
+    its hosts (srun). An MPI launch names none: there the matching rank takes it as a
+    translation (and meets no rank 0, the others being refused), as it would a wrapper's."""
     for stale in range(4):
         for rank, env in enumerate(envs):
+            if rank == stale and not hosts:
+                info = detect("auto", {**env, **stale_export(stale, 4)})
+                assert (info.rank, info.world_size, info.master_addr) == (rank, 4, "192.0.2.1")
+                continue
             message = str(_refused("auto", {**env, **stale_export(stale, 4)}))
             verb = "match" if rank == stale else "contradict"
             assert message.startswith(f"pytorch: RANK={stale} WORLD_SIZE=4 {verb} "), message

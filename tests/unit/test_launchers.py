@@ -325,7 +325,6 @@ REQUIRED = (
             "RANK",
             "WORLD_SIZE",
             "LOCAL_RANK",
-            "LOCAL_WORLD_SIZE",
             "MASTER_ADDR",
             "MASTER_PORT",
         )
