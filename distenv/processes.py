@@ -26,6 +26,8 @@ __all__ = [
     "ProcessEntry",
     "ThreadEntry",
     "live_groups",
+    "oom_killed_by_kernel_log",
+    "oom_kills",
     "parent_death_signal",
     "prctl",
     "processes",
@@ -175,6 +177,59 @@ def processes() -> list[ProcessEntry] | None:
             state, ppid, pgrp = fields[0].decode(), int(fields[1]), int(fields[2])
             found.append(ProcessEntry(int(entry), state, ppid, pgrp))
     return found
+
+
+#: The most bytes read of a cgroup file, and of the kernel log (records, bytes).
+CGROUP_LIMIT = 4096
+KMSG_RECORDS = 4096
+KMSG_BYTES = 1 << 20
+
+
+def oom_kills(proc_root: str = "/proc", sys_root: str = "/sys") -> int | None:
+    """Return the OOM kills counted in this process's cgroup (v2 ``memory.events``), None if unknown.
+
+    The ranks of ``distenv run`` share its cgroup unless something moved them: a rise of this
+    count while they run means the kernel's OOM killer ended one (cgroup-v2.rst, memory.events).
+    """
+    try:
+        with open(f"{proc_root}/self/cgroup", "rb") as file:
+            lines = file.read(CGROUP_LIMIT).decode("ascii", "replace").splitlines()
+        path = next(line[3:] for line in lines if line.startswith("0::"))
+        with open(f"{sys_root}/fs/cgroup{path.rstrip('/')}/memory.events", "rb") as file:
+            events = file.read(CGROUP_LIMIT).decode("ascii", "replace").split()
+        return int(events[events.index("oom_kill") + 1])
+    except (OSError, StopIteration, ValueError, IndexError):
+        return None
+
+
+def oom_killed_by_kernel_log(pid: int, kmsg: str = "/dev/kmsg") -> bool:
+    """Return whether the kernel log says its OOM killer killed `pid` (bounded, non-blocking read).
+
+    The kernel writes ``Out of memory: Killed process PID (...)`` or ``oom-kill:...,pid=PID,``;
+    /dev/kmsg is often unreadable in a container, which reads as "not said".
+    """
+    marks = (f"Killed process {pid} ".encode(), f",pid={pid},".encode())
+    try:
+        fd = os.open(kmsg, os.O_RDONLY | os.O_NONBLOCK)
+    except OSError:
+        return False
+    read = 0
+    try:
+        for _ in range(KMSG_RECORDS):
+            try:
+                record = os.read(fd, 8192)  # one record per read (kernel.org, dev-kmsg)
+            except BlockingIOError:
+                return False
+            except OSError:  # EPIPE: a record was overwritten meanwhile; go on
+                continue
+            read += len(record)
+            if not record or read > KMSG_BYTES:
+                return False
+            if any(mark in record for mark in marks):
+                return True
+    finally:
+        os.close(fd)
+    return False
 
 
 def live_groups(groups: set[int]) -> set[int]:
