@@ -3,12 +3,13 @@
 One card per job, from the `Witness` of the node where the first failure happened::
 
     distenv run: rank 2 failed first: raised ValueError: bad batch at step 3 (exit status 1)
-      rank:    2 of 4, local rank 2 on node-a, pid 5150, 1.9 s after the start
-      where:   train.py:7 in step: raise ValueError(f"bad batch at step {i}")
-      output:  step 2 done
-      others:  ranks 0-1,3 stopped by distenv run 0.4 s after rank 2 failed
-      held:    44 lines of ranks 0-1,3 (3 tracebacks, 3 closed connections)
-      log:     /tmp/distenv-run-k2j4/output.log (every rank's output; DISTENV_DEBUG=1 shows it all)
+      rank:    2 of 4, local rank 2 on node-a, pid 3045, at 17:30:26, 5.1 s after the start
+      where:   train.py:31 in inject: raise ValueError(f"bad batch at step {step}")
+      from:    train.py:43 in train: inject(mode, step)
+      output:  rank 2 at step 3
+      others:  ranks 0-1,3 failed within 0.3 s after it (RuntimeError: Connection closed by peer)
+      log:     /tmp/distenv-run-t9hw/output.log holds every rank's output; held back here: 39
+               lines of ranks 0-1,3 (tracebacks: 3, closed connections: 3); DISTENV_DEBUG=1 ...
 
 "First" is by when a rank failed (its report's time, its crash), not by when its process exited: a
 survivor whose collective broke because of it fails later, and is counted among the others.
@@ -21,7 +22,7 @@ from collections.abc import Iterable, Sequence
 
 from distenv.exits import DEBUG_VAR
 from distenv.local.reporting import PEER_WORDS
-from distenv.local.stopping import describe_exit, exit_status
+from distenv.local.stopping import describe_exit
 from distenv.local.witness import CONSEQUENCES, End, Witness
 
 __all__ = ["card", "elsewhere_card", "rank_ranges"]
@@ -76,9 +77,12 @@ def how(end: End) -> str:
     """Return ``raised ValueError: bad batch (exit status 1)`` or ``was killed by SIGSEGV``."""
     if end.report is not None:
         what = _clean(end.report.what, 120)
+        ended = describe_exit(end.returncode)
         if what.startswith("SystemExit"):
-            return f"{describe_exit(end.returncode)} ({what})"
-        return f"raised {what} (exit status {exit_status(end.returncode)})"
+            return f"{ended} ({what})"
+        if end.returncode < 0:  # stopped while it was exiting
+            return f"raised {what} (then {ended})"
+        return f"raised {what} (exit status {end.returncode})"
     said = describe_exit(end.returncode)
     if end.oom:
         return f"{said}: killed by the kernel's OOM killer"
@@ -144,6 +148,8 @@ def card(
         f"pid {cause.pid}, at {clock}, {started:.1f} s after the start",
     ]
     frames = cause.report.frames if cause.report is not None else cause.fault
+    if cause.report is not None and cause.report.kind != "exception":
+        frames = frames[-1:]  # a refusal, an import or usage error: its own line says the rest
     for i, frame in enumerate(reversed(frames)):  # innermost first: where it failed
         lines.append(f"  {'where:' if i == 0 else 'from:':<8} {_clean(frame)}")
     if not frames and cause.report is None:
@@ -153,8 +159,7 @@ def card(
         lines.append(f"  {'output:' if i == 0 else '':<8} {_clean(text)}")
     others = [e for e in witness.ends(everyone=True) if e.rank != cause.rank]
     lines.append(f"  others:  {_others(cause, others, witness.stop_at)}")
-    lines += _tail(witness)
-    return lines
+    return [*lines, _log(witness)]
 
 
 def elsewhere_card(witness: Witness, first: str | None) -> list[str]:
@@ -173,16 +178,14 @@ def elsewhere_card(witness: Witness, first: str | None) -> list[str]:
         lines.append(
             f"  here:    {_ranks(e.rank for e in broke)} failed in a collective a peer broke{why}"
         )
-    held = _held(witness)
-    if held:  # one line: this card points to the other
-        lines[-1] += f"; held {held}"
     return [*lines, _log(witness)]
 
 
 def _log(witness: Witness) -> str:
-    return f"  log:     {witness.run_dir.log} (every rank's output; {DEBUG_VAR}=1 prints it all)"
-
-
-def _tail(witness: Witness) -> list[str]:
+    """Return the line naming the log, with what was held back of the console."""
     held = _held(witness)
-    return [*([f"  held:    {held}"] if held else []), _log(witness)]
+    kept = f"; held back here: {held}" if held else ""
+    return (
+        f"  log:     {witness.run_dir.log} holds every rank's output{kept}; "
+        f"{DEBUG_VAR}=1 shows it all"
+    )

@@ -371,8 +371,7 @@ class Supervisor:
         """Take the cause's exit status as the job's, print the card, keep or remove the log."""
         cause = self.witness.cause()
         if cause is not None and self.received is None and self.peer_failed_at is None:
-            ended_itself = cause.returncode > 0 or not cause.stopped
-            self.status = (exit_status(cause.returncode) if ended_itself else 0) or 1
+            self.status = cause.status
         self.witness.close()
         if self.print_card and self.status and self.received is None:
             self.show_card(None)

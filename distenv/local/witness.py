@@ -113,6 +113,18 @@ class End:
     last: tuple[bytes, ...] = ()
 
     @property
+    def status(self) -> int:
+        """Return the exit status the job takes from this failure (128+N for a crash by signal N).
+
+        A rank that raised but was stopped while it exited (SIGTERM from the stop) failed with 1.
+        """
+        if self.returncode > 0:
+            return self.returncode
+        if self.returncode < 0 and self.report is None and not self.stopped:
+            return 128 - self.returncode
+        return 1
+
+    @property
     def failed(self) -> bool:
         """Return whether it failed (a report, or an end other than success)."""
         return self.report is not None or self.returncode != 0
