@@ -215,10 +215,17 @@ def read_report(fd: int) -> Report | None:
     return Report.parse(data)
 
 
+#: The rank's own pid: a process it forked (``os.fork``) that unwinds through `main` holds the
+#: same descriptor, but its exception is not the rank's.
+_RANK_PID = os.getpid()
+
+
 def _report(exc: BaseException) -> None:
     fd = os.environ.get(REPORT_FD_VAR, "")
+    if os.getpid() != _RANK_PID or not fd.isdigit():
+        return
     report = classify(exc)
-    if report is None or not fd.isdigit():
+    if report is None:
         return
     with contextlib.suppress(OSError):
         os.write(int(fd), report.line())

@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
+import os
 import signal
 from pathlib import Path
 
 import pytest
 
+from distenv.local import reporting
 from distenv.local.card import how, rank_ranges
-from distenv.local.reporting import Report, classify, user_frames
+from distenv.local.reporting import REPORT_FD_VAR, Report, classify, read_report, user_frames
 from distenv.local.witness import End, _fault_frames
 from distenv.processes import oom_killed_by_kernel_log, oom_kills
 
@@ -108,3 +110,26 @@ def test_the_kernel_log_names_the_oom_killed_pid(tmp_path: Path) -> None:
     assert oom_killed_by_kernel_log(4242, str(kmsg))
     assert not oom_killed_by_kernel_log(424, str(kmsg))
     assert not oom_killed_by_kernel_log(4242, str(tmp_path / "unreadable"))
+
+
+def test_a_forked_child_s_exception_is_not_reported_as_the_rank_s(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A process the rank forked holds the report pipe too; only the rank's own report counts."""
+    read, write = os.pipe()
+    try:
+        os.set_blocking(read, False)
+        monkeypatch.setenv(REPORT_FD_VAR, str(write))
+        child = os.fork()
+        if child == 0:  # pragma: no cover - the child
+            reporting._report(_raised(ValueError("the child's")))
+            os._exit(0)
+        os.waitpid(child, 0)
+        assert read_report(read) is None
+        reporting._report(_raised(ValueError("the rank's")))
+        report = read_report(read)
+        assert report is not None
+        assert report.what == "ValueError: the rank's"
+    finally:
+        os.close(read)
+        os.close(write)
