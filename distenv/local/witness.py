@@ -62,6 +62,8 @@ CONSEQUENCES: dict[str, re.Pattern[bytes]] = {
     "C++ stack dumps": re.compile(rb"Exception raised from"),
     "terminate called": re.compile(rb"terminate called"),
 }
+#: The consequences counted once per rank: words that a traceback repeats.
+ONCE_PER_RANK = frozenset({"lost store", "closed connections"})
 #: Seconds between looks for a failure while a consequence-like line waits.
 _WAIT_STEP = 0.01
 #: How long to wait for the status of a rank the supervisor is reaping.
@@ -180,6 +182,7 @@ class Witness:
         self.stop_at: float | None = None
         self.held: collections.Counter[str] = collections.Counter()
         self.held_ranks: set[int] = set()
+        self._seen: set[tuple[int, str]] = set()
         self._lock = threading.Lock()
         self._log: IO[bytes] | None = open(run_dir.log, "ab")  # noqa: SIM115  closed in close()
         self._logged = 0
@@ -229,7 +232,7 @@ class Witness:
         waited = False
         while True:
             with self._lock:
-                if fd == 2 and self.hold:
+                if fd == 2:  # a rank's traceback follows its report: not its last output
                     self._look()
                 cause = self._cause_rank()
                 failing = cause is not None or any(
@@ -240,7 +243,12 @@ class Witness:
                     self.held_ranks.add(rank)
                     self.held["lines"] += 1
                     for kind, pattern in CONSEQUENCES.items():
-                        self.held[kind] += pattern.search(data) is not None
+                        # Tracebacks, dumps and aborts are counted by their one header line;
+                        # the words of a lost peer once per rank (a traceback repeats them).
+                        once = kind in ONCE_PER_RANK
+                        if pattern.search(data) and (not once or (rank, kind) not in self._seen):
+                            self._seen.add((rank, kind))
+                            self.held[kind] += 1
                     return None
                 looks = consequence and any(p.search(data) for p in CONSEQUENCES.values())
                 if waited or not looks:

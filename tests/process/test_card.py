@@ -214,3 +214,67 @@ def test_two_nodes_name_the_cause_on_its_node_and_point_to_it_on_the_other(
     assert len(job.text.splitlines()) <= BUDGET, job.text
     assert all(gone(pid) for pid in job.pids()), job.text
     assert job.ended - job.fault_time() < STOP_S, job.text
+
+
+CONSEQUENCE = """
+import os, sys, time
+from pathlib import Path
+out = Path(sys.argv[1])
+if os.environ["RANK"] == "1":
+    def hook(*exc):  # called once the wrapper has written the report
+        (out / "fault").write_text(str(time.time()))
+        sys.__excepthook__(*exc)
+        time.sleep(1)  # a slow exit: rank 0 fails first without being stopped
+    sys.excepthook = hook
+    raise ValueError("the cause")
+while not (out / "fault").exists():
+    time.sleep(0.005)
+raise RuntimeError("[pair.cc:553] Connection closed by peer [127.0.0.1]:29500")
+"""
+
+
+@pytest.mark.parametrize("debug", ["", "1"])
+def test_consequences_are_held_back_unless_debugging(tmp_path: Path, debug: str) -> None:
+    """A survivor's stderr after the failure goes to the log, counted; DISTENV_DEBUG=1 prints it."""
+    script = tmp_path / "consequence.py"
+    script.write_text(CONSEQUENCE)
+    env = {**scrubbed_environ(), "DISTENV_DEBUG": debug}
+    result = subprocess.run(
+        [sys.executable, "-m", "distenv", "run", "-n", "2", str(script), str(tmp_path)],
+        env=env,
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert result.returncode == 1, result.stderr
+    card = result.stderr[result.stderr.index("distenv run: rank 1 failed first: ") :]
+    # Stopped while it lingered: the job's status is still its failure's, 1.
+    assert "raised ValueError: the cause (then was killed by SIGTERM)" in card, result.stderr
+    assert "others:  rank 0 failed within" in card, result.stderr
+    assert "(RuntimeError: Connection closed by peer)" in card, result.stderr
+    assert "output:" not in card, result.stderr  # its own traceback is not its last output
+    printed = "Connection closed by peer [127.0.0.1]" in result.stderr.replace(card, "")
+    assert printed == bool(debug), result.stderr
+    if not debug:
+        held = r"held back here: \d+ lines of rank 0 \(tracebacks: 1, closed connections: 1\)"
+        assert re.search(held, card), result.stderr
+    log = Path(re.findall(r"log: +(\S+)", card)[0])
+    assert "Connection closed by peer [127.0.0.1]" in log.read_text()
+
+
+def test_a_program_that_is_not_python_is_named_by_its_exit_status(tmp_path: Path) -> None:
+    """--no-python: no report, no frames; the card still names the rank and its status."""
+    result = subprocess.run(
+        [sys.executable, "-m", "distenv", "run", "-n", "2", "--no-python", "false"],
+        env=scrubbed_environ(),
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert result.returncode == 1, result.stderr
+    assert re.search(r"distenv run: rank [01] failed first: exited with status 1\n", result.stderr)
+    assert "where:   not recorded (it raised nothing)" in result.stderr
