@@ -75,6 +75,10 @@ SCENARIOS = {
         [CHILD, "--fail-rank", "1", "--fail-mode", "raise", "--sleep", "60"],
         [["-n", "2", "--max-restarts", "1"]],
     ),
+    "restarts-nodes": (
+        [CHILD, "--fail-rank", "1", "--fail-mode", "raise", "--sleep", "60"],
+        [["-n", "1", "--node-rank", str(node), "--max-restarts", "1"] for node in (0, 1)],
+    ),
 }
 
 
@@ -278,3 +282,16 @@ def test_a_program_that_is_not_python_is_named_by_its_exit_status(tmp_path: Path
     assert result.returncode == 1, result.stderr
     assert re.search(r"distenv run: rank [01] failed first: exited with status 1\n", result.stderr)
     assert "where:   not recorded (it raised nothing)" in result.stderr
+
+
+def test_two_nodes_under_max_restarts_print_the_agreed_first_failure(jobs: dict[str, Job]) -> None:
+    """--nnodes 2 --max-restarts 1: the card of rank 1 on its node; node 0 names it, once."""
+    job = jobs["restarts-nodes"]
+    node0, node1 = job.texts
+    assert [a.returncode for a in job.agents] == [1, 1], job.text
+    card = node1[node1.rindex("distenv run: rank ") :]
+    assert card.startswith("distenv run: rank 1 failed first: raised RuntimeError"), job.text
+    assert re.search(r"where: +rank_child\.py:\d+ in main", card), job.text
+    assert "distenv run: no rank on this node failed first; the first failure: rank 1 on" in node0
+    assert job.text.count("failed first:") == 1, job.text
+    assert all(gone(pid) for pid in job.pids()), job.text
