@@ -155,7 +155,9 @@ class _Rank:
     process: subprocess.Popen[bytes] | None = None
     report: Report | None = None
     end: End | None = None
-    last: collections.deque[bytes] = field(default_factory=lambda: collections.deque(maxlen=3))
+    last: collections.deque[bytes] = field(
+        default_factory=lambda: collections.deque(maxlen=LAST_LINES)
+    )
 
 
 class Witness:
@@ -253,8 +255,8 @@ class Witness:
                 looks = consequence and any(p.search(data) for p in CONSEQUENCES.values())
                 if waited or not looks:
                     # A rank's stderr after its report is its traceback; its stdout may be read
-                    # after the report though written before it (another pipe, another thread).
-                    if state.end is None and (fd == 1 or state.report is None):
+                    # after the report, or its end, though written before (another pipe).
+                    if fd == 1 or state.report is None:
                         state.last.append(data.rstrip(b"\n"))
                     return state.prefix + data if state.shown else None
             deadline = time.monotonic() + CAUSE_WAIT
@@ -266,6 +268,9 @@ class Witness:
         """Return how each rank that failed (or, `everyone`, ended) ended, the cause first."""
         with self._lock:
             self._look()
+            for state in self._ranks.values():
+                if state.end is not None:  # what was read of its pipes since it ended too
+                    state.end.last = tuple(state.last)
             ended = [r.end for r in self._ranks.values() if r.end is not None]
             # A rank killed without a word (SIGKILL) is dated when it was seen dead; but it died
             # before any peer found its connections closed.
