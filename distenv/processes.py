@@ -33,6 +33,8 @@ __all__ = [
     "ancestors",
     "cgroup",
     "live_groups",
+    "oom_killed_by_kernel_log",
+    "oom_kills",
     "parent_death_signal",
     "prctl",
     "processes",
@@ -286,6 +288,57 @@ def ancestors(
 def cgroup(proc: str = PROC) -> str:
     """Return ``PROC/self/cgroup`` (bounded), or "" where it cannot be read."""
     return (_read(f"{proc}/self/cgroup", _CGROUP_BYTES) or b"").decode(errors="replace")
+
+
+#: The most of the kernel log read (records, bytes).
+KMSG_RECORDS = 4096
+KMSG_BYTES = 1 << 20
+
+
+def oom_kills(proc_root: str = "/proc", sys_root: str = "/sys") -> int | None:
+    """Return the OOM kills counted in this process's cgroup (v2 ``memory.events``), None if unknown.
+
+    The ranks of ``distenv run`` share its cgroup unless something moved them: a rise of this
+    count while they run means the kernel's OOM killer ended one (cgroup-v2.rst, memory.events).
+    """
+    try:
+        lines = cgroup(proc_root).splitlines()
+        path = next(line[3:] for line in lines if line.startswith("0::"))
+        found = _read(f"{sys_root}/fs/cgroup{path.rstrip('/')}/memory.events", _CGROUP_BYTES)
+        events = (found or b"").decode("ascii", "replace").split()
+        return int(events[events.index("oom_kill") + 1])
+    except (OSError, StopIteration, ValueError, IndexError):
+        return None
+
+
+def oom_killed_by_kernel_log(pid: int, kmsg: str = "/dev/kmsg") -> bool:
+    """Return whether the kernel log says its OOM killer killed `pid` (bounded, non-blocking read).
+
+    The kernel writes ``Out of memory: Killed process PID (...)`` or ``oom-kill:...,pid=PID,``;
+    /dev/kmsg is often unreadable in a container, which reads as "not said".
+    """
+    marks = (f"Killed process {pid} ".encode(), f",pid={pid},".encode())
+    try:
+        fd = os.open(kmsg, os.O_RDONLY | os.O_NONBLOCK)
+    except OSError:
+        return False
+    read = 0
+    try:
+        for _ in range(KMSG_RECORDS):
+            try:
+                record = os.read(fd, 8192)  # one record per read (kernel.org, dev-kmsg)
+            except BlockingIOError:
+                return False
+            except OSError:  # EPIPE: a record was overwritten meanwhile; go on
+                continue
+            read += len(record)
+            if not record or read > KMSG_BYTES:
+                return False
+            if any(mark in record for mark in marks):
+                return True
+    finally:
+        os.close(fd)
+    return False
 
 
 def live_groups(groups: set[int]) -> set[int]:

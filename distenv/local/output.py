@@ -1,8 +1,10 @@
-"""The launcher's output: its own lines, and a rank's copied line by line with its rank's prefix.
+"""The launcher's output: its own lines, and a rank's copied line by line through a gate.
 
 `tell` prints the launcher's own lines; a stderr nobody reads any more (``2>&1 | head -1``, a dead
-``tee``) drops them rather than ending the supervision. `prefix_output` serves ``distenv run
---prefix-output``: each line is written with one write, so that the lines of ranks writing at once
+``tee``) drops them rather than ending the supervision. A rank's output goes through a gate
+(`distenv.local.witness.Witness.line`) that logs each line, prefixes it with its rank under
+``--prefix-output``, and holds back a survivor's consequences of another rank's failure. Each
+line is written with one write, so that the lines of ranks writing at once
 never interleave mid-line.
 """
 
@@ -13,10 +15,13 @@ import os
 import sys
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import IO
 
-__all__ = ["DRAIN_WAIT", "LINE_LIMIT", "copy_lines", "drain", "prefix_output", "tell"]
+__all__ = ["DRAIN_WAIT", "LINE_LIMIT", "Gate", "copy_lines", "copy_output", "drain", "tell"]
+
+#: What decides a line's fate: (its stream's fd, the line or a piece of one) -> what to write.
+Gate = Callable[[int, bytes], bytes | None]
 
 #: How long output threads may keep draining pipes after the ranks are gone.
 DRAIN_WAIT = 2.0
@@ -43,16 +48,16 @@ def tell(line: str) -> None:
             sys.stderr.flush()  # what the failed write left buffered, into /dev/null
 
 
-def copy_lines(stream: IO[bytes], fd: int, prefix: bytes) -> None:
-    """Copy `stream` to `fd` line by line, each line prefixed and written in one write."""
+def copy_lines(stream: IO[bytes], fd: int, gate: Gate) -> None:
+    """Copy `stream` to `fd` line by line, each line passed through `gate` and written in one write."""
     at_line_start = True
     broken = False
     with stream:
         for chunk in iter(lambda: stream.readline(LINE_LIMIT), b""):
             if broken:  # keep reading so the rank never blocks on a full pipe
                 continue
-            data = (prefix if at_line_start else b"") + chunk
-            at_line_start = chunk.endswith(b"\n")
+            data = gate(fd, chunk) or b""
+            at_line_start = chunk.endswith(b"\n") if data else at_line_start
             try:
                 while data:
                     data = data[os.write(fd, data) :]
@@ -63,20 +68,19 @@ def copy_lines(stream: IO[bytes], fd: int, prefix: bytes) -> None:
             os.write(fd, b"\n")
 
 
-def prefix_output(
-    rank: int, stdout: IO[bytes] | None, stderr: IO[bytes] | None
+def copy_output(
+    rank: int, stdout: IO[bytes] | None, stderr: IO[bytes] | None, gate: Gate
 ) -> list[threading.Thread]:
-    """Start copying a rank's piped stdout and stderr to ours, prefixed ``[rank N] ``.
+    """Start copying a rank's piped stdout and stderr to ours, each line through `gate`.
 
     Returns:
         The two copying threads (daemons: a stuck pipe never keeps the launcher alive).
     """
-    prefix = f"[rank {rank}] ".encode()
     threads = []
     for stream, fd in ((stdout, 1), (stderr, 2)):
         assert stream is not None
         thread = threading.Thread(
-            target=copy_lines, args=(stream, fd, prefix), name=f"rank{rank}-fd{fd}"
+            target=copy_lines, args=(stream, fd, gate), name=f"rank{rank}-fd{fd}"
         )
         thread.daemon = True
         thread.start()

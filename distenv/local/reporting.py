@@ -17,24 +17,45 @@ killed by a signal other than a stopping one, is retried.
 from __future__ import annotations
 
 import contextlib
+import faulthandler
+import functools
 import json
 import os
 import runpy
 import sys
+import sysconfig
 import time
 from dataclasses import asdict, dataclass
 from types import TracebackType
 
 from distenv.variables import decimal
 
-__all__ = ["REPORT_FD_VAR", "Report", "classify", "main", "read_report"]
+__all__ = [
+    "FAULT_FD_VAR",
+    "REPORT_FD_VAR",
+    "Report",
+    "classify",
+    "main",
+    "read_report",
+    "user_frames",
+    "users_file",
+]
 
 #: The variable that names the pipe's write end in a rank (inherited through exec).
 REPORT_FD_VAR = "DISTENV_REPORT_FD"
-#: A report's most bytes: one atomic pipe write (PIPE_BUF), and one line of a job log.
-MAX_REPORT_BYTES = 1024
+#: The variable that names the file a fatal signal's Python stack is written to.
+FAULT_FD_VAR = "DISTENV_FAULT_FD"
+#: A report's most bytes: one atomic pipe write (PIPE_BUF on Linux is 4096).
+MAX_REPORT_BYTES = 4096
 #: The longest exception text a report carries.
 MAX_WHAT_CHARS = 300
+#: The most frames of the user's code a report carries, and the longest one.
+MAX_FRAMES = 3
+MAX_FRAME_CHARS = 240
+#: torch's exceptions for a collective or a store whose peer went away (torch.distributed.DistError
+#: and its subclasses), and the words gloo and the store use for it in a RuntimeError.
+PEER_TYPES = frozenset({"DistError", "DistBackendError", "DistNetworkError", "DistStoreError"})
+PEER_WORDS = ("Connection closed by peer", "Connection reset by peer", "Broken pipe")
 #: The kinds of failure, and whether another attempt could end otherwise.
 RETRIED = {"exception": True, "refused": False, "import": False, "usage": False, "stopped": False}
 
@@ -51,11 +72,15 @@ class Report:
         what: The exception's first line, ``Type: message``.
         at: When it was raised (``time.time()``), so that the agents can tell a rank's own
             failure from the failures of the peers it broke, which follow it.
+        frames: The innermost frames of the user's code, ``file:line in function: source``.
+        peer: Whether it is a collective or store that a peer's end broke (a consequence).
     """
 
     kind: str
     what: str
     at: float = 0.0
+    frames: tuple[str, ...] = ()
+    peer: bool = False
 
     @property
     def retried(self) -> bool:
@@ -64,7 +89,11 @@ class Report:
 
     def line(self) -> bytes:
         """Return the report as one JSON line of at most `MAX_REPORT_BYTES`."""
-        return (json.dumps(asdict(self), ensure_ascii=True)[: MAX_REPORT_BYTES - 1] + "\n").encode()
+        fields = {**asdict(self), "what": self.what[:MAX_WHAT_CHARS]}
+        text = json.dumps(fields, ensure_ascii=True)
+        if len(text) >= MAX_REPORT_BYTES:  # escaped text can grow six-fold: drop the frames
+            text = json.dumps({**fields, "frames": []}, ensure_ascii=True)
+        return (text[: MAX_REPORT_BYTES - 1] + "\n").encode()
 
     @classmethod
     def parse(cls, data: bytes) -> Report | None:
@@ -78,7 +107,16 @@ class Report:
                 and isinstance(fields.get("what"), str)
                 and type(fields.get("at")) is float
             ):
-                return cls(fields["kind"], fields["what"][:MAX_WHAT_CHARS], fields["at"])
+                frames = fields.get("frames", [])
+                if not isinstance(frames, list) or not all(isinstance(f, str) for f in frames):
+                    frames = []
+                return cls(
+                    fields["kind"],
+                    fields["what"][:MAX_WHAT_CHARS],
+                    fields["at"],
+                    tuple(f[:MAX_FRAME_CHARS] for f in frames[-MAX_FRAMES:]),
+                    fields.get("peer") is True,
+                )
         return None
 
 
@@ -99,27 +137,73 @@ def _from_argparse(tb: TracebackType | None) -> bool:
     return False
 
 
+@functools.cache
+def _not_users() -> tuple[str, ...]:
+    """Return the folders whose code is not the user's: distenv, the standard library, packages."""
+    package = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep
+    paths = sysconfig.get_paths()
+    folders = {
+        paths[name] for name in ("stdlib", "platstdlib", "purelib", "platlib") if name in paths
+    }
+    return (package, *sorted(os.path.join(os.path.realpath(f), "") for f in folders))
+
+
+def users_file(name: str) -> bool:
+    """Return whether the code in file `name` is the user's (not distenv's, Python's, a package's)."""
+    return not name.startswith("<") and not os.path.realpath(name).startswith(_not_users())
+
+
+def user_frames(tb: TracebackType | None) -> tuple[str, ...]:
+    """Return the innermost `MAX_FRAMES` frames of `tb` in the user's code, innermost last.
+
+    The user's code is what is not distenv's, the standard library's or an installed package's
+    (torch's); a script inside a virtual environment's folder is still the user's if it is not
+    under site-packages.
+    """
+    import linecache
+
+    found: list[str] = []
+    while tb is not None:
+        code = tb.tb_frame.f_code
+        name = code.co_filename
+        if users_file(name):
+            source = linecache.getline(name, tb.tb_lineno).strip()
+            frame = f"{os.path.basename(name)}:{tb.tb_lineno} in {code.co_name}"
+            found.append((f"{frame}: {source}" if source else frame)[:MAX_FRAME_CHARS])
+        tb = tb.tb_next
+    return tuple(found[-MAX_FRAMES:])
+
+
+def _broken_by_peer(exc: BaseException) -> bool:
+    """Return whether `exc` is a collective or store that a peer broke (torch's words for it)."""
+    torch_types = {c.__name__ for c in type(exc).__mro__ if c.__module__.startswith("torch")}
+    if torch_types & PEER_TYPES:
+        return True
+    return isinstance(exc, RuntimeError) and any(word in str(exc) for word in PEER_WORDS)
+
+
 def classify(exc: BaseException) -> Report | None:
     """Return the report of an exception that ends a rank, None for a successful exit."""
     from distenv.errors import DistEnvError, InitError, RendezvousError, WorkerFailedError
 
     at = time.time()
+    frames = user_frames(exc.__traceback__)
     # Before SystemExit: an error that leaves a public call is one too (`distenv.exits`).
     if isinstance(exc, DistEnvError):
         peer = isinstance(exc, (RendezvousError, InitError, WorkerFailedError))
-        return Report("exception" if peer else "refused", _first_line(exc), at)
+        return Report("exception" if peer else "refused", _first_line(exc), at, frames, peer)
     if isinstance(exc, SystemExit):
         if exc.code in (None, 0):
             return None
         kind = "usage" if _from_argparse(exc.__traceback__) else "exception"
-        return Report(kind, f"SystemExit: {exc.code}"[:MAX_WHAT_CHARS], at)
+        return Report(kind, f"SystemExit: {exc.code}"[:MAX_WHAT_CHARS], at, frames)
     if isinstance(exc, (ImportError, SyntaxError)):
         kind = "import"
     elif isinstance(exc, KeyboardInterrupt):
         kind = "stopped"
     else:
         kind = "exception"
-    return Report(kind, _first_line(exc), at)
+    return Report(kind, _first_line(exc), at, frames, _broken_by_peer(exc))
 
 
 def read_report(fd: int) -> Report | None:
@@ -134,14 +218,19 @@ def read_report(fd: int) -> Report | None:
     return Report.parse(data)
 
 
-def _report_fd() -> int | None:
-    """Return the report pipe's descriptor (``DISTENV_REPORT_FD``), None if unset or not one."""
-    return decimal(os.environ.get(REPORT_FD_VAR, ""))
+def _fd(name: str) -> int | None:
+    """Return the descriptor the variable `name` holds (the agent's pipe or file), None if unset."""
+    return decimal(os.environ.get(name, ""))
+
+
+#: The rank's own pid: a process it forked (``os.fork``) that unwinds through `main` holds the
+#: same descriptor, but its exception is not the rank's.
+_RANK_PID = os.getpid()
 
 
 def _send(report: Report | None) -> None:
-    fd = _report_fd()
-    if report is not None and fd is not None:
+    fd = _fd(REPORT_FD_VAR)
+    if report is not None and fd is not None and os.getpid() == _RANK_PID:
         with contextlib.suppress(OSError):
             os.write(fd, report.line())
 
@@ -171,14 +260,27 @@ def _check_openable(script: str) -> None:
         sys.exit(2)
 
 
+def _watch_faults() -> None:
+    """Write the Python stacks of a fatal signal to the agent's fault file, if it gave one.
+
+    A script that enables `faulthandler` itself (``python -X faulthandler``) keeps its own.
+    """
+    fd = _fd(FAULT_FD_VAR)
+    if fd is not None and not faulthandler.is_enabled():
+        with contextlib.suppress(OSError, ValueError):
+            faulthandler.enable(file=fd, all_threads=True)
+
+
 def main(argv: list[str]) -> None:
     """Run ``[-m] SCRIPT ARGS`` as ``python`` would, reporting the exception that ends it."""
     module = argv[:1] == ["-m"]
     target, args = (argv[1], argv[2:]) if module else (argv[0], argv[1:])
-    fd = _report_fd()
-    if fd is not None:  # a program the rank starts must not hold the agent's pipe open
-        with contextlib.suppress(OSError):
-            os.set_inheritable(fd, False)
+    for name in (REPORT_FD_VAR, FAULT_FD_VAR):
+        fd = _fd(name)
+        if fd is not None:  # a program the rank starts must not hold the agent's pipe open
+            with contextlib.suppress(OSError):
+                os.set_inheritable(fd, False)
+    _watch_faults()
     sys.argv = [target, *args]
     if not module:
         _check_openable(target)

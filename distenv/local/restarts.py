@@ -18,7 +18,6 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import datetime
-import os
 import signal
 import socket
 import sys
@@ -32,9 +31,10 @@ from distenv.deadline import Deadline, bounded, interruptible
 from distenv.errors import RendezvousTimeoutError
 from distenv.local.attempts import ACK_S, BEAT_S, Agents, Decision, Failure, StoreLostError
 from distenv.local.plan import NodePlan
-from distenv.local.reporting import REPORT_FD_VAR, Report, read_report
+from distenv.local.reporting import Report
 from distenv.local.stopping import StopPolicy, describe_exit, exit_status
 from distenv.local.supervise import STOPPING_SIGNALS, Child, Supervisor, say
+from distenv.local.witness import RunDir
 from distenv.master import host_port
 from distenv.settings import AGENT_STORE_VAR, RESTART_VAR
 from distenv.timing import GRACE_S
@@ -75,6 +75,8 @@ class Restarts:
     timeout: float
     host: str = dataclasses.field(default_factory=socket.gethostname)
     _signals: list[int] = dataclasses.field(default_factory=list)
+    _run_dir: RunDir = dataclasses.field(default_factory=RunDir)
+    _last: Supervisor | None = None
 
     def run(self) -> int:
         """Run attempts until the job succeeds or stops; return the job's exit status.
@@ -89,7 +91,10 @@ class Restarts:
                 self._store(), self.plan.run_id, self.plan.nnodes, self.plan.node_rank, self.host
             )
             try:
-                return self._attempts(agents)
+                status = self._attempts(agents)
+                if not status:
+                    self._run_dir.remove()
+                return status
             except StoreLostError as exc:
                 say(
                     f"node 0's agent at {host_port(self.plan.master_addr, self.plan.master_port)} "
@@ -167,6 +172,7 @@ class Restarts:
                 return 128 + signum
             self._announce(attempt, decision)
             if decision.action != "restart":
+                self._card(decision)
                 return decision.status
             attempt += 1
             end = Deadline.after(self.backoff)
@@ -194,6 +200,14 @@ class Restarts:
             f"{said}; restarting every rank of the job (restart {attempt + 1} of "
             f"{self.max_restarts}{later})"
         )
+
+    def _card(self, decision: Decision) -> None:
+        """Print the job's card: in full on the node of its first failure, else a pointer to it."""
+        failure, last = decision.failure, self._last
+        if failure is None or last is None or failure.kind == "stopped":
+            return
+        here = failure.node == self.plan.node_rank and failure.rank >= 0
+        last.show_card(failure.describe(), failure.rank if here else None)
 
     def _peers(self, agents: Agents, attempt: int) -> Callable[[], str | None]:
         """Return the supervisor's question: has another node's rank (or agent) failed?
@@ -236,9 +250,9 @@ class Restarts:
         before the stop, its report, with status 1.
         """
 
-        def order(child: Child) -> tuple[int, float]:
+        def order(child: Child) -> tuple[int, bool, float]:
             report = reports.get(child.rank)
-            return (0, 0.0) if report is None else (1, report.at)
+            return (0, False, 0.0) if report is None else (1, report.peer, report.at)
 
         first = min(candidates, key=order)
         assert first.process is not None
@@ -259,51 +273,41 @@ class Restarts:
 
     def _attempt(self, agents: Agents, attempt: int) -> Failure | None:
         """Run this node's ranks once; return how they failed here first (None: they did not)."""
-        pipes = [os.pipe() for _ in self.children]
-        try:
-            children = []
-            for child, (read, write) in zip(self.children, pipes, strict=True):
-                os.set_blocking(read, False)
-                env = {
-                    **child.env,
-                    RESTART_VAR: str(attempt),
-                    AGENT_STORE_VAR: str(True),
-                    REPORT_FD_VAR: str(write),
-                }
-                children.append(dataclasses.replace(child, env=env, pass_fds=(write,)))
-            supervisor = Supervisor(
-                children,
-                policy=self.policy,
-                poll_interval=self.poll_interval,
-                peers=self._peers(agents, attempt),
-            )
-            supervisor.run()
-            if supervisor.received is not None:
-                self._signals.append(supervisor.received)
-                return self._signalled(attempt)
-            # A rank that raised first may still be exiting when a peer it broke has exited, here
-            # or on another node (whose failure then stopped this node): every rank that reported
-            # is a candidate; after another node's failure, those that reported before it was
-            # seen here, which failed on their own.
-            reports = {
-                child.rank: read_report(read)
-                for child, (read, _) in zip(children, pipes, strict=True)
-            }
-            own = list(supervisor.failed)
-            seen = supervisor.peer_failed_at if not own else None
-            candidates = own + [
-                child
-                for child in children
-                if (report := reports[child.rank]) is not None
-                and child not in own
-                and (own or (seen is not None and report.at <= seen))
-            ]
-            if not candidates:
-                return None
-            if not own:  # those that exited with a status of their own ended by themselves
-                own = [c for c in candidates if c.process is not None and c.process.returncode > 0]
-            return self._first(attempt, candidates, own, reports)
-        finally:
-            for read, write in pipes:
-                os.close(read)
-                os.close(write)
+        children = []
+        for child in self.children:
+            env = {**child.env, RESTART_VAR: str(attempt), AGENT_STORE_VAR: str(True)}
+            children.append(dataclasses.replace(child, env=env))
+        supervisor = Supervisor(
+            children,
+            policy=self.policy,
+            poll_interval=self.poll_interval,
+            peers=self._peers(agents, attempt),
+            run_dir=self._run_dir,
+            world_size=self.plan.nnodes * len(children),
+            host=self.host,
+            print_card=False,
+        )
+        self._last = supervisor
+        supervisor.run()
+        if supervisor.received is not None:
+            self._signals.append(supervisor.received)
+            return self._signalled(attempt)
+        # A rank that raised first may still be exiting when a peer it broke has exited, here
+        # or on another node (whose failure then stopped this node): every rank that reported
+        # is a candidate; after another node's failure, those that reported before it was
+        # seen here, which failed on their own.
+        reports = supervisor.reports()
+        own = list(supervisor.failed)
+        seen = supervisor.peer_failed_at if not own else None
+        candidates = own + [
+            child
+            for child in children
+            if (report := reports[child.rank]) is not None
+            and child not in own
+            and (own or (seen is not None and report.at <= seen))
+        ]
+        if not candidates:
+            return None
+        if not own:  # those that exited with a status of their own ended by themselves
+            own = [c for c in candidates if c.process is not None and c.process.returncode > 0]
+        return self._first(attempt, candidates, own, reports)

@@ -444,10 +444,9 @@ def _node(args: argparse.Namespace, env: Mapping[str, str]) -> tuple[NodePlan, l
     # Checked once here: every rank would refuse it in init_dist, each with its own traceback.
     settings.rendezvous_seconds(None)
     extra = thread_env(COMMAND, nproc, settings)
-    # -u as torchrun does: ranks' output must not sit in a buffer when a rank dies.
-    python = [sys.executable, "-u", *(["-m"] if args.module else [])]
-    if args.max_restarts:  # each rank tells its agent how it failed
-        python = reporting_program(args.module)
+    # -u as torchrun does (inside `reporting_program`): ranks' output must not sit in a buffer
+    # when a rank dies. Each rank tells its agent when, how and where it failed.
+    python = reporting_program(args.module)
     program = [*([] if args.no_python else python), args.script]
     children = []
     for local_rank, info in enumerate(local_ranks(COMMAND, plan, nproc)):
@@ -520,5 +519,10 @@ def run(args: argparse.Namespace) -> int:
             poll_interval=args.monitor_interval,
             timeout=Settings.read(os.environ).rendezvous_seconds(None),
         ).run()
-    supervisor = Supervisor(children, policy=policy, poll_interval=args.monitor_interval)
+    supervisor = Supervisor(
+        children,
+        policy=policy,
+        poll_interval=args.monitor_interval,
+        world_size=plan.nnodes * len(children),
+    )
     return supervisor.run()

@@ -4,7 +4,9 @@ torchrun-style: the first failure stops every rank under the `distenv.local.stop
 stopping signals are forwarded and start the grace period (a second one kills at once), SIGUSR1
 and SIGUSR2 are forwarded only, and nothing the ranks started outlives the run. How the four
 safeguards against survivors fit together (process groups, the parent-death signal, the group
-killer, adoption) is described in docs/architecture.md.
+killer, adoption) is described in docs/architecture.md. The ranks' output passes through the
+node's `distenv.local.witness.Witness`, and a failed job ends with its first-failure card
+(`distenv.local.card`).
 """
 
 from __future__ import annotations
@@ -21,9 +23,13 @@ from types import FrameType
 from typing import Any
 
 from distenv.deadline import Deadline
+from distenv.exits import DEBUG_VAR
+from distenv.local.card import card, elsewhere_card
 from distenv.local.group_killer import GroupKiller
-from distenv.local.output import drain, prefix_output, tell
-from distenv.local.stopping import KILL_WAIT, StopPolicy, describe_exit, exit_status
+from distenv.local.output import copy_output, drain, tell
+from distenv.local.reporting import Report
+from distenv.local.stopping import KILL_WAIT, StopPolicy, exit_status
+from distenv.local.witness import RunDir, Witness
 from distenv.processes import Adopter, live_groups, with_parent_death
 
 __all__ = ["Child", "Supervisor", "say"]
@@ -74,6 +80,12 @@ class Supervisor:
         poll_interval: Seconds between checks of the children's state.
         peers: Asked every poll whether another node's rank failed (``distenv run
             --max-restarts``): a message for the stop it calls for, or None.
+        run_dir: The run's private folder (the output log); one of its own if None, kept only
+            when the job failed.
+        world_size: The job's number of ranks (for the card).
+        host: This node's host name (for the card).
+        print_card: Whether a failed job ends with the card here (``--max-restarts`` prints it
+            once the agents decided the job's end).
     """
 
     def __init__(
@@ -83,8 +95,25 @@ class Supervisor:
         policy: StopPolicy,
         poll_interval: float = 0.1,
         peers: Callable[[], str | None] | None = None,
+        run_dir: RunDir | None = None,
+        world_size: int | None = None,
+        host: str = "",
+        print_card: bool = True,
     ) -> None:
         self.children = list(children)
+        self._own_dir = run_dir is None
+        self.run_dir = run_dir or RunDir()
+        self.world_size = world_size or len(self.children)
+        self.host = host or os.uname().nodename
+        self.print_card = print_card
+        debug = os.environ.get(DEBUG_VAR, "").strip().lower() not in ("", "0", "false", "no")
+        prefix = any(c.prefix_output for c in self.children)
+        self.witness = Witness(
+            self.run_dir,
+            [(c.rank, i, c.show_output) for i, c in enumerate(self.children)],
+            prefix=prefix,
+            hold=not debug,
+        )
         self.policy = policy
         self.poll_interval = poll_interval
         self.peers = peers
@@ -163,26 +192,29 @@ class Supervisor:
                 os.killpg(group, signum)
 
     def _start(self, child: Child) -> None:
-        piped = child.show_output and child.prefix_output
-        sink = None if child.show_output else subprocess.DEVNULL
-        out = subprocess.PIPE if piped else sink
+        env, fds = self.witness.child_env(child.rank)
         child.process = subprocess.Popen(
             with_parent_death(child.command, os.getpid(), PROGRAM),
-            env=child.env,
-            stdout=out,
-            stderr=out,
+            env={**child.env, **env},
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
             start_new_session=True,
-            pass_fds=child.pass_fds,
+            pass_fds=(*child.pass_fds, *fds),
         )
         self._group_killer.watch(child.process.pid)
-        if piped:
-            self._threads += prefix_output(child.rank, child.process.stdout, child.process.stderr)
+        self.witness.started(child.rank, child.process)
+
+        def gate(fd: int, line: bytes, rank: int = child.rank) -> bytes | None:
+            return self.witness.line(rank, fd, line)
+
+        self._threads += copy_output(child.rank, child.process.stdout, child.process.stderr, gate)
 
     def _begin_stop(self, signum: int) -> None:
         """Send `signum` to every group and start the grace period (a second stop kills now)."""
         if self._deadline is not None:
             self._kill_all()
             return
+        self.witness.stopping()
         self._signal_all(signum)
         self._stop_signal = signal.Signals(signum)
         self._deadline = Deadline.after(self.policy.grace_period)
@@ -222,7 +254,9 @@ class Supervisor:
             self._begin_stop(signum)
 
     def _check_children(self) -> None:
-        running = self._running()
+        # Which rank failed first, and how, is the card's to say (the first to exit may be a
+        # survivor whose collective the cause broke): here, only that the ranks must stop.
+        self._running()  # polls: the ranks that ended since the last look have their status
         for child in self.children:
             process = child.process
             if process is None or process.returncode in (None, 0) or self.status is not None:
@@ -231,9 +265,6 @@ class Supervisor:
             self.failed = [
                 c for c in self.children if c.process is not None and c.process.returncode
             ]
-            others = sum(c is not child for c in running)
-            how = describe_exit(process.returncode)
-            self._say(self.policy.failure(child.rank, process.pid, how, others))
             self._begin_stop(signal.SIGTERM)
 
     def _check_peers(self) -> None:
@@ -257,6 +288,7 @@ class Supervisor:
         while True:
             self._check_signals()
             self._check_peers()
+            self.witness.look()
             # Orphans are reaped before the ranks are polled, by pid: were it waitpid(-1), a rank
             # that exited meanwhile would lose its status here (test_rank_status_survives_...).
             # While ranks run, /proc is read only every REAP_INTERVAL.
@@ -327,4 +359,38 @@ class Supervisor:
             for signum, handler in previous.items():
                 if handler is not None:  # None: installed outside Python, nothing to restore
                     signal.signal(signum, handler)
+            self._conclude()
         return self.status or 0
+
+    def reports(self) -> dict[int, Report | None]:
+        """Return each local rank's report of its failure (None: it reported none)."""
+        return self.witness.reports()
+
+    def _conclude(self) -> None:
+        """Take the cause's exit status as the job's, print the card, keep or remove the log."""
+        cause = self.witness.cause()
+        if cause is not None and self.received is None and self.peer_failed_at is None:
+            self.status = cause.status
+        self.witness.close()
+        if self.print_card and self.status and self.received is None:
+            self.show_card(None)
+        if self._own_dir and not self.status:
+            self.run_dir.remove()
+
+    def show_card(self, first: str | None, rank: int | None = None) -> None:
+        """Print the card: of local `rank` (the cause here by default), else of a peer's cause.
+
+        Args:
+            first: The job's first failure in words, when it happened on another node.
+            rank: The local rank the agents found first (``--max-restarts``).
+        """
+        ends = self.witness.ends()
+        found = [e for e in ends if e.rank == rank] if rank is not None else []
+        cause = found[0] if found else (self.witness.cause() if rank is None else None)
+        ranks = [c.rank for c in self.children]
+        lines = (
+            card(self.witness, cause, self.world_size, self.host, ranks)
+            if cause is not None
+            else elsewhere_card(self.witness, first)
+        )
+        tell("\n".join(lines))

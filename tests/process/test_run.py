@@ -167,8 +167,8 @@ def test_module_and_no_python(tmp_path: Path) -> None:
 @pytest.mark.parametrize(
     ("mode", "status", "why"),
     [
-        ("exit3", 3, "exited with status 3"),
-        ("raise", 1, "exited with status 1"),
+        ("exit3", 3, "exited with status 3 (SystemExit: 3)"),
+        ("raise", 1, "raised RuntimeError: rank_child failing on purpose (exit status 1)"),
         ("segv", 128 + signal.SIGSEGV, "was killed by SIGSEGV"),
         ("kill", 128 + signal.SIGKILL, "was killed by SIGKILL"),
     ],
@@ -181,7 +181,11 @@ def test_first_failure_stops_the_others(tmp_path: Path, mode: str, status: int, 
     assert result.returncode == status, result.stderr
     # Well inside the grace period: SIGTERM alone stopped the sleeping ranks.
     assert time.monotonic() - started < 8
-    assert f"rank 1 (pid {pids(tmp_path)[1]}) {why}; stopped the other 2 ranks" in result.stderr
+    # The card, last: the rank, how, its pid, and the others stopped.
+    card = result.stderr[result.stderr.index("distenv run: rank 1 failed first: ") :]
+    assert f"failed first: {why}" in card
+    assert f"local rank 1 on {socket.gethostname()}, pid {pids(tmp_path)[1]}" in card
+    assert "ranks 0,2 stopped by distenv run" in card
     assert all(gone(pid) for pid in pids(tmp_path))
 
 

@@ -116,7 +116,7 @@ def test_escaped_grandchild_ends_when_the_run_gets_sigterm(tmp_path: Path) -> No
 
 def test_rank_status_survives_adopted_orphans(tmp_path: Path) -> None:
     """A rank that exits 3 while orphans exist keeps its status: distenv run names status 3 for
-    that rank and exits 3. Rank 1 leaves a zombie orphan just before it exits, and with a 1 s
+    that rank in its card and exits 3. Rank 1 leaves a zombie orphan just before it exits, and with a 1 s
     monitor interval every poll reads /proc first, so a reaper that waited for any child
     (``waitpid(-1)``) would take rank 1's status there and Popen would report 0."""
     args = ["-n", "2", "--grace-period", "10", "--monitor-interval", "1", CHILD, str(tmp_path)]
@@ -125,7 +125,8 @@ def test_rank_status_survives_adopted_orphans(tmp_path: Path) -> None:
     report, stderr, elapsed = run_watched(tmp_path, [*args, *escape])
     assert report["status"] == 3, stderr
     rank1 = pids(tmp_path)[1]
-    assert f"rank 1 (pid {rank1}) exited with status 3; stopped the other 1 rank" in stderr
+    assert "distenv run: rank 1 failed first: exited with status 3 (SystemExit: 3)" in stderr
+    assert f"pid {rank1}," in stderr
     assert report["left"] == [], stderr
     assert all(gone(pid) for pid in escapees(tmp_path, 2))
     assert elapsed < 8, stderr

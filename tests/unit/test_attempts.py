@@ -22,7 +22,13 @@ from distenv.errors import (
     StoreTakenError,
 )
 from distenv.local.attempts import KINDS, Decision, Failure
-from distenv.local.reporting import Report, classify, read_report
+from distenv.local.reporting import (
+    MAX_REPORT_BYTES,
+    MAX_WHAT_CHARS,
+    Report,
+    classify,
+    read_report,
+)
 
 FAILURE = Failure(2, 1, 5, "node-b", 1, "exited with status 1", "exception", "ValueError: x", 1.5e9)
 
@@ -104,8 +110,9 @@ def test_a_report_crosses_the_pipe_and_names_the_first_line() -> None:
 
 
 def test_a_report_is_one_bounded_line() -> None:
-    report = Report("exception", "x" * 5000, 1.0)
-    assert len(report.line()) <= 1024
+    report = Report("exception", "x" * 5000, 1.0, ("\u2603" * 1000,) * 3)
+    assert len(report.line()) <= MAX_REPORT_BYTES  # one atomic pipe write
+    assert Report.parse(report.line()) == Report("exception", "x" * MAX_WHAT_CHARS, 1.0)
     assert report.line().endswith(b"\n")
 
 

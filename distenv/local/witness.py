@@ -1,0 +1,404 @@
+"""What ``distenv run`` sees of its ranks while they run: their output, their reports, their ends.
+
+The `Witness` of a node keeps the facts the first-failure card (`distenv.local.card`) is made of:
+
+- every line the ranks write, into the run's log file (`RunDir`, private to this user), and the
+  last lines of each rank before it failed;
+- each rank's `Report` (when, what, where it raised), read from a pipe only that rank holds, and
+  the Python stack `faulthandler` wrote at a fatal signal, from a file only it holds open;
+- when each rank ended, and how (``waitid(WNOWAIT)``: seen without reaping it, so that the
+  supervisor's ``Popen`` keeps its status);
+- the consequences: once a rank has failed, what the others write to stderr (their collective's
+  traceback, torch's C++ stack dumps, ``terminate called``) is counted and kept in the log, not
+  printed. A line that looks like a consequence while no failure is known yet waits up to
+  `CAUSE_WAIT` for one: a rank writes its report before its traceback and its peers break only
+  once it has closed its connections, so the cause is known before its consequences are printed.
+
+Nothing read here is trusted: reports are parsed into checked fields, and lines are shown by the
+card only with unprintable characters escaped.
+"""
+
+from __future__ import annotations
+
+import collections
+import contextlib
+import linecache
+import os
+import re
+import shutil
+import signal
+import subprocess
+import tempfile
+import threading
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import IO
+
+from distenv.local.reporting import (
+    FAULT_FD_VAR,
+    MAX_FRAMES,
+    REPORT_FD_VAR,
+    Report,
+    read_report,
+    users_file,
+)
+from distenv.processes import oom_killed_by_kernel_log, oom_kills
+
+__all__ = ["CONSEQUENCES", "End", "RunDir", "Witness"]
+
+#: How long a line that looks like a consequence waits for the failure it is a consequence of.
+CAUSE_WAIT = 0.5
+#: The most bytes of all ranks' output kept in the run's log file.
+LOG_LIMIT = 64 << 20
+#: The last lines of each rank kept for the card.
+LAST_LINES = 3
+#: What a survivor writes when a peer's failure breaks it: the card counts each kind.
+CONSEQUENCES: dict[str, re.Pattern[bytes]] = {
+    "tracebacks": re.compile(rb"Traceback \(most recent call last\)"),
+    "lost store": re.compile(rb"TCPStore|recvValue|DistStoreError|DistNetworkError"),
+    "closed connections": re.compile(rb"Connection (closed|reset) by peer|Broken pipe"),
+    "C++ stack dumps": re.compile(rb"Exception raised from"),
+    "terminate called": re.compile(rb"terminate called"),
+}
+#: The consequences counted once per rank: words that a traceback repeats.
+ONCE_PER_RANK = frozenset({"lost store", "closed connections"})
+#: Seconds between looks for a failure while a consequence-like line waits.
+_WAIT_STEP = 0.01
+#: How long to wait for the status of a rank the supervisor is reaping.
+_REAP_WAIT = 0.5
+_FRAME = re.compile(rb'^\s+File "(.+)", line (\d+) in (.+)$')
+
+
+class RunDir:
+    """A private folder (mode 0700) for one ``distenv run``: the output log and the fault files.
+
+    Kept when the job failed (the card names it), removed when it succeeded.
+    """
+
+    def __init__(self) -> None:
+        self.path = Path(tempfile.mkdtemp(prefix="distenv-run-"))
+        self.log = self.path / "output.log"
+
+    def remove(self) -> None:
+        """Remove the folder and what it holds."""
+        shutil.rmtree(self.path, ignore_errors=True)
+
+
+@dataclass
+class End:
+    """How one local rank ended, as far as this node saw.
+
+    Attributes:
+        rank: Its global rank.
+        local_rank: Its index on this node.
+        pid: Its process id.
+        returncode: ``Popen.returncode`` style: status, or -N for signal N.
+        at: When it failed: its report's time, the fault file's, else when it was seen ended.
+        report: What it reported (None: it raised nothing, or is no Python rank).
+        fault: The frames `faulthandler` wrote at a fatal signal, innermost last.
+        oom: Whether the kernel's OOM killer killed it (cgroup count or kernel log).
+        stopped: Whether it ended after distenv run began stopping the ranks.
+        last: Its last lines of output before it failed.
+    """
+
+    rank: int
+    local_rank: int
+    pid: int
+    returncode: int
+    at: float
+    report: Report | None = None
+    fault: tuple[str, ...] = ()
+    oom: bool = False
+    stopped: bool = False
+    last: tuple[bytes, ...] = ()
+
+    @property
+    def status(self) -> int:
+        """Return the exit status the job takes from this failure (128+N for a crash by signal N).
+
+        A rank that raised but was stopped while it exited (SIGTERM from the stop) failed with 1.
+        """
+        if self.returncode > 0:
+            return self.returncode
+        if self.returncode < 0 and self.report is None and not self.stopped:
+            return 128 - self.returncode
+        return 1
+
+    @property
+    def failed(self) -> bool:
+        """Return whether it failed (a report, or an end other than success)."""
+        return self.report is not None or self.returncode != 0
+
+    @property
+    def own(self) -> bool:
+        """Return whether it failed on its own, not because a peer or distenv run ended it."""
+        if self.report is not None:
+            return not self.report.peer and self.report.kind != "stopped"
+        return self.returncode != 0 and not self.stopped
+
+    def order(self) -> tuple[int, float]:
+        """Sort key of the failures, the cause first: a crash by signal, then the earliest."""
+        crashed = self.report is None and self.returncode < 0
+        return (0 if crashed else 1, self.at)
+
+
+@dataclass
+class _Rank:
+    rank: int
+    local_rank: int
+    shown: bool
+    prefix: bytes
+    report_fds: tuple[int, int]
+    fault_fd: int
+    process: subprocess.Popen[bytes] | None = None
+    report: Report | None = None
+    end: End | None = None
+    last: collections.deque[bytes] = field(
+        default_factory=lambda: collections.deque(maxlen=LAST_LINES)
+    )
+
+
+class Witness:
+    """One node's view of its ranks for the card (see the module docstring).
+
+    Args:
+        run_dir: The run's private folder.
+        ranks: ``(rank, local_rank, shown)`` of each local rank.
+        prefix: Whether shown lines are prefixed ``[rank N] `` (``--prefix-output``).
+        hold: Whether consequences are held back (False with ``DISTENV_DEBUG=1``).
+    """
+
+    def __init__(
+        self,
+        run_dir: RunDir,
+        ranks: Sequence[tuple[int, int, bool]],
+        *,
+        prefix: bool = False,
+        hold: bool = True,
+    ) -> None:
+        self.run_dir = run_dir
+        self.hold = hold
+        self.started_at = time.time()
+        self.stop_at: float | None = None
+        self.held: collections.Counter[str] = collections.Counter()
+        self.held_ranks: set[int] = set()
+        self._seen: set[tuple[int, str]] = set()
+        self._lock = threading.Lock()
+        self._log: IO[bytes] | None = open(run_dir.log, "ab")  # noqa: SIM115  closed in close()
+        self._logged = 0
+        self._oom_before = oom_kills()
+        self._ranks: dict[int, _Rank] = {}
+        for rank, local_rank, shown in ranks:
+            read, write = os.pipe()
+            os.set_blocking(read, False)
+            fault = os.open(
+                run_dir.path / f"rank-{rank}.fault", os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600
+            )
+            label = f"[rank {rank}] ".encode()
+            self._ranks[rank] = _Rank(
+                rank, local_rank, shown, label if prefix else b"", (read, write), fault
+            )
+
+    # -- the supervisor's side -------------------------------------------------------------------
+
+    def child_env(self, rank: int) -> tuple[dict[str, str], tuple[int, ...]]:
+        """Return the variables and descriptors a rank gets to report its failure."""
+        state = self._ranks[rank]
+        write = state.report_fds[1]
+        env = {REPORT_FD_VAR: str(write), FAULT_FD_VAR: str(state.fault_fd)}
+        return env, (write, state.fault_fd)
+
+    def started(self, rank: int, process: subprocess.Popen[bytes]) -> None:
+        """Note the process of a rank that has started."""
+        self._ranks[rank].process = process
+
+    def stopping(self) -> None:
+        """Note that distenv run began stopping the ranks (later ends are its doing)."""
+        with self._lock:
+            if self.stop_at is None:
+                self._look()
+                self.stop_at = time.time()
+
+    def look(self) -> None:
+        """Read new reports and notice ranks that ended (non-blocking)."""
+        with self._lock:
+            self._look()
+
+    def line(self, rank: int, fd: int, data: bytes) -> bytes | None:
+        """Log one line of `rank` and return what to print of it (None: held back or hidden)."""
+        state = self._ranks[rank]
+        with self._lock:
+            self._write_log(state, data)
+        waited = False
+        while True:
+            with self._lock:
+                if fd == 2:  # a rank's traceback follows its report: not its last output
+                    self._look()
+                cause = self._cause_rank()
+                failing = cause is not None or any(
+                    r.report is not None and r.report.peer for r in self._ranks.values()
+                )
+                consequence = fd == 2 and self.hold and rank != cause
+                if failing and consequence:
+                    self.held_ranks.add(rank)
+                    self.held["lines"] += 1
+                    for kind, pattern in CONSEQUENCES.items():
+                        # Tracebacks, dumps and aborts are counted by their one header line;
+                        # the words of a lost peer once per rank (a traceback repeats them).
+                        once = kind in ONCE_PER_RANK
+                        if pattern.search(data) and (not once or (rank, kind) not in self._seen):
+                            self._seen.add((rank, kind))
+                            self.held[kind] += 1
+                    return None
+                looks = consequence and any(p.search(data) for p in CONSEQUENCES.values())
+                if waited or not looks:
+                    # A rank's stderr after its report is its traceback; its stdout may be read
+                    # after the report, or its end, though written before (another pipe).
+                    if fd == 1 or state.report is None:
+                        state.last.append(data.rstrip(b"\n"))
+                    return state.prefix + data if state.shown else None
+            deadline = time.monotonic() + CAUSE_WAIT
+            while time.monotonic() < deadline and not self._failed_yet():
+                time.sleep(_WAIT_STEP)
+            waited = True
+
+    def ends(self, *, everyone: bool = False) -> list[End]:
+        """Return how each rank that failed (or, `everyone`, ended) ended, the cause first."""
+        with self._lock:
+            self._look()
+            for state in self._ranks.values():
+                if state.end is not None:  # what was read of its pipes since it ended too
+                    state.end.last = tuple(state.last)
+            ended = [r.end for r in self._ranks.values() if r.end is not None]
+            # A rank killed without a word (SIGKILL) is dated when it was seen dead; but it died
+            # before any peer found its connections closed.
+            broke = [e.at for e in ended if e.report is not None and e.report.peer]
+            for end in ended:
+                if end.returncode < 0 and end.report is None and not end.fault and broke:
+                    end.at = min(end.at, *broke)
+            return sorted((e for e in ended if everyone or e.failed), key=End.order)
+
+    def cause(self) -> End | None:
+        """Return the local rank that failed first on its own, None if none did."""
+        own = [end for end in self.ends() if end.own]
+        return own[0] if own else None
+
+    def reports(self) -> dict[int, Report | None]:
+        """Return each rank's report (None: it reported none)."""
+        with self._lock:
+            self._look()
+            return {rank: state.report for rank, state in self._ranks.items()}
+
+    def close(self) -> None:
+        """Close the descriptors and the log (the rank-side ends too)."""
+        with self._lock:
+            for state in self._ranks.values():
+                for fd in (*state.report_fds, state.fault_fd):
+                    with contextlib.suppress(OSError):
+                        os.close(fd)
+            if self._log is not None:
+                self._log.close()
+                self._log = None
+
+    # -- inside the lock ---------------------------------------------------------------------------
+
+    def _write_log(self, state: _Rank, data: bytes) -> None:
+        if self._log is None or self._logged > LOG_LIMIT:
+            return
+        line = f"[rank {state.rank}] ".encode() + data + (b"" if data.endswith(b"\n") else b"\n")
+        self._logged += len(line)
+        with contextlib.suppress(OSError):
+            self._log.write(line)
+            self._log.flush()
+
+    def _failed_yet(self) -> bool:
+        with self._lock:
+            self._look()
+            return any(
+                r.report is not None or (r.end and r.end.failed) for r in self._ranks.values()
+            )
+
+    def _cause_rank(self) -> int | None:
+        failed = [r.end for r in self._ranks.values() if r.end is not None and r.end.own]
+        reported = [
+            End(r.rank, r.local_rank, 0, 1, r.report.at, r.report)
+            for r in self._ranks.values()
+            if r.end is None and r.report is not None and not r.report.peer
+        ]
+        candidates = sorted([e for e in failed if e is not None] + reported, key=End.order)
+        return candidates[0].rank if candidates else None
+
+    def _look(self) -> None:
+        for state in self._ranks.values():
+            if state.report is None and self._log is not None:  # the pipes are open
+                state.report = read_report(state.report_fds[0])
+            if state.end is None and state.process is not None:
+                returncode = _ended(state.process)
+                if returncode is not None:
+                    state.end = self._end(state, returncode)
+
+    def _end(self, state: _Rank, returncode: int) -> End:
+        now = time.time()
+        # A rank that raised before the stop failed on its own, even if it exited after it.
+        failed_at = state.report.at if state.report is not None else now
+        stopped = self.stop_at is not None and failed_at >= self.stop_at
+        assert state.process is not None
+        pid = state.process.pid
+        end = End(state.rank, state.local_rank, pid, returncode, now, state.report)
+        end.stopped = stopped
+        end.last = tuple(state.last)
+        if state.report is not None:
+            end.at = state.report.at
+        elif returncode < 0:
+            fault = self.run_dir.path / f"rank-{state.rank}.fault"
+            with contextlib.suppress(OSError):
+                if fault.stat().st_size:
+                    end.at = min(now, fault.stat().st_mtime)
+                    end.fault = _fault_frames(fault)
+            if -returncode == signal.SIGKILL and not stopped:
+                after = oom_kills()
+                rose = (
+                    after is not None and self._oom_before is not None and after > self._oom_before
+                )
+                end.oom = rose or oom_killed_by_kernel_log(pid)
+        return end
+
+
+def _ended(process: subprocess.Popen[bytes]) -> int | None:
+    """Return how a rank ended (-N for signal N) without reaping it; None while it runs."""
+    if process.returncode is not None:
+        return process.returncode
+    try:
+        found = os.waitid(os.P_PID, process.pid, os.WEXITED | os.WNOHANG | os.WNOWAIT)
+    except ChildProcessError:  # the supervisor reaps it right now: its status is being set
+        deadline = time.monotonic() + _REAP_WAIT
+        while process.returncode is None and time.monotonic() < deadline:
+            time.sleep(0.001)
+        return process.returncode
+    if found is None or found.si_pid == 0:
+        return None
+    if found.si_code == os.CLD_EXITED:
+        return found.si_status
+    return -found.si_status
+
+
+def _fault_frames(path: Path) -> tuple[str, ...]:
+    """Return the crashing thread's innermost frames from a faulthandler dump (bounded read)."""
+    with path.open("rb") as file:
+        text = file.read(64 << 10)
+    section = text.split(b"Current thread", 1)[-1].split(b"\n\n", 1)[0]
+    frames = []
+    for line in section.splitlines():
+        match = _FRAME.match(line)
+        source_file = match[1].decode("utf-8", "replace") if match else ""
+        if match and users_file(source_file):
+            number = int(match[2])
+            frame = (
+                f"{os.path.basename(source_file)}:{number} in {match[3].decode('utf-8', 'replace')}"
+            )
+            source = linecache.getline(source_file, number).strip()
+            frames.append(f"{frame}: {source}" if source else frame)
+    # faulthandler writes the innermost frame first.
+    return tuple(reversed(frames[:MAX_FRAMES]))
