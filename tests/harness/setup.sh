@@ -35,10 +35,12 @@ PYTHON=${PYTHON:-python3}
 HOST=$(hostname)
 WAIT_S=${DISTENV_SETUP_WAIT_S:-60}
 
-# charliecloud-runtime: ch-run, the container runtime tests/integration/test_containers.py runs
-# the ranks in (an image made from local files; no registry).
+# charliecloud-runtime and podman: the container runtimes tests/integration/test_containers.py
+# runs the ranks in (an image made from local files; no registry); runc: the OCI runtime podman
+# starts them with there, as crun refuses this machine (docs/start/containers.md says why).
+# podman and runc add about 15 s to a first set-up.
 APT_PACKAGES=(munge slurm-wlm openmpi-bin libopenmpi-dev mpich libmpich-dev shellcheck
-    chromium chromium-driver charliecloud-runtime)
+    chromium chromium-driver charliecloud-runtime podman runc)
 MPICH_SO=/usr/lib/x86_64-linux-gnu/libmpich.so.12
 
 log() { printf '[setup %3ds] %s\n' "$((SECONDS - T0))" "$*"; }
