@@ -137,8 +137,8 @@ class NotLaunchedError(DistEnvError):
 class StrippedEnvironmentError(DistEnvError):
     """A launcher started this process, but none of its variables reach it.
 
-    A container run with ``apptainer exec --cleanenv``, ``ch-run --unset-env`` or ``podman run``
-    without ``-e`` hides them: run alone, every task would be "rank 0 of 1" and train by itself.
+    A container run with ``apptainer exec --cleanenv`` or ``ch-run --unset-env`` hides them: run
+    alone, every task would be "rank 0 of 1" and train by itself.
     """
 
 

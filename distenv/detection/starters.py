@@ -1,8 +1,7 @@
 """Who started a process whose environment names no launcher: a stripped environment is refused.
 
 A container runtime that strips the environment (``apptainer exec --cleanenv``, ``ch-run
---unset-env``, ``podman run`` without ``-e``) hides every launcher variable from the task it
-runs. ``auto`` would then answer rank 0 of 1, and every task of the step would train alone and
+--unset-env``) hides every launcher variable from the task it runs. ``auto`` would then answer rank 0 of 1, and every task of the step would train alone and
 exit 0. The process tree still shows who started the task: a launcher's per-node daemon is among
 its ancestors, or its cgroup names a Slurm step. `refuse_stripped` refuses such a process, naming
 the daemon, the runtime's stripping flag and the fix. ``--launcher none`` runs it alone on purpose.
@@ -17,7 +16,7 @@ the daemon, the runtime's stripping flag and the fix. ``--launcher none`` runs i
 
 A cgroup path holding ``job_N/step_S`` (Slurm's cgroup plugins, ``/slurm/uid_U/job_N/step_S`` under
 v1, ``.../job_N/step_S/...`` under v2) names a Slurm step where the tree does not (a container with
-its own pid namespace: ``apptainer --containall``, podman). Slurm's ``batch``, ``extern`` and
+its own pid namespace: ``apptainer --containall``). Slurm's ``batch``, ``extern`` and
 ``interactive`` steps are one process by design, like a login shell: not a sign.
 
 Pure over its input: the pipeline reads the ancestry and cgroup (`distenv.processes`) and the
