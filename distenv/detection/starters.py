@@ -1,10 +1,11 @@
 """Who started a process whose environment names no launcher: a stripped environment is refused.
 
 A container runtime that strips the environment (``apptainer exec --cleanenv``, ``ch-run
---unset-env``) hides every launcher variable from the task it runs. ``auto`` would then answer rank 0 of 1, and every task of the step would train alone and
-exit 0. The process tree still shows who started the task: a launcher's per-node daemon is among
-its ancestors, or its cgroup names a Slurm step. `refuse_stripped` refuses such a process, naming
-the daemon, the runtime's stripping flag and the fix. ``--launcher none`` runs it alone on purpose.
+--unset-env``) hides every launcher variable from the task it runs. ``auto`` would then answer
+rank 0 of 1, and every task of the step would train alone and exit 0. The process tree still
+shows who started the task: a launcher's per-node daemon is among its ancestors, or its cgroup
+names a Slurm step. `refuse_stripped` refuses such a process, naming the daemon, the runtime's
+stripping flag and the fix. ``--launcher none`` runs it alone on purpose.
 
 - ``slurmstepd`` (argv ``slurmstepd: [JOB.STEP]``): slurm, slurmstepd(8).
 - ``orted``, ``prted``, and on mpirun's own node ``mpirun``/``mpiexec``/``orterun``/``prterun``
