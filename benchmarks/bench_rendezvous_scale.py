@@ -84,12 +84,14 @@ def flat_checkins(ranks: Sequence[int], extra: tuple[int, str, str]) -> Iterator
 
 
 def _flat_checkin(rank: int, n: int, scope_key: str, prefix: str) -> wire.Task:
+    from distenv.bootstrap.protocol import CHECKIN, WRITTEN
+
     record = _checkin(rank, n).to_json()
     claim = yield wire.peek(scope_key, "peek scope")
     assert claim != wire.ABSENT, "rank 0 claims the scope before the ranks check in"
-    held = yield wire.compare_set(f"{prefix}/checkin/{rank}", "", record, "claim checkin/<r>")
+    held = yield wire.compare_set(f"{prefix}/{CHECKIN.of(rank)}", "", record, "claim checkin/<r>")
     assert held == record.encode(), held[:80]
-    yield wire.add(f"{prefix}/written", 1, "add written")
+    yield wire.add(f"{prefix}/{WRITTEN.name}", 1, "add written")
     return None
 
 
@@ -102,13 +104,14 @@ def leader_checkins(leaders: Sequence[int], extra: tuple[int, str, str]) -> Iter
 
 def _leader_checkin(leader: int, n: int, scope_key: str, prefix: str) -> wire.Task:
     from distenv.bootstrap.batches import Batch, shard_key
+    from distenv.bootstrap.protocol import CUT, WRITTEN
 
     node = tuple(_checkin(r, n) for r in range(leader, leader + RANKS_PER_NODE))
     line = Batch(leader, node).to_line()
     claim = yield wire.peek(scope_key, "peek scope")
     assert claim != wire.ABSENT, "rank 0 claims the scope before the leaders check in"
-    count = yield wire.add(f"{prefix}/written", len(node), "add written")
-    assert count < 1 << 40, "rank 0 made its cut before this leader counted its node"
+    count = yield wire.add(f"{prefix}/{WRITTEN.name}", len(node), "add written")
+    assert count < CUT, "rank 0 made its cut before this leader counted its node"
     yield wire.append(f"{prefix}/{shard_key(leader)}", line, "append batch")
     return None
 
@@ -121,11 +124,14 @@ def verdict_reads(ranks: Sequence[int], extra: tuple[str, bool]) -> Iterator[wir
 
 
 def _verdict_read(rank: int, prefix: str, placed: bool) -> wire.Task:
-    yield wire.wait([f"{prefix}/verdict"], "wait verdict")
-    raw = yield wire.get(f"{prefix}/verdict", "get verdict")
+    from distenv.bootstrap.protocol import PLACE, VERDICT
+
+    # distenv.bootstrap.store.wait_value: TCPStore's get, a WAIT and then the GET on the wire.
+    yield wire.wait([f"{prefix}/{VERDICT.name}"], "wait verdict")
+    raw = yield wire.get(f"{prefix}/{VERDICT.name}", "get verdict")
     if placed:
-        yield wire.wait([f"{prefix}/place/{rank}"], "wait place/<r>")
-        yield wire.get(f"{prefix}/place/{rank}", "get place/<r>")
+        yield wire.wait([f"{prefix}/{PLACE.of(rank)}"], "wait place/<r>")
+        yield wire.get(f"{prefix}/{PLACE.of(rank)}", "get place/<r>")
     return len(raw)
 
 
@@ -133,13 +139,14 @@ def _members(pipe: Any, role: Any, n: int, port: int) -> None:
     """Node 0's members (local ranks 1..7): check in with rank 0 over the node's Unix socket,
     then wait for the verdict line it hands on."""
     from distenv.bootstrap.leaders import Link
+    from distenv.bootstrap.protocol import Message
     from distenv.deadline import Deadline
 
     links = []
     for rank in range(1, RANKS_PER_NODE):
         info = _info(rank, n, port)
         link = Link.connect(role, info, Deadline.after(60.0))
-        assert link.send(_checkin(rank, n).to_json(), Deadline.after(10.0))
+        assert link.send(Message.CHECKIN.encode(_checkin(rank, n).to_json()), Deadline.after(10.0))
         links.append(link)
     pipe.send("sent")
     lines = [link.receive(Deadline.after(600.0)) for link in links]
@@ -231,8 +238,8 @@ class Run:
         from torch._C._distributed_c10d import PrefixStore
 
         from distenv.bootstrap.leaders import NodeListener, Role
+        from distenv.bootstrap.protocol import ROLLCALL, VERDICT, scope_key
         from distenv.bootstrap.rollcall import fill_layout, roll_call
-        from distenv.bootstrap.scope import scope_key
         from distenv.bootstrap.session import Bootstrap, Session
         from distenv.bootstrap.verdict import parse_verdict
         from distenv.deadline import Deadline
@@ -241,7 +248,7 @@ class Run:
         info = _info(0, n, self.port)
         leaders = "on" if mode == "leaders" else "off"
         session = Session(info, own.scope, restart=attempt, leaders=leaders)
-        prefix = session.keys("rollcall")
+        prefix = session.keys(ROLLCALL)
         key = scope_key(attempt)
         rank0 = wire.Counts()
         session.store = wire.CountedStore(self.store, "", rank0)
@@ -331,7 +338,7 @@ class Run:
         last_info = _info(n - 1, n, self.port)
         start = time.perf_counter()
         for _ in range(PARSE_SAMPLE):
-            read, placed = parse_verdict("verdict", published, scope=last.scope, world_size=n)
+            read, placed = parse_verdict(VERDICT.name, published, scope=last.scope, world_size=n)
             filled = fill_layout(last_info, read, last)
         out["verdict_parse_s"] = (time.perf_counter() - start) / PARSE_SAMPLE
         assert not placed, "a known layout places no rank"

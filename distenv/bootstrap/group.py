@@ -20,6 +20,7 @@ from typing import Any
 
 from distenv.bootstrap.batches import UpBatch, parse_up_batches, shard_key, shard_keys
 from distenv.bootstrap.leaders import SLACK_S, Link, NodeListener
+from distenv.bootstrap.protocol import ACK, COUNT, PG, UP, Message
 from distenv.bootstrap.records import MAX_SHOWN
 from distenv.bootstrap.session import FOREIGN_HINT, Bootstrap, Session
 from distenv.bootstrap.store import (
@@ -138,7 +139,7 @@ def join_group(
             session.mark("joining")
             dist.init_process_group(
                 backend=backend,
-                store=session.scoped("pg"),
+                store=session.scoped(PG),
                 rank=info.rank,
                 world_size=info.world_size,
                 timeout=connect if restore is not None else collective,
@@ -251,7 +252,7 @@ def group_up(boot: Bootstrap, hosts: Mapping[int, str]) -> None:
     """
     session, deadline = boot.session, boot.deadline
     info, store = session.info, session.store
-    keys = session.keys("up")
+    keys = session.keys(UP)
     batched = session.node is not None
 
     def missing() -> DistEnvError:
@@ -277,11 +278,11 @@ def group_up(boot: Bootstrap, hosts: Mapping[int, str]) -> None:
             _up_batched(boot, session.node, token, hosts, missing)
             return
         session.mark("up", token=token)
-        store.add(f"{keys}/count", 1)
+        store.add(f"{keys}/{COUNT.name}", 1)
         if info.rank == 0:
             _acknowledge(boot, hosts, missing)
             return
-        echo = wait_value(store, f"{keys}/ack/{info.rank}", boot.waits)
+        echo = wait_value(store, f"{keys}/{ACK.of(info.rank)}", boot.waits)
         if echo is None:
             raise missing()
     except RuntimeError as exc:  # torch's DistError: the store went away
@@ -312,14 +313,14 @@ def _up_batched(
     for its node (and rank 0, a leader too, for the whole job)."""
     session = boot.session
     info, store = session.info, session.store
-    keys = session.keys("up")
+    keys = session.keys(UP)
     if isinstance(node, Link):
-        if not node.send(f"up\t{token}", boot.waits):
+        if not node.send(Message.UP.encode(token), boot.waits):
             raise node.gone()
         line = node.receive(boot.waits)
         if line is None:
             raise missing()
-        if line != f"ack\t{token}":
+        if line != Message.ACK.encode(token):
             raise _forged_echo(session)
         return
     slack = min(SLACK_S, boot.timeout / 4)
@@ -328,11 +329,11 @@ def _up_batched(
     up = UpBatch(info.rank, tuple(sorted(tokens.items())), tuple(gone), tuple(late))
     # Appended before it is counted: rank 0 reads the reports once the count is complete.
     store.append(f"{keys}/{shard_key(info.rank)}", up.to_line())
-    store.add(f"{keys}/count", up.ranks)
+    store.add(f"{keys}/{COUNT.name}", up.ranks)
     if info.rank == 0:
         _acknowledge_batches(boot, hosts, missing)
     else:
-        echo = wait_value(store, f"{keys}/ack/{info.rank}", boot.waits)
+        echo = wait_value(store, f"{keys}/{ACK.of(info.rank)}", boot.waits)
         if echo is None:
             raise missing()
         if echo != up.echo().encode():
@@ -347,8 +348,8 @@ def _acknowledge_batches(
     under its leader's key; name the ranks that did not come up."""
     session = boot.session
     info, store, world = session.info, session.store, session.info.world_size
-    keys = session.keys("up")
-    count = wait_count(store, f"{keys}/count", world, boot.waits)
+    keys = session.keys(UP)
+    count = wait_count(store, f"{keys}/{COUNT.name}", world, boot.waits)
     shards = [f"{keys}/{key}" for key in shard_keys(world)]
     reports: list[UpBatch] = []
     foreign = 0
@@ -368,7 +369,7 @@ def _acknowledge_batches(
         )
     if len(up) < world:
         raise _not_up(info, reports, up, hosts, boot.deadline.seconds)
-    echoes = [(f"{keys}/ack/{r.leader}", r.echo()) for r in reports if r.leader != 0]
+    echoes = [(f"{keys}/{ACK.of(r.leader)}", r.echo()) for r in reports if r.leader != 0]
     for start in range(0, len(echoes), CHUNK):
         chunk = echoes[start : start + CHUNK]
         store.multi_set([key for key, _ in chunk], [value for _, value in chunk])
@@ -407,8 +408,8 @@ def _acknowledge(
     """Rank 0: once every rank's record says up, echo each rank's token under its own key."""
     session = boot.session
     info, store, world = session.info, session.store, session.info.world_size
-    keys = session.keys("up")
-    count = wait_count(store, f"{keys}/count", world, boot.waits)
+    keys = session.keys(UP)
+    count = wait_count(store, f"{keys}/{COUNT.name}", world, boot.waits)
     tokens = session.up_tokens(range(world))
     up = [rank for rank, token in tokens.items() if token is not None]
     if len(up) < world and count < world:
@@ -422,7 +423,7 @@ def _acknowledge(
             f"{_absent(session, 'up', hosts) if len(up) < world else 'none'}",
             hint=FOREIGN_HINT,
         )
-    echoes = [(f"{keys}/ack/{rank}", str(tokens[rank])) for rank in range(1, world)]
+    echoes = [(f"{keys}/{ACK.of(rank)}", str(tokens[rank])) for rank in range(1, world)]
     for start in range(0, len(echoes), CHUNK):
         chunk = echoes[start : start + CHUNK]
         store.multi_set([key for key, _ in chunk], [value for _, value in chunk])

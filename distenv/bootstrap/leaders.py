@@ -31,6 +31,7 @@ import stat
 import struct
 from typing import NamedTuple
 
+from distenv.bootstrap.protocol import Message
 from distenv.bootstrap.records import MAX_CHECKIN_BYTES, CheckIn, ForeignRecordError, parse_checkin
 from distenv.deadline import Deadline, pause
 from distenv.errors import (
@@ -314,7 +315,7 @@ class NodeListener:
                 self._drop(lines)
                 continue
             if record.scope != own.scope or record.world_size != own.world_size:
-                _send(lines.sock, "refused", Deadline.after(1.0))
+                _send(lines.sock, Message.REFUSED.encode(), Deadline.after(1.0))
                 self._drop(lines)
                 continue
             self.members.append(Member(record, lines))
@@ -338,7 +339,7 @@ class NodeListener:
                 conn, _ = self.sock.accept()
                 self.pending.append(_Lines(conn))
         for lines in self.pending:
-            _send(lines.sock, "late", deadline)
+            _send(lines.sock, Message.LATE.encode(), deadline)
             self._drop(lines)
         self.pending = []
         self.sock.close()
@@ -357,8 +358,8 @@ class NodeListener:
             for rank, member in list(waiting.items()):
                 raw = member.lines.line()
                 if raw is not None:
-                    kind, _, token = raw.decode("ascii", "replace").partition("\t")
-                    if kind == "up" and len(token) == 16:
+                    kind, _, token = Message.decode(raw.decode("ascii", "replace"))
+                    if kind is Message.UP and len(token) == 16:
                         tokens[rank] = token
                     else:
                         gone.append(rank)
@@ -376,7 +377,7 @@ class NodeListener:
         for member in self.members:
             token = tokens.get(member.checkin.rank)
             if token is not None:
-                _send(member.lines.sock, f"ack\t{token}", deadline)
+                _send(member.lines.sock, Message.ACK.encode(token), deadline)
 
     def close(self) -> None:
         """Close every connection and the socket (idempotent)."""

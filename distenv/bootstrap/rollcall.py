@@ -27,9 +27,21 @@ from collections.abc import Iterator
 from collections.abc import Set as AbstractSet
 from typing import TYPE_CHECKING, Any
 
-from distenv.bootstrap.batches import CUT, Batch, parse_batches, shard_key, shard_keys
+from distenv.bootstrap.batches import Batch, parse_batches, shard_key, shard_keys
 from distenv.bootstrap.leaders import SLACK_S, Link, NodeListener, Role
 from distenv.bootstrap.limits import ensure_descriptors
+from distenv.bootstrap.protocol import (
+    CHECKIN,
+    CLOSED,
+    CUT,
+    EXTRA,
+    EXTRAS,
+    PLACE,
+    READ,
+    VERDICT,
+    WRITTEN,
+    Message,
+)
 from distenv.bootstrap.records import (
     MAX_CANDIDATES,
     MAX_SHOWN,
@@ -82,8 +94,6 @@ __all__ = [
 
 # Extra claims rank 0 reads: beyond this many, the verdict already says enough.
 MAX_EXTRA = 64
-#: What rank 0 writes under an absent rank's key when it stops waiting (never a record: JSON).
-CLOSED = b"closed"
 
 
 def meet(boot: Bootstrap, checkin: CheckIn, phase: str, *, check: bool = True) -> Verdict:
@@ -200,19 +210,19 @@ def _as_member(boot: Bootstrap, checkin: CheckIn, role: Role, *, check: bool) ->
         )
 
     boot.enter("the roll call (through its node's leader)", boot.deadline, silent)
-    if not link.send(checkin.to_json(), boot.waits):
+    if not link.send(Message.CHECKIN.encode(checkin.to_json()), boot.waits):
         raise link.gone()
     line = link.receive(boot.waits.within(timeout + VERDICT_GRACE_S))
     if line is None:
         raise silent()
-    kind, _, rest = line.partition("\t")
-    if kind == "late":
+    kind, tag, rest = Message.decode(line)
+    if kind is Message.LATE:
         raise _late(info, checkin, timeout, "its node's leader had reported the node")
-    if kind != "verdict":
+    if kind is not Message.VERDICT:
         raise RendezvousError(
             info.launcher,
             f"rank {info.rank} of {info.world_size}: its node's leader (pid {link.leader_pid}) "
-            f"refused its check-in ({kind!r}): it belongs to another job or world",
+            f"refused its check-in ({tag!r}): it belongs to another job or world",
             hint="two jobs share this node's socket name: give each job its own MASTER_PORT, or "
             "export DISTENV_NODE_LEADERS=off",
         )
@@ -394,7 +404,7 @@ def roll_call(
         )
         held = _check_in_batch(store, batch)
         if held == CLOSED:
-            node.answer("late", boot.waits)
+            node.answer(Message.LATE.encode(), boot.waits)
             raise _late(info, checkin, timeout, "rank 0 had stopped waiting for the ranks")
     if scope_check is not None:
         scope_check.wrote = True
@@ -412,12 +422,12 @@ def roll_call(
         if node is not None:
             place = verdict.place_of(checkin.hostname)
             own = "" if place is None else place.to_json(verdict.scope)
-            node.answer(f"verdict\t{verdict.to_json()}\t{own}", boot.waits)
+            node.answer(Message.VERDICT.encode(verdict.to_json(), own), boot.waits)
         if not verdict.ok or not check:
             # Rank 0 may exit next (a negative verdict, `distenv doctor`), and its store with
             # it: let the others read first.
             arrived = readers if node is not None else len(verdict.checkins) - 1
-            wait_count(store, "read", arrived, boot.waits.within(VERDICT_GRACE_S))
+            wait_count(store, READ.name, arrived, boot.waits.within(VERDICT_GRACE_S))
     else:
         # A batch can be spoiled by a forger's fragment after it was written (rank 0 then names
         # its ranks missing, beside the foreign line): only a rank's own key proves it arrived.
@@ -425,9 +435,11 @@ def roll_call(
             store, boot, checkin, scope_check, holds_key=held is None and node is None
         )
         if node is not None:
-            node.answer(f"verdict\t{raw.decode()}\t{(place_raw or b'').decode()}", boot.waits)
+            node.answer(
+                Message.VERDICT.encode(raw.decode(), (place_raw or b"").decode()), boot.waits
+            )
         if not verdict.ok or not check:
-            store.add("read", 1)
+            store.add(READ.name, 1)
     if check and not verdict.ok:
         raise _negative(info, verdict, timeout)
     return verdict
@@ -486,7 +498,7 @@ def _publish(
     if verdict.placed:
         readers = [c for c in verdict.checkins if not batched or c.local_rank == 0]
         items = [
-            (f"place/{c.rank}", place.to_json(verdict.scope))
+            (PLACE.of(c.rank), place.to_json(verdict.scope))
             for c in readers
             if (place := verdict.place_of(c.hostname)) is not None
         ]
@@ -494,7 +506,7 @@ def _publish(
             chunk = items[start : start + CHUNK]
             store.multi_set([key for key, _ in chunk], [value for _, value in chunk])
     published = verdict.to_json()
-    if store.compare_set("verdict", "", published) != published.encode():
+    if store.compare_set(VERDICT.name, "", published) != published.encode():
         said = "; ".join(verdict.describe(timeout)) if not verdict.ok else "all is well"
         raise RendezvousError(
             info.launcher,
@@ -558,13 +570,13 @@ def check_in(store: Any, checkin: CheckIn) -> bytes | None:
     waiting, and nothing is written).
     """
     record = checkin.to_json()
-    held = bytes(store.compare_set(f"checkin/{checkin.rank}", "", record))
+    held = bytes(store.compare_set(CHECKIN.of(checkin.rank), "", record))
     if held == record.encode():
-        store.add("written", 1)
+        store.add(WRITTEN.name, 1)
         return None
     if held != CLOSED:
-        store.set(f"extra/{int(store.add('extras', 1))}", record)
-        store.add("written", 1)
+        store.set(EXTRA.of(int(store.add(EXTRAS.name, 1))), record)
+        store.add(WRITTEN.name, 1)
     return held
 
 
@@ -586,7 +598,7 @@ def _await_verdict(
     if scope_check is not None:
         # Rank 0 claims the scope before it gathers: no later than the verdict.
         scope_check.wait()
-    raw = wait_value(store, "verdict", deadline)
+    raw = wait_value(store, VERDICT.name, deadline)
     if raw is None:
         raise RendezvousTimeoutError(
             info.launcher,
@@ -598,7 +610,7 @@ def _await_verdict(
     if not placed:
         return verdict, raw, None
     # Written before the verdict: found at the first look unless someone deleted it.
-    place = wait_value(store, f"place/{info.rank}", deadline)
+    place = wait_value(store, PLACE.of(info.rank), deadline)
     return _placed(info, checkin, verdict, place), raw, place
 
 
@@ -612,11 +624,11 @@ def _read_verdict(
     """
     try:
         verdict, placed = parse_verdict(
-            "verdict", raw, scope=checkin.scope, world_size=info.world_size
+            VERDICT.name, raw, scope=checkin.scope, world_size=info.world_size
         )
         why = verdict.contradicts(checkin, holds_key=holds_key)
         if why is not None:
-            raise ForeignRecordError("verdict", why)
+            raise ForeignRecordError(VERDICT.name, why)
     except ForeignRecordError as exc:
         raise RendezvousError(
             info.launcher,
@@ -635,9 +647,9 @@ def _placed(info: RankInfo, checkin: CheckIn, verdict: Verdict, raw: bytes | Non
     """
     try:
         if raw is None:
-            raise ForeignRecordError(f"place/{info.rank}", "absent")
+            raise ForeignRecordError(PLACE.of(info.rank), "absent")
         place = parse_place(
-            f"place/{info.rank}", raw, scope=checkin.scope, world_size=info.world_size
+            PLACE.of(info.rank), raw, scope=checkin.scope, world_size=info.world_size
         )
     except ForeignRecordError as exc:
         raise RendezvousError(
@@ -656,7 +668,7 @@ def _check_in_batch(store: Any, batch: Batch) -> bytes | None:
     Counted first: a count past `CUT` says rank 0 has made its cut (`gather_batches`), and rank 0
     waits for the batches of every count it saw before the cut.
     """
-    if int(store.add("written", len(batch.checkins))) >= CUT:
+    if int(store.add(WRITTEN.name, len(batch.checkins))) >= CUT:
         return CLOSED
     store.append(shard_key(batch.leader), batch.to_line())
     return None
@@ -676,9 +688,9 @@ def gather_batches(
     written by a process outside the job.
     """
     world = info.world_size
-    counted = wait_count(store, "written", world, deadline)
+    counted = wait_count(store, WRITTEN.name, world, deadline)
     if counted < world:
-        counted = int(store.add("written", CUT)) - CUT
+        counted = int(store.add(WRITTEN.name, CUT)) - CUT
     keys = shard_keys(world)
     grace = Deadline.after(VERDICT_GRACE_S)
     waits = pauses()
@@ -720,10 +732,11 @@ def _gather(store: Any, info: RankInfo, scope: str, deadline: Deadline) -> Verdi
     missing is forged.
     """
     world = info.world_size
-    counted = wait_count(store, "written", world, deadline)
-    extras = min(int(store.add("extras", 0)), MAX_EXTRA)
-    keys = [f"checkin/{rank}" for rank in range(world)]
-    keys += [f"extra/{n}" for n in range(1, extras + 1)]
+    counted = wait_count(store, WRITTEN.name, world, deadline)
+    extras = min(int(store.add(EXTRAS.name, 0)), MAX_EXTRA)
+    stem = CHECKIN.stem
+    keys = [f"{stem}{rank}" for rank in range(world)]
+    keys += [EXTRA.of(n) for n in range(1, extras + 1)]
     raws = read_many(store, keys)
     present = len(raws) - raws.count(None)
     ahead = (counted, present) if counted > present else None

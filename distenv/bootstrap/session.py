@@ -17,8 +17,9 @@ import socket
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any, TypeVar
 
+from distenv.bootstrap.protocol import STATE, STATES, UP, prefix, scope_key
 from distenv.bootstrap.records import NetRecord, matches
-from distenv.bootstrap.scope import ScopeCheck, claim_scope, job_scope, prefix, scope_key
+from distenv.bootstrap.scope import ScopeCheck, claim_scope, job_scope
 from distenv.bootstrap.store import first_line, master_address, peek, read_many
 from distenv.deadline import Deadline, Watch, bounded, interruptible, watched
 from distenv.errors import DistEnvError, RendezvousError, RendezvousTimeoutError
@@ -34,8 +35,6 @@ __all__ = ["FOREIGN_HINT", "STATES", "Bootstrap", "Session"]
 
 T = TypeVar("T")
 
-#: A rank's states, in order; a signal's name replaces the state of a rank that was stopped.
-STATES = ("joining", "up", "SIGINT", "SIGTERM", "failed")
 #: The fix for every value in the store that this job's ranks did not write.
 FOREIGN_HINT = (
     "something else on the network writes to this job's port: give the job another "
@@ -94,7 +93,7 @@ class Session:
         return master_address(self.info)
 
     def keys(self, phase: str) -> str:
-        """Return the prefix of one phase's keys (``rollcall``, ``pg``, ``up``, ``doctor``)."""
+        """Return the prefix of one phase's keys (`distenv.bootstrap.protocol.prefix`)."""
         return prefix(self.scope, phase, self.restart)
 
     def scoped(self, phase: str) -> Any:
@@ -115,7 +114,7 @@ class Session:
         return ScopeCheck(self.store, self.info, self.scope, scope_key(self.restart), deadline)
 
     def _state_key(self, rank: int) -> str:
-        return f"{self.keys('up')}/state/{rank}"
+        return f"{self.keys(UP)}/{STATE.of(rank)}"
 
     def mark(self, state: str, *, wait: float = 0.0, token: str = "", aside: bool = False) -> None:
         """Record this rank's state (`STATES`) with its host; with `wait`, best effort within it.
