@@ -11,12 +11,12 @@ Two modes, side by side in one run, interleaved in a shuffled order per repetiti
 
 - ``flat``: every rank is a client of rank 0's store. Ranks 1..N-1 (multiplexed over at most
   1 024 connections) peek at the scope key, claim ``checkin/<r>`` with their check-in
-  (``compare_set``) and count themselves (``add written 1``), as `check_in` does.
+  (``compare_set``) and count themselves (``add written 1``), as `distenv.bootstrap.flat.check_in` does.
 - ``leaders``: the node leaders (local rank 0 of each node: ranks 8, 16, ...), one real
   connection each (16 383 connections at 131 072 ranks, from at least 2 processes), peek at the
   scope key, count their node (``add written 8``) and append its `Batch` to their shard, as
-  `_check_in_batch` does. Rank 0 leads node 0: its 7 members are real processes' `Link`s to
-  its `NodeListener` over the node's Unix socket, connected and sent before the clock starts.
+  `distenv.bootstrap.nodes.check_in_batch` does. Rank 0 leads node 0: its 7 members are real
+  processes' `Link`s to its `LeaderChannel`'s node socket, connected and sent before the clock starts.
   The members of other nodes never reach rank 0's store in the roll call.
 
 Then rank 0's whole roll call is timed (wall, and CPU of this process: its own thread and the
@@ -237,11 +237,13 @@ class Run:
         """Hold one roll call in `mode`; return its counts and timings."""
         from torch._C._distributed_c10d import PrefixStore
 
-        from distenv.bootstrap.leaders import NodeListener, Role
+        from distenv.bootstrap.flat import FLAT
+        from distenv.bootstrap.nodes import open_channel
         from distenv.bootstrap.protocol import ROLLCALL, VERDICT, scope_key
-        from distenv.bootstrap.rollcall import fill_layout, roll_call
+        from distenv.bootstrap.role import Role
+        from distenv.bootstrap.rollcall import roll_call
         from distenv.bootstrap.session import Bootstrap, Session
-        from distenv.bootstrap.verdict import parse_verdict
+        from distenv.bootstrap.verdict import fill_layout, parse_verdict
         from distenv.deadline import Deadline
 
         n, own = self.n, self.checkins[0]
@@ -272,12 +274,12 @@ class Run:
         }
 
         # Node 0's members reach rank 0 over the node's socket (leaders only).
-        node = members = pipe = None
+        channel, members, pipe = FLAT, None, None
         if mode == "leaders":
             role = Role.of(info, leaders, own.scope, attempt, own.hostname)
             assert role is not None, "DISTENV_NODE_LEADERS=on batches this world"
             assert role.leader, role
-            node = NodeListener(role, info)
+            channel = open_channel(role, info)  # the node's socket, open before the members come
             pipe, child = multiprocessing.get_context("spawn").Pipe()
             members = multiprocessing.get_context("spawn").Process(
                 target=_members, args=(child, role, n, self.port), daemon=True
@@ -298,7 +300,7 @@ class Run:
         with GcClock() as collector:
             if profiler is not None:
                 profiler.enable()
-            verdict = roll_call(scoped, boot, own, node=node)
+            verdict = roll_call(scoped, boot, own, channel=channel)
             if profiler is not None:
                 profiler.disable()
         wall = time.perf_counter() - start
@@ -315,10 +317,10 @@ class Run:
             text = io.StringIO()
             pstats.Stats(profiler, stream=text).sort_stats("cumulative").print_stats(25)
             out["profile"] = text.getvalue().splitlines()
-        if pipe is not None and members is not None and node is not None:
+        if pipe is not None and members is not None:
             out["member_lines_bytes"] = pipe.recv()
             members.join(timeout=30)
-            node.close()
+        channel.close()
 
         # Every other rank (flat) or leader reads the verdict.
         published = verdict.to_json().encode()

@@ -28,7 +28,6 @@ from distenv.settings import TIMEOUT_VAR, Settings
 from distenv.timing import GRACE_S, MARGIN_S, SIGNAL_MARK_S
 
 if TYPE_CHECKING:
-    from distenv.bootstrap.leaders import Link, NodeListener
     from distenv.detection.pipeline import Detection
 
 __all__ = ["FOREIGN_HINT", "STATES", "Bootstrap", "Session"]
@@ -55,7 +54,7 @@ class Session:
             keys.
         agent_store: Whether torchrun's agent store serves the job (every rank is its client).
         master_from: Where the master address came from, for the error when it does not resolve.
-        leaders: ``DISTENV_NODE_LEADERS`` (`distenv.bootstrap.leaders.Role`).
+        leaders: ``DISTENV_NODE_LEADERS`` (`distenv.bootstrap.role.Role`).
     """
 
     def __init__(
@@ -71,9 +70,10 @@ class Session:
         self.info, self.scope, self.restart = info, scope, restart
         self.agent_store, self.master_from, self.leaders = agent_store, master_from, leaders
         self.store: Any = None  # rank 0's store, once reached (`distenv.bootstrap.rollcall.meet`)
-        #: This rank's end of its node's socket where node leaders batch the roll call: the
-        #: leader's listener or a member's link, kept for the group-up check.
-        self.node: NodeListener | Link | None = None
+        #: How this rank reaches rank 0 (`distenv.bootstrap.channel.Channel`), chosen once from
+        #: its role by the roll call (`distenv.bootstrap.rollcall.meet`) and kept for the
+        #: group-up check; None before (a roll call held without `meet` is flat).
+        self.channel: Any = None
 
     @classmethod
     def of(cls, detection: Detection, info: RankInfo, settings: Settings) -> Session:

@@ -190,7 +190,9 @@ def test_the_scale_benchmark_sends_what_distenv_sends(
     (`_store_wire.CountedStore`) counts for distenv's what the wire counts for the benchmark's.
     """
     from distenv.bootstrap.batches import Batch
-    from distenv.bootstrap.rollcall import _await_verdict, _check_in_batch, check_in, roll_call
+    from distenv.bootstrap.flat import check_in, read_verdict
+    from distenv.bootstrap.nodes import check_in_batch
+    from distenv.bootstrap.rollcall import roll_call
     from distenv.bootstrap.session import Bootstrap, Session
     from distenv.deadline import Deadline
 
@@ -216,7 +218,7 @@ def test_the_scale_benchmark_sends_what_distenv_sends(
         else:
             node = tuple(module._checkin(r, WORLD) for r in range(rank, rank + 8))
             assert len(node) == module.RANKS_PER_NODE
-            assert _check_in_batch(scoped, Batch(rank, node)) is None
+            assert check_in_batch(scoped, Batch(rank, node)) is None
 
     if mode == "flat":
         for rank in range(1, WORLD):
@@ -253,7 +255,7 @@ def test_the_scale_benchmark_sends_what_distenv_sends(
             info = module._info(rank, WORLD, servers["real"].port)
             boot = Bootstrap(Session(info, scope, restart=attempt), 30.0, Deadline.after(60.0))
             scoped = real.counted(real.scoped, prefix)
-            verdict, _, _ = _await_verdict(scoped, boot, own, None, holds_key=True)
+            verdict, _, _ = read_verdict(scoped, boot, own, None, holds_key=True)
             assert verdict.ok
 
         _same(
