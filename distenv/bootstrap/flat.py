@@ -88,26 +88,23 @@ class StoreChannel(Channel):
             )
 
         boot.enter("the roll call", boot.deadline, stalled)
-        listener = None
+        listener, scope_check = None, None
         try:
-            scope_check = None
-            if info.rank == 0:
-                if prediction is not None:
-                    listener, checkin = offer(prediction, checkin, None)
-                session.claim(checkin.hostname, checkin.net)
-            else:
-                scope_check = session.check(boot.waits.within(boot.timeout))
-                scope_check.poll()  # another job's store: refused before writing anything
-                if prediction is not None:
-                    # Rank 0's node's addresses are in its claim: dial them before checking in.
-                    scope_check.wait()
-                    net0 = scope_check.net0
-                    if net0 is not None and scope_check.host0 != checkin.hostname:
-                        listener, checkin = offer(prediction, checkin, dial(net0))
-        except RuntimeError as exc:  # torch's DistError
-            if listener is not None:
-                listener.close()
-            raise session.lost("during the roll call", exc) from None
+            with session.losing("during the roll call"):
+                if info.rank == 0:
+                    if prediction is not None:
+                        listener, checkin = offer(prediction, checkin, None)
+                    session.claim(checkin.hostname, checkin.net)
+                else:
+                    scope_check = session.check(boot.waits.within(boot.timeout))
+                    scope_check.poll()  # another job's store: refused before writing anything
+                    if prediction is not None:
+                        # Rank 0's node's addresses are in its claim: dial them before checking
+                        # in.
+                        scope_check.wait()
+                        net0 = scope_check.net0
+                        if net0 is not None and scope_check.host0 != checkin.hostname:
+                            listener, checkin = offer(prediction, checkin, dial(net0))
         except BaseException:
             if listener is not None:
                 listener.close()

@@ -207,11 +207,9 @@ def group_up(boot: Bootstrap, hosts: Mapping[int, str]) -> None:
 
     boot.enter("the check that the group is up", deadline, missing)
     token = os.urandom(TOKEN_BYTES).hex()
-    try:
+    with session.losing("after joining the group"):
         echo = channel.report_up(boot, token)
         if info.rank == 0:
             channel.acknowledge(boot, hosts, missing)
         else:
             channel.await_ack(boot, echo, missing)
-    except RuntimeError as exc:  # torch's DistError: the store went away
-        raise session.lost("after joining the group", exc) from None

@@ -81,16 +81,15 @@ def meet(boot: Bootstrap, checkin: CheckIn, phase: str, *, check: bool = True) -
     try:
         reached = channel.reach(boot, checkin, phase)
         try:
-            return roll_call(
-                reached.store,
-                boot,
-                reached.checkin,
-                check=check,
-                scope_check=reached.scope_check,
-                channel=channel,
-            )
-        except RuntimeError as exc:  # torch's DistError
-            raise session.lost("during the roll call", exc) from None
+            with session.losing("during the roll call"):
+                return roll_call(
+                    reached.store,
+                    boot,
+                    reached.checkin,
+                    check=check,
+                    scope_check=reached.scope_check,
+                    channel=channel,
+                )
         finally:
             reached.close()
     except BaseException:

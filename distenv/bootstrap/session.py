@@ -14,7 +14,7 @@ from __future__ import annotations
 import contextlib
 import re
 import socket
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from distenv.bootstrap.protocol import STATE, STATES, UP, prefix, scope_key
@@ -185,6 +185,18 @@ class Session:
             valid = state in STATES and matches("hostname", host) and _TOKEN.fullmatch(token)
             states.append((state, host, token) if valid else None)
         return states
+
+    @contextlib.contextmanager
+    def losing(self, during: str) -> Iterator[None]:
+        """Raise `lost` for a connection to rank 0's store that breaks inside, `during` a phase.
+
+        torch reports a store that went away as a ``RuntimeError`` (its ``DistError``); nothing
+        else inside a phase raises one.
+        """
+        try:
+            yield
+        except RuntimeError as exc:
+            raise self.lost(during, exc) from None
 
     def lost(self, during: str, exc: BaseException) -> RendezvousError:
         """Return the error of a rank whose connection to rank 0's store broke `during` a phase."""
