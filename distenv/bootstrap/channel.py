@@ -13,6 +13,7 @@ verdict and hand it on, report up, await the acknowledgement. What varies is the
 
 from __future__ import annotations
 
+import abc
 from collections.abc import Callable, Mapping
 from typing import Any, NamedTuple
 
@@ -59,20 +60,23 @@ class Reached(NamedTuple):
     close: Callable[[], None] = lambda: None
 
 
-class Channel:
+class Channel(abc.ABC):
     """The part of the bootstrap that varies with the rank's role: how it reaches rank 0.
 
     Every method is a step of the roll call or of the group-up check; the phases call them in
-    order, and never ask which channel they hold.
+    order, and never ask which channel they hold. Rank 0's steps (`gather`, `acknowledge`) are
+    not a member's: rank 0 always leads its own node (`distenv.bootstrap.role.Role.of`).
     """
 
     #: Members whose connections this rank's node socket holds (file descriptors it needs).
     members = 0
 
+    @abc.abstractmethod
     def reach(self, boot: Bootstrap, checkin: CheckIn, phase: str) -> Reached:
         """Reach rank 0 for the roll call held under `phase`; start the phase's watch."""
         raise NotImplementedError
 
+    @abc.abstractmethod
     def check_in(self, boot: Bootstrap, store: Any, checkin: CheckIn) -> bytes | None:
         """Report this rank (and those it speaks for); return `CLOSED` if rank 0 had stopped
         waiting, what holds this rank's key if another claim came first, else None."""
@@ -80,12 +84,13 @@ class Channel:
 
     def gather(self, boot: Bootstrap, store: Any, checkin: CheckIn) -> tuple[Verdict, int]:
         """Rank 0: return the verdict on what was reported, and how many ranks will read it."""
-        raise NotImplementedError
+        raise NotImplementedError(f"{type(self).__name__} is never rank 0's")
 
     def place_readers(self, verdict: Verdict) -> list[CheckIn]:
         """Rank 0: return the ranks whose place it writes (they read the verdict themselves)."""
         return list(verdict.checkins)
 
+    @abc.abstractmethod
     def await_verdict(
         self,
         boot: Bootstrap,
@@ -100,6 +105,7 @@ class Channel:
     def hand_on(self, boot: Bootstrap, line: str) -> None:
         """Hand a node-socket line (`distenv.bootstrap.protocol.Message`) on to those this rank
         speaks for: nobody but for a leader."""
+        return  # nobody to hand on to (`distenv.bootstrap.nodes.LeaderChannel` overrides)
 
     def count_read(self, store: Any) -> None:
         """Tell rank 0 this rank has read a verdict it may exit after (negative, or doctor's)."""
@@ -107,7 +113,9 @@ class Channel:
 
     def connect_for_group(self, boot: Bootstrap) -> None:
         """Reach rank 0's store for the process group, where the roll call did not."""
+        return  # reached in the roll call (`distenv.bootstrap.nodes.MemberChannel` overrides)
 
+    @abc.abstractmethod
     def report_up(self, boot: Bootstrap, token: str) -> str:
         """Report this rank (and those it speaks for) up with `token`; return the echo that
         rank 0's acknowledgement must hold."""
@@ -117,8 +125,9 @@ class Channel:
         self, boot: Bootstrap, hosts: Mapping[int, str], missing: Callable[[], DistEnvError]
     ) -> None:
         """Rank 0: once every rank is reported up, acknowledge each; name those that are not."""
-        raise NotImplementedError
+        raise NotImplementedError(f"{type(self).__name__} is never rank 0's")
 
+    @abc.abstractmethod
     def await_ack(self, boot: Bootstrap, echo: str, missing: Callable[[], DistEnvError]) -> None:
         """Return once rank 0's acknowledgement of this rank holds `echo`; hand it on."""
         raise NotImplementedError
@@ -129,6 +138,7 @@ class Channel:
 
     def close(self) -> None:
         """Close what this channel holds open (idempotent)."""
+        return  # nothing held open by default
 
 
 def late(info: RankInfo, checkin: CheckIn, timeout: float, after: str) -> DistEnvError:
