@@ -669,6 +669,10 @@ class CountedStore:
         self._count("multi_set", 1 + 8 + body, 0)
         self.store.multi_set(keys, values)
 
+    def set_timeout(self, timeout: Any) -> None:
+        """The client's own timeout (`distenv.bootstrap.store.wait_value`): nothing on the wire."""
+        self.store.set_timeout(timeout)
+
     def __getattr__(self, name: str) -> Any:
         raise AttributeError(f"CountedStore does not count {name!r}: add it before measuring")
 

@@ -11,12 +11,12 @@ Two modes, side by side in one run, interleaved in a shuffled order per repetiti
 
 - ``flat``: every rank is a client of rank 0's store. Ranks 1..N-1 (multiplexed over at most
   1 024 connections) peek at the scope key, claim ``checkin/<r>`` with their check-in
-  (``compare_set``) and count themselves (``add written 1``), as `check_in` does.
+  (``compare_set``) and count themselves (``add written 1``), as `distenv.bootstrap.flat.check_in` does.
 - ``leaders``: the node leaders (local rank 0 of each node: ranks 8, 16, ...), one real
   connection each (16 383 connections at 131 072 ranks, from at least 2 processes), peek at the
   scope key, count their node (``add written 8``) and append its `Batch` to their shard, as
-  `_check_in_batch` does. Rank 0 leads node 0: its 7 members are real processes' `Link`s to
-  its `NodeListener` over the node's Unix socket, connected and sent before the clock starts.
+  `distenv.bootstrap.nodes.check_in_batch` does. Rank 0 leads node 0: its 7 members are real
+  processes' `Link`s to its `LeaderChannel`'s node socket, connected and sent before the clock starts.
   The members of other nodes never reach rank 0's store in the roll call.
 
 Then rank 0's whole roll call is timed (wall, and CPU of this process: its own thread and the
@@ -84,12 +84,14 @@ def flat_checkins(ranks: Sequence[int], extra: tuple[int, str, str]) -> Iterator
 
 
 def _flat_checkin(rank: int, n: int, scope_key: str, prefix: str) -> wire.Task:
+    from distenv.bootstrap.protocol import CHECKIN, WRITTEN
+
     record = _checkin(rank, n).to_json()
     claim = yield wire.peek(scope_key, "peek scope")
     assert claim != wire.ABSENT, "rank 0 claims the scope before the ranks check in"
-    held = yield wire.compare_set(f"{prefix}/checkin/{rank}", "", record, "claim checkin/<r>")
+    held = yield wire.compare_set(f"{prefix}/{CHECKIN.of(rank)}", "", record, "claim checkin/<r>")
     assert held == record.encode(), held[:80]
-    yield wire.add(f"{prefix}/written", 1, "add written")
+    yield wire.add(f"{prefix}/{WRITTEN.name}", 1, "add written")
     return None
 
 
@@ -102,13 +104,14 @@ def leader_checkins(leaders: Sequence[int], extra: tuple[int, str, str]) -> Iter
 
 def _leader_checkin(leader: int, n: int, scope_key: str, prefix: str) -> wire.Task:
     from distenv.bootstrap.batches import Batch, shard_key
+    from distenv.bootstrap.protocol import CUT, WRITTEN
 
     node = tuple(_checkin(r, n) for r in range(leader, leader + RANKS_PER_NODE))
     line = Batch(leader, node).to_line()
     claim = yield wire.peek(scope_key, "peek scope")
     assert claim != wire.ABSENT, "rank 0 claims the scope before the leaders check in"
-    count = yield wire.add(f"{prefix}/written", len(node), "add written")
-    assert count < 1 << 40, "rank 0 made its cut before this leader counted its node"
+    count = yield wire.add(f"{prefix}/{WRITTEN.name}", len(node), "add written")
+    assert count < CUT, "rank 0 made its cut before this leader counted its node"
     yield wire.append(f"{prefix}/{shard_key(leader)}", line, "append batch")
     return None
 
@@ -121,11 +124,14 @@ def verdict_reads(ranks: Sequence[int], extra: tuple[str, bool]) -> Iterator[wir
 
 
 def _verdict_read(rank: int, prefix: str, placed: bool) -> wire.Task:
-    yield wire.wait([f"{prefix}/verdict"], "wait verdict")
-    raw = yield wire.get(f"{prefix}/verdict", "get verdict")
+    from distenv.bootstrap.protocol import PLACE, VERDICT
+
+    # distenv.bootstrap.store.wait_value: TCPStore's get, a WAIT and then the GET on the wire.
+    yield wire.wait([f"{prefix}/{VERDICT.name}"], "wait verdict")
+    raw = yield wire.get(f"{prefix}/{VERDICT.name}", "get verdict")
     if placed:
-        yield wire.wait([f"{prefix}/place/{rank}"], "wait place/<r>")
-        yield wire.get(f"{prefix}/place/{rank}", "get place/<r>")
+        yield wire.wait([f"{prefix}/{PLACE.of(rank)}"], "wait place/<r>")
+        yield wire.get(f"{prefix}/{PLACE.of(rank)}", "get place/<r>")
     return len(raw)
 
 
@@ -133,13 +139,14 @@ def _members(pipe: Any, role: Any, n: int, port: int) -> None:
     """Node 0's members (local ranks 1..7): check in with rank 0 over the node's Unix socket,
     then wait for the verdict line it hands on."""
     from distenv.bootstrap.leaders import Link
+    from distenv.bootstrap.protocol import Message
     from distenv.deadline import Deadline
 
     links = []
     for rank in range(1, RANKS_PER_NODE):
         info = _info(rank, n, port)
         link = Link.connect(role, info, Deadline.after(60.0))
-        assert link.send(_checkin(rank, n).to_json(), Deadline.after(10.0))
+        assert link.send(Message.CHECKIN.encode(_checkin(rank, n).to_json()), Deadline.after(10.0))
         links.append(link)
     pipe.send("sent")
     lines = [link.receive(Deadline.after(600.0)) for link in links]
@@ -230,18 +237,20 @@ class Run:
         """Hold one roll call in `mode`; return its counts and timings."""
         from torch._C._distributed_c10d import PrefixStore
 
-        from distenv.bootstrap.leaders import NodeListener, Role
-        from distenv.bootstrap.rollcall import fill_layout, roll_call
-        from distenv.bootstrap.scope import scope_key
+        from distenv.bootstrap.flat import FLAT
+        from distenv.bootstrap.nodes import open_channel
+        from distenv.bootstrap.protocol import ROLLCALL, VERDICT, scope_key
+        from distenv.bootstrap.role import Role
+        from distenv.bootstrap.rollcall import roll_call
         from distenv.bootstrap.session import Bootstrap, Session
-        from distenv.bootstrap.verdict import parse_verdict
+        from distenv.bootstrap.verdict import fill_layout, parse_verdict
         from distenv.deadline import Deadline
 
         n, own = self.n, self.checkins[0]
         info = _info(0, n, self.port)
         leaders = "on" if mode == "leaders" else "off"
         session = Session(info, own.scope, restart=attempt, leaders=leaders)
-        prefix = session.keys("rollcall")
+        prefix = session.keys(ROLLCALL)
         key = scope_key(attempt)
         rank0 = wire.Counts()
         session.store = wire.CountedStore(self.store, "", rank0)
@@ -265,12 +274,12 @@ class Run:
         }
 
         # Node 0's members reach rank 0 over the node's socket (leaders only).
-        node = members = pipe = None
+        channel, members, pipe = FLAT, None, None
         if mode == "leaders":
             role = Role.of(info, leaders, own.scope, attempt, own.hostname)
             assert role is not None, "DISTENV_NODE_LEADERS=on batches this world"
             assert role.leader, role
-            node = NodeListener(role, info)
+            channel = open_channel(role, info)  # the node's socket, open before the members come
             pipe, child = multiprocessing.get_context("spawn").Pipe()
             members = multiprocessing.get_context("spawn").Process(
                 target=_members, args=(child, role, n, self.port), daemon=True
@@ -291,7 +300,7 @@ class Run:
         with GcClock() as collector:
             if profiler is not None:
                 profiler.enable()
-            verdict = roll_call(scoped, boot, own, node=node)
+            verdict = roll_call(scoped, boot, own, channel=channel)
             if profiler is not None:
                 profiler.disable()
         wall = time.perf_counter() - start
@@ -308,10 +317,10 @@ class Run:
             text = io.StringIO()
             pstats.Stats(profiler, stream=text).sort_stats("cumulative").print_stats(25)
             out["profile"] = text.getvalue().splitlines()
-        if pipe is not None and members is not None and node is not None:
+        if pipe is not None and members is not None:
             out["member_lines_bytes"] = pipe.recv()
             members.join(timeout=30)
-            node.close()
+        channel.close()
 
         # Every other rank (flat) or leader reads the verdict.
         published = verdict.to_json().encode()
@@ -331,7 +340,7 @@ class Run:
         last_info = _info(n - 1, n, self.port)
         start = time.perf_counter()
         for _ in range(PARSE_SAMPLE):
-            read, placed = parse_verdict("verdict", published, scope=last.scope, world_size=n)
+            read, placed = parse_verdict(VERDICT.name, published, scope=last.scope, world_size=n)
             filled = fill_layout(last_info, read, last)
         out["verdict_parse_s"] = (time.perf_counter() - start) / PARSE_SAMPLE
         assert not placed, "a known layout places no rank"

@@ -110,9 +110,10 @@ def _checkin(rank: int, world: int, *, known: bool = True) -> Any:
 
 def _one_roll_call(store: Any, info: Any, checkins: list[Any]) -> tuple[dict[str, float], int]:
     """Time one roll call of `checkins` on `store` (all of part B's steps); return the verdict's size."""
-    from distenv.bootstrap.rollcall import check_in, fill_layout, roll_call
+    from distenv.bootstrap.flat import check_in
+    from distenv.bootstrap.rollcall import roll_call
     from distenv.bootstrap.session import Bootstrap, Session
-    from distenv.bootstrap.verdict import parse_place, parse_verdict, validate
+    from distenv.bootstrap.verdict import fill_layout, parse_place, parse_verdict, validate
     from distenv.deadline import Deadline
 
     n = len(checkins)

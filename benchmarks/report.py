@@ -816,7 +816,7 @@ torch on 2 cores.
 ### The roll call with many simulated ranks
 
 One real TCPStore (loopback) and rank 0's `distenv.bootstrap.rollcall.roll_call`; ranks 1..N-1 are simulated
-by a loop calling `distenv.bootstrap.rollcall.check_in`, the two store calls a rank makes to check in (the
+by a loop calling `distenv.bootstrap.flat.check_in`, the two store calls a rank makes to check in (the
 claim of its rank's key, then the count). Times are medians of {rc_repeats} repetitions (store:
 {store}). "multi_get" is one `store.multi_get` of all N records in a single request, for comparison
 with rank 0's chunks; "verdict B" is the size of the verdict every other rank reads.
@@ -830,7 +830,7 @@ with rank 0's chunks; "verdict B" is the size of the verdict every other rank re
 Where the launcher names no node index or node count (Open MPI 5 alone, Flux, Cray PALS), rank 0
 numbers the ranks' hosts in order of their lowest rank and writes each rank its own place (its
 node, the node count) beside the verdict; every rank takes its node from it
-(`distenv.bootstrap.rollcall.fill_layout`). The same simulated roll call, {ranks_per_host} ranks per
+(`distenv.bootstrap.verdict.fill_layout`). The same simulated roll call, {ranks_per_host} ranks per
 host, runs each size twice per repetition in a shuffled order: once with every check-in naming its
 node ("known") and once with the layout left to the roll call. "rank 0 CPU" is the CPU time of
 rank 0's process (with its store's threads) during its roll call, steadier than the wall time when

@@ -19,6 +19,7 @@ import json
 from collections.abc import Callable
 from typing import Any, NamedTuple, TypeVar
 
+from distenv.bootstrap.protocol import BATCHES
 from distenv.bootstrap.records import (
     MAX_PID,
     MAX_RANK,
@@ -31,7 +32,6 @@ from distenv.bootstrap.records import (
 )
 
 __all__ = [
-    "CUT",
     "SHARD_RANKS",
     "Batch",
     "UpBatch",
@@ -47,9 +47,6 @@ SHARD_RANKS = 4096
 #: One batch's bytes: its shared fields, then under 200 bytes per rank (rows of odd ranks, whose
 #: shared fields differ, or that offer addresses to the network probe, are whole check-ins).
 MAX_BATCH_BYTES = 1 << 20
-#: What rank 0 adds to the count of checked-in ranks when it stops waiting: a leader whose own
-#: addition returns at least this came too late, and knows it (the flat roll call's ``closed``).
-CUT = 1 << 40
 
 _SHARED = ("scope", "world_size", "master", "backend", "torch_version", "launcher", "hostname")
 _LAYOUT = ("node_rank", "local_world_size")
@@ -61,12 +58,12 @@ _TOKEN_HEX = 16
 
 def shard_key(leader: int) -> str:
     """Return the key the leader of rank `leader` appends its node's records to."""
-    return f"batches/{leader // SHARD_RANKS}"
+    return BATCHES.of(leader // SHARD_RANKS)
 
 
 def shard_keys(world_size: int) -> list[str]:
     """Return every shard key of a world of `world_size` ranks, in order."""
-    return [f"batches/{n}" for n in range((world_size + SHARD_RANKS - 1) // SHARD_RANKS)]
+    return [BATCHES.of(n) for n in range((world_size + SHARD_RANKS - 1) // SHARD_RANKS)]
 
 
 class Batch(NamedTuple):

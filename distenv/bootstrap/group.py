@@ -15,73 +15,21 @@ from __future__ import annotations
 import datetime
 import os
 import re
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from typing import Any
 
-from distenv.bootstrap.batches import UpBatch, parse_up_batches, shard_key, shard_keys
-from distenv.bootstrap.leaders import SLACK_S, Link, NodeListener
-from distenv.bootstrap.records import MAX_SHOWN
-from distenv.bootstrap.session import FOREIGN_HINT, Bootstrap, Session
-from distenv.bootstrap.store import (
-    CHUNK,
-    connect_store,
-    first_line,
-    read_many,
-    wait_count,
-    wait_value,
-)
-from distenv.deadline import Deadline, bounded
-from distenv.errors import DistEnvError, InitError, RendezvousError, RendezvousTimeoutError
-from distenv.rankinfo import RankInfo
-from distenv.timing import FAILED_MARK_S, LOOKUP_S, MIN_CONNECT_S
+from distenv.bootstrap.channel import absent
+from distenv.bootstrap.flat import channel_of
+from distenv.bootstrap.protocol import PG
+from distenv.bootstrap.session import Bootstrap
+from distenv.bootstrap.store import first_line
+from distenv.errors import DistEnvError, InitError, RendezvousTimeoutError
+from distenv.timing import FAILED_MARK_S, MIN_CONNECT_S
 
 __all__ = ["group_up", "init_failure", "join_group", "torch_timeout"]
 
 # Random bytes in a rank's group-up token (`distenv.bootstrap.session.Session.mark`).
 TOKEN_BYTES = 8
-# Ranks whose state the others read when the group does not come up: a failure-only cost, bounded.
-MAX_LOOKED_UP = 4096
-
-
-def _absent(session: Session, wanted: str, hosts: Mapping[int, str]) -> str:
-    """Name the ranks that did not reach `wanted`, with their host and state, for a message.
-
-    `hosts` are the hosts the roll call's check-ins named (rank 0 has them all): a rank that died
-    without a word is named with its host from there.
-    """
-    ranks = range(min(session.info.world_size, MAX_LOOKED_UP))
-    try:
-        # Bounded: rank 0's store itself may be what stopped answering.
-        states = bounded(lambda: session.read_states(ranks), Deadline.after(LOOKUP_S), TimeoutError)
-    except RuntimeError:
-        return "rank 0's store is gone too (rank 0 died?)"
-    except TimeoutError:
-        return "rank 0's store does not answer either (rank 0 stopped or its node overloaded?)"
-    order = {"joining": 0, "up": 1}
-    late = [
-        (rank, state)
-        for rank, state in states.items()
-        if state is None or order.get(state[0], -1) < order[wanted]
-    ]
-    parts = []
-    for rank, state in late[:MAX_SHOWN]:
-        if state is None:
-            where = f" on {hosts[rank]!r}" if rank in hosts else ""
-            parts.append(
-                f"rank {rank}{where} (checked in, then never got this far: died or stopped?)"
-            )
-        elif state[0] in ("SIGINT", "SIGTERM"):
-            parts.append(f"rank {rank} on {state[1]!r} (stopped by {state[0]})")
-        elif state[0] == "failed":
-            parts.append(f"rank {rank} on {state[1]!r} (its init_process_group failed)")
-        else:
-            parts.append(f"rank {rank} on {state[1]!r} (still at {state[0]})")
-    more = f" and {len(late) - MAX_SHOWN} more" if len(late) > MAX_SHOWN else ""
-    if parts:
-        return ", ".join(parts) + more
-    if wanted == "up":  # rank 0 reads the others' records and acknowledges them
-        return "every rank recorded itself up, but rank 0 acknowledged none (rank 0 stopped?)"
-    return "no rank could be named"
 
 
 def join_group(
@@ -108,14 +56,8 @@ def join_group(
 
     session, deadline = boot.session, boot.deadline
     info = session.info
-    if session.store is None:  # a member of a batched roll call: the store only now
-        session.store = connect_store(
-            info,
-            boot.watch,
-            boot.waits,
-            agent_store=session.agent_store,
-            master_from=session.master_from,
-        )
+    channel = channel_of(session)
+    channel.connect_for_group(boot)  # a member reaches the store only now
     store = session.store
     where = f"rank {info.rank} of {info.world_size} (store {session.master})"
     options: dict[str, Any] = {}
@@ -138,7 +80,7 @@ def join_group(
             session.mark("joining")
             dist.init_process_group(
                 backend=backend,
-                store=session.scoped("pg"),
+                store=session.scoped(PG),
                 rank=info.rank,
                 world_size=info.world_size,
                 timeout=connect if restore is not None else collective,
@@ -148,7 +90,7 @@ def join_group(
             raise RendezvousTimeoutError(
                 info.launcher,
                 f"{where}: not every rank joined the process group within {deadline.seconds:g} "
-                f"s: {_absent(session, 'joining', hosts)}",
+                f"s: {absent(session, 'joining', hosts)}",
                 hint="a rank died or was stopped after checking in; its log (or the launcher's "
                 "exit codes) says why",
             ) from None
@@ -162,7 +104,7 @@ def join_group(
         return RendezvousTimeoutError(
             info.launcher,
             f"{where}: init_process_group did not return within {deadline.seconds:g} s: "
-            f"{_absent(session, 'joining', hosts)}",
+            f"{absent(session, 'joining', hosts)}",
             hint="a rank died or was stopped after checking in; its log (or the launcher's exit "
             "codes) says why",
         )
@@ -174,9 +116,8 @@ def join_group(
             restore(collective, None)
         group_up(boot, hosts)
     finally:
-        if session.node is not None:
-            session.node.close()
-            session.node = None
+        channel.close()
+        session.channel = None
     # From here on the store serves new_group and barriers: give it the group's patience, not the
     # check-in limit.
     store.set_timeout(collective)
@@ -240,189 +181,35 @@ def group_up(boot: Bootstrap, hosts: Mapping[int, str]) -> None:
     ahead of the records (which every rank writes first) was raised by a process outside the job.
     Once every rank's record says up, rank 0 echoes each rank's token under that rank's own key;
     a rank returns when it reads its own token back. No single key decides for anybody: a value
-    written in advance cannot echo a token drawn now, and a wrong one is named as forged. Where
-    node leaders batch the bootstrap, a member hands its token to its leader, the leader reports
-    its node's tokens as one record, and rank 0 echoes them to the leader, which echoes each
-    member's to it (`_up_batched`).
+    written in advance cannot echo a token drawn now, and a wrong one is named as forged. Each
+    step goes through the session's channel: where node leaders batch the bootstrap, a member
+    hands its token to its leader, the leader reports its node's tokens as one record, and rank 0
+    echoes them to the leader, which echoes each member's to it
+    (`distenv.bootstrap.nodes.LeaderChannel`).
 
     Raises:
         RendezvousTimeoutError: Naming the ranks that never came up, their hosts and states.
         RendezvousError: A count or an echo that this job's ranks did not write.
     """
     session, deadline = boot.session, boot.deadline
-    info, store = session.info, session.store
-    keys = session.keys("up")
-    batched = session.node is not None
+    info = session.info
+    channel = channel_of(session)
 
     def missing() -> DistEnvError:
-        if batched and info.rank != 0:
-            who = (
-                "rank 0 acknowledged no group-up of this rank's node (rank 0's log names the "
-                "ranks that did not come up)"
-            )
-        else:
-            who = _absent(session, "up", hosts)
         return RendezvousTimeoutError(
             info.launcher,
             f"rank {info.rank} of {info.world_size}: the process group did not come up on "
-            f"every rank within {deadline.seconds:g} s: {who}",
+            f"every rank within {deadline.seconds:g} s: "
+            f"{channel.unacknowledged(session, hosts)}",
             hint="a rank died or was stopped (SIGSTOP, a debugger, an overloaded node) after "
             "joining; its log (or the launcher's exit codes) says why",
         )
 
     boot.enter("the check that the group is up", deadline, missing)
     token = os.urandom(TOKEN_BYTES).hex()
-    try:
-        if session.node is not None:
-            _up_batched(boot, session.node, token, hosts, missing)
-            return
-        session.mark("up", token=token)
-        store.add(f"{keys}/count", 1)
+    with session.losing("after joining the group"):
+        echo = channel.report_up(boot, token)
         if info.rank == 0:
-            _acknowledge(boot, hosts, missing)
-            return
-        echo = wait_value(store, f"{keys}/ack/{info.rank}", boot.waits)
-        if echo is None:
-            raise missing()
-    except RuntimeError as exc:  # torch's DistError: the store went away
-        raise session.lost("after joining the group", exc) from None
-    if echo != token.encode():
-        raise _forged_echo(session)
-
-
-def _forged_echo(session: Session) -> RendezvousError:
-    info = session.info
-    return RendezvousError(
-        info.launcher,
-        f"rank {info.rank} of {info.world_size}: the group-up acknowledgement under this "
-        f"rank's key in the store at {session.master} was not written by this job's rank 0 "
-        "(it does not echo the token this rank just drew)",
-        hint=FOREIGN_HINT,
-    )
-
-
-def _up_batched(
-    boot: Bootstrap,
-    node: NodeListener | Link,
-    token: str,
-    hosts: Mapping[int, str],
-    missing: Callable[[], DistEnvError],
-) -> None:
-    """The group-up check where node leaders batch it: a member through its leader, a leader
-    for its node (and rank 0, a leader too, for the whole job)."""
-    session = boot.session
-    info, store = session.info, session.store
-    keys = session.keys("up")
-    if isinstance(node, Link):
-        if not node.send(f"up\t{token}", boot.waits):
-            raise node.gone()
-        line = node.receive(boot.waits)
-        if line is None:
-            raise missing()
-        if line != f"ack\t{token}":
-            raise _forged_echo(session)
-        return
-    slack = min(SLACK_S, boot.timeout / 4)
-    tokens, gone, late = node.collect_up(boot.waits.sooner(slack))
-    tokens[info.rank] = token
-    up = UpBatch(info.rank, tuple(sorted(tokens.items())), tuple(gone), tuple(late))
-    # Appended before it is counted: rank 0 reads the reports once the count is complete.
-    store.append(f"{keys}/{shard_key(info.rank)}", up.to_line())
-    store.add(f"{keys}/count", up.ranks)
-    if info.rank == 0:
-        _acknowledge_batches(boot, hosts, missing)
-    else:
-        echo = wait_value(store, f"{keys}/ack/{info.rank}", boot.waits)
-        if echo is None:
-            raise missing()
-        if echo != up.echo().encode():
-            raise _forged_echo(session)
-    node.acknowledge(tokens, boot.waits)
-
-
-def _acknowledge_batches(
-    boot: Bootstrap, hosts: Mapping[int, str], missing: Callable[[], DistEnvError]
-) -> None:
-    """Rank 0 of a batched group-up: once every node's report is in, echo each node's tokens
-    under its leader's key; name the ranks that did not come up."""
-    session = boot.session
-    info, store, world = session.info, session.store, session.info.world_size
-    keys = session.keys("up")
-    count = wait_count(store, f"{keys}/count", world, boot.waits)
-    shards = [f"{keys}/{key}" for key in shard_keys(world)]
-    reports: list[UpBatch] = []
-    foreign = 0
-    for key, raw in zip(shards, read_many(store, shards), strict=True):
-        found, bad = parse_up_batches(key, raw, world_size=world)
-        reports += found
-        foreign += bad
-    up = {rank for report in reports for rank, _ in report.tokens}
-    accounted = sum(report.ranks for report in reports)
-    if foreign or count > accounted:
-        raise RendezvousError(
-            info.launcher,
-            f"rank 0 of {world}: the group-up reports in the store at {session.master} hold "
-            f"{foreign} line(s) this job's leaders did not write, or a count ({count}) past "
-            f"the ranks they report ({accounted}): a process outside this job wrote to them",
-            hint=FOREIGN_HINT,
-        )
-    if len(up) < world:
-        raise _not_up(info, reports, up, hosts, boot.deadline.seconds)
-    echoes = [(f"{keys}/ack/{r.leader}", r.echo()) for r in reports if r.leader != 0]
-    for start in range(0, len(echoes), CHUNK):
-        chunk = echoes[start : start + CHUNK]
-        store.multi_set([key for key, _ in chunk], [value for _, value in chunk])
-
-
-def _not_up(
-    info: RankInfo, reports: list[UpBatch], up: set[int], hosts: Mapping[int, str], seconds: float
-) -> DistEnvError:
-    """Return rank 0's error naming the ranks its nodes' leaders did not report up."""
-    gone = {rank for report in reports for rank in report.gone}
-    late = {rank for report in reports for rank in report.late}
-    absent = [rank for rank in range(info.world_size) if rank not in up]
-    parts = []
-    for rank in absent[:MAX_SHOWN]:
-        where = f" on {hosts[rank]!r}" if rank in hosts else ""
-        if rank in gone:
-            why = "its connection to its node's leader closed before it came up: died or killed?"
-        elif rank in late:
-            why = "had not come up when its node's leader reported"
+            channel.acknowledge(boot, hosts, missing)
         else:
-            why = "its node's leader never reported: the leader died or was stopped?"
-        parts.append(f"rank {rank}{where} ({why})")
-    more = f" and {len(absent) - MAX_SHOWN} more" if len(absent) > MAX_SHOWN else ""
-    return RendezvousTimeoutError(
-        info.launcher,
-        f"rank 0 of {info.world_size}: the process group did not come up on every rank within "
-        f"{seconds:g} s: " + ", ".join(parts) + more,
-        hint="a rank died or was stopped (SIGSTOP, a debugger, an overloaded node) after "
-        "joining; its log (or the launcher's exit codes) says why",
-    )
-
-
-def _acknowledge(
-    boot: Bootstrap, hosts: Mapping[int, str], missing: Callable[[], DistEnvError]
-) -> None:
-    """Rank 0: once every rank's record says up, echo each rank's token under its own key."""
-    session = boot.session
-    info, store, world = session.info, session.store, session.info.world_size
-    keys = session.keys("up")
-    count = wait_count(store, f"{keys}/count", world, boot.waits)
-    tokens = session.up_tokens(range(world))
-    up = [rank for rank, token in tokens.items() if token is not None]
-    if len(up) < world and count < world:
-        raise missing()
-    if len(up) < world or count > world:
-        raise RendezvousError(
-            info.launcher,
-            f"rank 0 of {world}: the group-up count in the store at {session.master} reads "
-            f"{count} while {len(up)} of {world} ranks have recorded themselves up: a process "
-            "outside this job wrote to it; not up yet: "
-            f"{_absent(session, 'up', hosts) if len(up) < world else 'none'}",
-            hint=FOREIGN_HINT,
-        )
-    echoes = [(f"{keys}/ack/{rank}", str(tokens[rank])) for rank in range(1, world)]
-    for start in range(0, len(echoes), CHUNK):
-        chunk = echoes[start : start + CHUNK]
-        store.multi_set([key for key, _ in chunk], [value for _, value in chunk])
+            channel.await_ack(boot, echo, missing)

@@ -35,6 +35,7 @@ from typing import TYPE_CHECKING
 
 from distenv import state
 from distenv.bootstrap.group import join_group
+from distenv.bootstrap.protocol import ROLLCALL
 from distenv.bootstrap.rollcall import fill_layout, make_checkin, meet, network_exports
 from distenv.bootstrap.session import Bootstrap, Session
 from distenv.bootstrap.store import master_address
@@ -189,7 +190,7 @@ def _init_process_group(
     def phases(boot: Bootstrap) -> RankInfo:
         # Everybody checks in before torch is asked to wait: a missing rank is named, not waited
         # for.
-        verdict = meet(boot, checkin, "rollcall")
+        verdict = meet(boot, checkin, ROLLCALL)
         placed = fill_layout(info, verdict, checkin)
         _export_paths(network_exports(verdict, checkin), info)
         hosts = {c.rank: c.hostname for c in verdict.checkins}

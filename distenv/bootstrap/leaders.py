@@ -6,165 +6,42 @@ ranks share a node, the node's local rank 0 leads it: the others (its *members*)
 check-in to it over a Unix socket, it writes one batched record for the node
 (`distenv.bootstrap.batches`), reads rank 0's verdict once and hands it to each member, and the
 group-up check goes the same way. Rank 0 then serves a few requests per node instead of per rank.
+The sockets are here (`NodeListener`, a member's `Link`); the channels that use them are
+`distenv.bootstrap.nodes`'.
 
-Who leads is decided by what every rank knows alike (`Role.of`): the world size, the node's rank
-count and ``DISTENV_NODE_LEADERS``. Small worlds keep the flat path, which needs no extra hop.
-
-The node's socket lives in a private directory (``/tmp/distenv-<uid>``, mode 0700, owned by this
-user, checked, never followed through a link) under a name derived from the job's scope, the
-attempt, the host name and the node index, so two jobs, two attempts or two "nodes" on one host
-never meet. Both ends check the other's user id (``SO_PEERCRED``); the leader refuses a check-in
-of another scope or world. Every wait is bounded by the bootstrap's deadlines, and a closed
-connection is named at once: a member whose leader died says so; a leader whose member died
-reports it to rank 0, which names it.
+Who leads is `distenv.bootstrap.role.Role`'s decision, and the node's socket lives in a private
+directory under a name no other job, attempt or node shares (`distenv.bootstrap.role`). Both ends
+check the other's user id (``SO_PEERCRED``); the leader refuses a check-in of another scope or
+world. Every wait is bounded by the bootstrap's deadlines, and a closed connection is named at
+once: a member whose leader died says so; a leader whose member died reports it to rank 0,
+which names it.
 """
 
 from __future__ import annotations
 
 import contextlib
 import errno
-import hashlib
 import os
 import selectors
 import socket
-import stat
 import struct
 from typing import NamedTuple
 
+from distenv.bootstrap.protocol import Message
 from distenv.bootstrap.records import MAX_CHECKIN_BYTES, CheckIn, ForeignRecordError, parse_checkin
+from distenv.bootstrap.role import MIN_WORLD, Role, private_dir, socket_error, socket_path
 from distenv.deadline import Deadline, pause
-from distenv.errors import (
-    ConfigurationError,
-    DistEnvError,
-    RendezvousError,
-    RendezvousTimeoutError,
-)
+from distenv.errors import ConfigurationError, RendezvousError, RendezvousTimeoutError
 from distenv.rankinfo import RankInfo
-from distenv.settings import LEADER_MODES, LEADERS_VAR
 
-__all__ = ["MIN_WORLD", "Link", "NodeListener", "Role", "private_dir", "socket_path"]
+__all__ = ["MIN_WORLD", "SLACK_S", "Link", "NodeListener", "Role", "private_dir", "socket_path"]
 
-#: The smallest world in which ``DISTENV_NODE_LEADERS=auto`` batches: below it, rank 0's store
-#: serves the flat roll call in milliseconds and the extra hop would cost more than it saves.
-MIN_WORLD = 256
 #: The longest line either end sends: a check-in, or a verdict and its place.
 MAX_LINE = 128 * 1024
 # The leader reports its node this long before the rendezvous timeout ends (at most), so that
 # rank 0 names a member that never arrived with its node, not just as absent.
 SLACK_S = 5.0
 _CRED = struct.Struct("3i")  # struct ucred: pid, uid, gid
-
-
-class Role(NamedTuple):
-    """This rank's part in a batched roll call: its node's leader, or one of its members."""
-
-    leader: bool
-    path: str
-    mode: str  # DISTENV_NODE_LEADERS as this rank read it, for messages
-
-    @classmethod
-    def of(cls, info: RankInfo, mode: str, scope: str, restart: str, hostname: str) -> Role | None:
-        """Return this rank's role, or None where the job takes the flat roll call.
-
-        Batched where ranks share a node whose ranks are counted and numbered
-        (``local_world_size`` > 1), in a world of at least `MIN_WORLD` ranks (``auto``) or in
-        any (``on``); never with ``off``. Every rank of the job decides alike.
-
-        Raises:
-            ConfigurationError: ``DISTENV_NODE_LEADERS`` is none of `LEADER_MODES`, or rank 0
-                is not its node's local rank 0 (it must gather the whole job).
-        """
-        if mode not in LEADER_MODES:
-            raise ConfigurationError(
-                info.launcher,
-                f"${LEADERS_VAR} is {mode!r}, expected one of {', '.join(LEADER_MODES)}",
-                hint=f"unset {LEADERS_VAR} (auto), or set it to on or off",
-                variable=LEADERS_VAR,
-                value=mode,
-            )
-        local = info.local_world_size
-        if mode == "off" or info.world_size == 1 or local is None or local == 1:
-            return None
-        if mode == "auto" and info.world_size < MIN_WORLD:
-            return None
-        if info.rank == 0 and info.local_rank != 0:
-            raise ConfigurationError(
-                info.launcher,
-                f"rank 0 is local rank {info.local_rank} of its node, and node leaders need rank "
-                "0 to lead its own node",
-                hint=f"place rank 0 first on its node, or export {LEADERS_VAR}=off",
-                variable=LEADERS_VAR,
-                value=mode,
-            )
-        path = socket_path(
-            scope, restart, hostname, info.node_rank, source=info.launcher, mode=mode
-        )
-        return cls(info.local_rank == 0, path, mode)
-
-
-def _flat(mode: str) -> str:
-    """The way out every node-socket error offers: the flat roll call, and the setting as it is."""
-    return f"or export {LEADERS_VAR}=off for the flat roll call (it is {mode!r} here)"
-
-
-def _socket_error(
-    kind: type[DistEnvError], info: RankInfo, mode: str, problem: str, fix: str
-) -> DistEnvError:
-    """Return a rank's error about its node's socket: `problem`, then `fix` or the flat path."""
-    return kind(
-        info.launcher,
-        f"rank {info.rank}: {problem}",
-        hint=f"{fix}, {_flat(mode)}",
-        variable=LEADERS_VAR,
-        value=mode,
-    )
-
-
-def private_dir(source: str, mode: str, root: str = "/tmp") -> str:  # noqa: S108 -- checked below
-    """Return this user's private directory for node sockets under `root`, creating it (0700).
-
-    `source` (the launcher) and `mode` (``DISTENV_NODE_LEADERS``) are for the messages.
-
-    Raises:
-        ConfigurationError: It exists but is a link, not a directory, another user's, or open
-            to others.
-    """
-    uid = os.getuid()
-    # Checked below (a directory of this user, mode 0700, not a link): not a guessable file.
-    path = os.path.join(root, f"distenv-{uid}")
-    try:
-        with contextlib.suppress(FileExistsError):
-            os.mkdir(path, 0o700)
-        st = os.lstat(path)
-    except OSError as exc:
-        raise ConfigurationError(
-            source,
-            f"node leaders cannot create their socket directory {path}: {exc.strerror}",
-            hint=f"make {root} writable for this user, {_flat(mode)}",
-            variable=LEADERS_VAR,
-            value=mode,
-        ) from None
-    if not stat.S_ISDIR(st.st_mode) or st.st_uid != uid or st.st_mode & 0o077:
-        raise ConfigurationError(
-            source,
-            f"{path} is not a private directory of this user (mode {stat.filemode(st.st_mode)}, "
-            f"owner uid {st.st_uid}): node leaders will not put their sockets there",
-            hint=f"remove {path} (distenv creates it with mode 0700), {_flat(mode)}",
-            variable=LEADERS_VAR,
-            value=mode,
-        )
-    return path
-
-
-def socket_path(
-    scope: str, restart: str, hostname: str, node: int | None, *, source: str, mode: str
-) -> str:
-    """Return the path of the node socket of `scope`'s attempt `restart` on this node.
-
-    `source` and `mode` are `private_dir`'s, for its messages.
-    """
-    digest = hashlib.sha256(f"{scope}\0{restart}\0{hostname}\0{node}".encode()).hexdigest()
-    return os.path.join(private_dir(source, mode), digest[:32] + ".sock")
 
 
 def _peer(sock: socket.socket) -> tuple[int, int]:
@@ -244,7 +121,7 @@ class NodeListener:
         except OSError as exc:
             if exc.errno != errno.EADDRINUSE:
                 sock.close()
-                raise _socket_error(
+                raise socket_error(
                     ConfigurationError,
                     self.info,
                     self.mode,
@@ -253,7 +130,7 @@ class NodeListener:
                 ) from None
             if _answers(self.path):
                 sock.close()
-                raise _socket_error(
+                raise socket_error(
                     RendezvousError,
                     self.info,
                     self.mode,
@@ -314,7 +191,7 @@ class NodeListener:
                 self._drop(lines)
                 continue
             if record.scope != own.scope or record.world_size != own.world_size:
-                _send(lines.sock, "refused", Deadline.after(1.0))
+                _send(lines.sock, Message.REFUSED.encode(), Deadline.after(1.0))
                 self._drop(lines)
                 continue
             self.members.append(Member(record, lines))
@@ -338,7 +215,7 @@ class NodeListener:
                 conn, _ = self.sock.accept()
                 self.pending.append(_Lines(conn))
         for lines in self.pending:
-            _send(lines.sock, "late", deadline)
+            _send(lines.sock, Message.LATE.encode(), deadline)
             self._drop(lines)
         self.pending = []
         self.sock.close()
@@ -357,8 +234,8 @@ class NodeListener:
             for rank, member in list(waiting.items()):
                 raw = member.lines.line()
                 if raw is not None:
-                    kind, _, token = raw.decode("ascii", "replace").partition("\t")
-                    if kind == "up" and len(token) == 16:
+                    kind, _, token = Message.decode(raw.decode("ascii", "replace"))
+                    if kind is Message.UP and len(token) == 16:
                         tokens[rank] = token
                     else:
                         gone.append(rank)
@@ -376,7 +253,7 @@ class NodeListener:
         for member in self.members:
             token = tokens.get(member.checkin.rank)
             if token is not None:
-                _send(member.lines.sock, f"ack\t{token}", deadline)
+                _send(member.lines.sock, Message.ACK.encode(token), deadline)
 
     def close(self) -> None:
         """Close every connection and the socket (idempotent)."""
@@ -434,7 +311,7 @@ class Link:
             except OSError as exc:
                 sock.close()
                 if exc.errno not in (errno.ENOENT, errno.ECONNREFUSED, errno.EAGAIN):
-                    raise _socket_error(
+                    raise socket_error(
                         RendezvousError,
                         info,
                         role.mode,
@@ -455,7 +332,7 @@ class Link:
         pid, uid = _peer(sock)
         if uid != os.getuid():
             sock.close()
-            raise _socket_error(
+            raise socket_error(
                 RendezvousError,
                 info,
                 role.mode,

@@ -17,18 +17,42 @@ What is proven: rank 0's node reaches every other node's chosen address, and eve
 reaches rank 0's node's. Two nodes other than rank 0's never dial each other; a node that reached
 none of rank 0's addresses of one family (IPv6, say) is taken to reach no node's address of that
 family (`_blind`), and gloo's addresses are kept to one family, which gloo requires
-(`_one_family`). Pure: no socket, no store.
+(`_one_family`).
+
+The roll call's glue to the probe lives here too: which backends a rank probes
+(`probed_backends`), its candidates (`predict`), its listener and offer (`offer`), its dial of
+rank 0's node (`dial`), rank 0's dial of every other node and decision (`judged`), and the
+variables a node's switch exports (`network_exports`). The sockets are `distenv.bootstrap.probe`'s
+and the addresses `distenv.netpath`'s, both imported only where the job may span hosts.
 """
 
+from __future__ import annotations
+
+import os
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, NamedTuple
 
-from distenv.bootstrap.records import MAX_SHOWN, CheckIn, NetRecord, Switch
+from distenv.bootstrap.records import MAX_CANDIDATES, MAX_SHOWN, CheckIn, NetRecord, Switch
+from distenv.bootstrap.verdict import Verdict
+from distenv.errors import RendezvousError
+from distenv.rankinfo import RankInfo
+from distenv.timing import NET_PROBE_S
 
 if TYPE_CHECKING:
+    from distenv.bootstrap.probe import Listener
     from distenv.bootstrap.problems import Problem
+    from distenv.netpath import Prediction
 
-__all__ = ["judge", "targets"]
+__all__ = [
+    "dial",
+    "judge",
+    "judged",
+    "network_exports",
+    "offer",
+    "predict",
+    "probed_backends",
+    "targets",
+]
 
 
 def targets(checkins: Sequence[CheckIn], host0: str) -> list[CheckIn]:
@@ -46,7 +70,7 @@ def judge(
     checkins: Sequence[CheckIn],
     own: CheckIn,
     dialled: Sequence[tuple[CheckIn, Sequence[str | None]]],
-) -> tuple[list[Switch], list["Problem"]]:
+) -> tuple[list[Switch], list[Problem]]:
     """Return rank 0's decisions: the switches, and the nodes refused.
 
     `own` is rank 0's check-in; `dialled` pairs each of `targets` with what rank 0's probe of its
@@ -144,7 +168,7 @@ def _one_family(nodes: Sequence[_Node], chosen: dict[tuple[str, str], int | None
 
 def _decisions(
     nodes: Sequence[_Node], chosen: dict[tuple[str, str], int | None]
-) -> tuple[list[Switch], list["Problem"]]:
+) -> tuple[list[Switch], list[Problem]]:
     """Return the switches (a backend moved off its default) and the refusals (no address)."""
     switches: list[Switch] = []
     problems: list[Problem] = []
@@ -200,3 +224,126 @@ def _blind(own: NetRecord, reports: Sequence[tuple[str, int]]) -> dict[int, tupl
             if hosts:
                 blind[family] = hosts[:MAX_SHOWN]
     return blind
+
+
+def probed_backends(info: RankInfo, backend: str, *, batched: bool = False) -> tuple[str, ...]:
+    """Return the backends whose network path this rank's roll call probes (none: no probe).
+
+    Only where the job may span hosts (its launcher does not say one node), only on rank 0 and
+    each node's first rank (every rank where the launcher names no layout and no leader leads
+    the node: `batched`), and never a backend whose path the user chose
+    (`distenv.netpath.USER_CHOICE`).
+    """
+    if info.world_size == 1 or info.num_nodes == 1:
+        return ()
+    if info.rank != 0 and (info.layout_known or batched) and info.local_rank != 0:
+        return ()
+    from distenv.netpath import backends_to_probe
+
+    return backends_to_probe(backend, os.environ)
+
+
+def predict(info: RankInfo, backends: tuple[str, ...]) -> Prediction:
+    """Return this node's candidates for the probe; refuse at once a node with no route at all.
+
+    Raises:
+        RendezvousError: The kernel knows no route to the master (ENETUNREACH): this node can
+            reach neither rank 0's store nor any rank, however long it waits.
+    """
+    from distenv.netpath import predict as candidates
+
+    master = str(info.master_addr)
+    prediction = candidates(
+        master,
+        int(info.master_port or 0),
+        backends,
+        os.environ,
+        limit=MAX_CANDIDATES,
+        every_interface=info.rank == 0,
+    )
+    if prediction.unreachable is not None and info.rank != 0:
+        offered = ", ".join(
+            c.address + (f" on {c.interface}" if c.interface else "") for c in prediction.candidates
+        )
+        raise RendezvousError(
+            info.launcher,
+            f"rank {info.rank} of {info.world_size} on {prediction.hostname!r} has no route to "
+            f"the master {master!r} ({prediction.unreachable}); this node's addresses: "
+            f"{offered or 'none but loopback'}",
+            hint="this node shares no network with rank 0's node: check its interfaces "
+            "(`distenv info --network`), or give MASTER_ADDR an address on a network every node "
+            "reaches (DISTENV_MASTER_ADDR_FORMAT='{host}-ib' for -ib names)",
+            variable="MASTER_ADDR",
+            value=master,
+        )
+    return prediction
+
+
+def offer(
+    prediction: Prediction, checkin: CheckIn, reached: int | None
+) -> tuple[Listener | None, CheckIn]:
+    """Listen on this node's candidates; return the listener and `checkin` offering them."""
+    if not prediction.defaults:
+        return None, checkin
+    from distenv.bootstrap.probe import Listener
+
+    token = os.urandom(8).hex()
+    listener = Listener([c.address for c in prediction.candidates], token.encode())
+    addresses = tuple(
+        (c.address, port, c.interface)
+        for c, port in zip(prediction.candidates, listener.ports, strict=True)
+    )
+    net = NetRecord(token, addresses, prediction.defaults, prediction.route, reached)
+    return listener, checkin._replace(net=net)
+
+
+def dial(net: NetRecord) -> int:
+    """Dial each address `net` offers; return the bit mask of those its owner answered on."""
+    from distenv.bootstrap.probe import reach
+
+    token = net.token.encode()
+    results = reach([(a, port, token) for a, port, _ in net.addresses], NET_PROBE_S)
+    return sum(1 << i for i, result in enumerate(results) if result is None)
+
+
+def judged(verdict: Verdict, own: CheckIn) -> Verdict:
+    """Return rank 0's verdict with the network probe's decisions (`distenv.bootstrap.paths`).
+
+    The probe's sockets are imported here: a job on one host never pays for them.
+    """
+    from distenv.bootstrap.probe import reach
+
+    dial = targets(verdict.checkins, own.hostname)
+    flat = [
+        (address, port, c.net.token.encode())
+        for c in dial
+        if c.net is not None
+        for address, port, _ in c.net.addresses
+    ]
+    results = reach(flat, NET_PROBE_S) if flat else []
+    dialled = []
+    start = 0
+    for c in dial:
+        assert c.net is not None
+        dialled.append((c, results[start : start + len(c.net.addresses)]))
+        start += len(c.net.addresses)
+    switches, problems = judge(verdict.checkins, own, dialled)
+    if problems:
+        return Verdict(False, tuple(problems), verdict.checkins, verdict.scope)
+    return verdict._replace(paths=tuple(switches))
+
+
+def network_exports(verdict: Verdict, checkin: CheckIn) -> dict[str, str]:
+    """Return the variables this rank exports for its node's switches in `verdict`.
+
+    Never a backend whose path the user chose: this rank's own environment is asked again.
+    """
+    place = verdict.place_of(checkin.hostname)
+    if place is None or not place.paths:
+        return {}
+    from distenv.netpath import backends_to_probe, export
+
+    probed = backends_to_probe(checkin.backend, os.environ)
+    return dict(
+        export(backend, interface) for backend, interface in place.paths if backend in probed
+    )

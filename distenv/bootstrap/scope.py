@@ -2,9 +2,9 @@
 
 The rendezvous scope names one job (`job_scope`): the launcher's job identity, the world's size and,
 where the master was exchanged over MPI, rank 0's random token. Rank 0 writes it under the scope
-key right after creating the store (`claim_scope`); every other rank reads it before writing
+key (`distenv.bootstrap.protocol.scope_key`) right after creating the store (`claim_scope`); every other rank reads it before writing
 anything and stops at once if it names another job (`StoreTakenError`, `ScopeCheck`). Every key a
-job writes lies under a prefix holding its scope (`prefix`), and every record carries it. The scope
+job writes lies under a prefix holding its scope (`distenv.bootstrap.protocol.prefix`), and every record carries it. The scope
 prevents accidents, not attacks (job ids are public): docs/security.md says what distenv does and
 does not protect against.
 """
@@ -14,6 +14,7 @@ from __future__ import annotations
 import hashlib
 from typing import Any
 
+from distenv.bootstrap.protocol import KEY_ROOT, prefix, scope_key
 from distenv.bootstrap.records import (
     ForeignRecordError,
     NetRecord,
@@ -29,8 +30,6 @@ from distenv.rankinfo import RankInfo
 
 __all__ = ["KEY_ROOT", "ScopeCheck", "claim_scope", "job_scope", "prefix", "scope_key"]
 
-KEY_ROOT = "distenv"
-
 
 def job_scope(job: str, world_size: int, token: bytes | None = None) -> str:
     """Return the rendezvous scope: the launcher's job identity (`job`) and the world's size.
@@ -45,17 +44,6 @@ def job_scope(job: str, world_size: int, token: bytes | None = None) -> str:
     if matches("scope", text):
         return text
     return "sha256-" + hashlib.sha256(text.encode("utf-8", "replace")).hexdigest()[:40]
-
-
-def scope_key(restart: str) -> str:
-    """Return the key naming the job that owns the store in torchrun attempt `restart`."""
-    # torchrun's agent store outlives a worker restart: each attempt claims its own key.
-    return f"{KEY_ROOT}/scope/{restart}"
-
-
-def prefix(scope: str, phase: str, restart: str) -> str:
-    """Return the prefix of one phase's keys (``rollcall``, ``pg``, ``up``, ``doctor``)."""
-    return f"{KEY_ROOT}/{scope}/{phase}/{restart}"
 
 
 def claim_scope(

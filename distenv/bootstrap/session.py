@@ -14,11 +14,12 @@ from __future__ import annotations
 import contextlib
 import re
 import socket
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import TYPE_CHECKING, Any, TypeVar
 
+from distenv.bootstrap.protocol import STATE, STATES, UP, prefix, scope_key
 from distenv.bootstrap.records import NetRecord, matches
-from distenv.bootstrap.scope import ScopeCheck, claim_scope, job_scope, prefix, scope_key
+from distenv.bootstrap.scope import ScopeCheck, claim_scope, job_scope
 from distenv.bootstrap.store import first_line, master_address, peek, read_many
 from distenv.deadline import Deadline, Watch, bounded, interruptible, watched
 from distenv.errors import DistEnvError, RendezvousError, RendezvousTimeoutError
@@ -27,15 +28,12 @@ from distenv.settings import TIMEOUT_VAR, Settings
 from distenv.timing import GRACE_S, MARGIN_S, SIGNAL_MARK_S
 
 if TYPE_CHECKING:
-    from distenv.bootstrap.leaders import Link, NodeListener
     from distenv.detection.pipeline import Detection
 
 __all__ = ["FOREIGN_HINT", "STATES", "Bootstrap", "Session"]
 
 T = TypeVar("T")
 
-#: A rank's states, in order; a signal's name replaces the state of a rank that was stopped.
-STATES = ("joining", "up", "SIGINT", "SIGTERM", "failed")
 #: The fix for every value in the store that this job's ranks did not write.
 FOREIGN_HINT = (
     "something else on the network writes to this job's port: give the job another "
@@ -56,7 +54,7 @@ class Session:
             keys.
         agent_store: Whether torchrun's agent store serves the job (every rank is its client).
         master_from: Where the master address came from, for the error when it does not resolve.
-        leaders: ``DISTENV_NODE_LEADERS`` (`distenv.bootstrap.leaders.Role`).
+        leaders: ``DISTENV_NODE_LEADERS`` (`distenv.bootstrap.role.Role`).
     """
 
     def __init__(
@@ -72,9 +70,10 @@ class Session:
         self.info, self.scope, self.restart = info, scope, restart
         self.agent_store, self.master_from, self.leaders = agent_store, master_from, leaders
         self.store: Any = None  # rank 0's store, once reached (`distenv.bootstrap.rollcall.meet`)
-        #: This rank's end of its node's socket where node leaders batch the roll call: the
-        #: leader's listener or a member's link, kept for the group-up check.
-        self.node: NodeListener | Link | None = None
+        #: How this rank reaches rank 0 (`distenv.bootstrap.channel.Channel`), chosen once from
+        #: its role by the roll call (`distenv.bootstrap.rollcall.meet`) and kept for the
+        #: group-up check; None before (a roll call held without `meet` is flat).
+        self.channel: Any = None
 
     @classmethod
     def of(cls, detection: Detection, info: RankInfo, settings: Settings) -> Session:
@@ -94,7 +93,7 @@ class Session:
         return master_address(self.info)
 
     def keys(self, phase: str) -> str:
-        """Return the prefix of one phase's keys (``rollcall``, ``pg``, ``up``, ``doctor``)."""
+        """Return the prefix of one phase's keys (`distenv.bootstrap.protocol.prefix`)."""
         return prefix(self.scope, phase, self.restart)
 
     def scoped(self, phase: str) -> Any:
@@ -115,7 +114,7 @@ class Session:
         return ScopeCheck(self.store, self.info, self.scope, scope_key(self.restart), deadline)
 
     def _state_key(self, rank: int) -> str:
-        return f"{self.keys('up')}/state/{rank}"
+        return f"{self.keys(UP)}/{STATE.of(rank)}"
 
     def mark(self, state: str, *, wait: float = 0.0, token: str = "", aside: bool = False) -> None:
         """Record this rank's state (`STATES`) with its host; with `wait`, best effort within it.
@@ -186,6 +185,18 @@ class Session:
             valid = state in STATES and matches("hostname", host) and _TOKEN.fullmatch(token)
             states.append((state, host, token) if valid else None)
         return states
+
+    @contextlib.contextmanager
+    def losing(self, during: str) -> Iterator[None]:
+        """Raise `lost` for a connection to rank 0's store that breaks inside, `during` a phase.
+
+        torch reports a store that went away as a ``RuntimeError`` (its ``DistError``); nothing
+        else inside a phase raises one.
+        """
+        try:
+            yield
+        except RuntimeError as exc:
+            raise self.lost(during, exc) from None
 
     def lost(self, during: str, exc: BaseException) -> RendezvousError:
         """Return the error of a rank whose connection to rank 0's store broke `during` a phase."""

@@ -54,6 +54,7 @@ __all__ = [
     "wait_count",
     "wait_keys",
     "wait_value",
+    "write_many",
 ]
 
 # Keys per multi_get when rank 0 reads the check-ins: one huge request costs more than its chunks.
@@ -144,6 +145,13 @@ def wait_count(store: Any, key: str, count: int, deadline: Deadline) -> int:
     while (counted := int(store.add(key, 0))) < count and not deadline.passed():
         pause(next(waits))
     return counted
+
+
+def write_many(store: Any, items: Sequence[tuple[str, str]]) -> None:
+    """Write `items` (key, value pairs) with a multi_set per `CHUNK`."""
+    for start in range(0, len(items), CHUNK):
+        chunk = items[start : start + CHUNK]
+        store.multi_set([key for key, _ in chunk], [value for _, value in chunk])
 
 
 def read_many(store: Any, keys: list[str]) -> list[bytes | None]:

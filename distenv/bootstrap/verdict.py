@@ -1,4 +1,5 @@
-"""What rank 0 answers in the roll call: the verdict, the checks behind it, the node numbering.
+"""What rank 0 answers in the roll call: the verdict, the checks behind it, the node numbering and
+each rank's layout from it (`fill_layout`).
 
 Rank 0 validates a complete set of check-ins (`validate`) and publishes a `Verdict` of structured
 problems only (a code, ranks, validated fields; the classes are in `distenv.bootstrap.problems`): every rank
@@ -26,6 +27,7 @@ from distenv.bootstrap.records import (
     load_json,
     matches,
 )
+from distenv.errors import RendezvousError
 from distenv.rankinfo import RankInfo
 
 if TYPE_CHECKING:
@@ -35,6 +37,7 @@ __all__ = [
     "MAX_VERDICT_BYTES",
     "Place",
     "Verdict",
+    "fill_layout",
     "host_sizes",
     "node_hosts",
     "parse_place",
@@ -364,6 +367,50 @@ def refusal(
     else:
         named += validate(checkins, info.world_size)
     return Verdict(False, tuple(named), checkins, scope)
+
+
+def fill_layout(info: RankInfo, verdict: Verdict, checkin: CheckIn) -> RankInfo:
+    """Return `info` with the node layout its launcher left unknown, from the roll call's verdict.
+
+    The verdict numbers the hosts in order of their lowest rank (`node_hosts`);
+    this rank's node is the position of the host name it checked in with, and its local world
+    size, where unknown, the verdict's count of ranks on that host (`host_sizes`):
+    its `Place`.
+    A known layout is kept as the launcher stated it (the roll call checked it against the hosts).
+
+    Raises:
+        RendezvousError: The verdict does not name this rank's host, or does not count its ranks
+            (not this job's rank 0's).
+    """
+    if info.layout_known or not verdict.ok:
+        return info
+    place = verdict.place_of(checkin.hostname)
+    node = None if place is None else place.node
+    size = None if place is None else place.size
+    if (
+        place is None
+        or place.nodes is None
+        or node is None
+        or (info.local_world_size is None and size is None)
+    ):
+        what = (
+            f"does not place this rank's host {checkin.hostname!r} on a node, so its node is "
+            "unknown"
+            if node is None
+            else f"does not count the ranks on this rank's host {checkin.hostname!r}, so its "
+            "local world size is unknown"
+        )
+        raise RendezvousError(
+            info.launcher,
+            f"rank {info.rank}: the roll call's verdict {what}",
+            hint="the verdict was not written by this job's rank 0, or a host's name changed "
+            "during the start-up: see docs/security.md, and give the job its own MASTER_PORT",
+        )
+    return info.replace(
+        node_rank=node if info.node_rank is None else info.node_rank,
+        num_nodes=place.nodes if info.num_nodes is None else info.num_nodes,
+        local_world_size=size if info.local_world_size is None else info.local_world_size,
+    )
 
 
 def _problems() -> ModuleType:

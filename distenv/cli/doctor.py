@@ -16,6 +16,7 @@ from typing import TextIO
 
 from distenv import state
 from distenv.args import add_launcher_option
+from distenv.bootstrap.protocol import DOCTOR
 from distenv.bootstrap.records import CheckIn
 from distenv.bootstrap.rollcall import fill_layout, make_checkin, meet
 from distenv.bootstrap.session import Bootstrap, Session
@@ -122,7 +123,7 @@ def doctor(
     else:
         try:
             boot = Bootstrap(session, seconds, deadline)
-            verdict = boot.run(lambda boot: meet(boot, checkin, "doctor", check=False))
+            verdict = boot.run(lambda boot: meet(boot, checkin, DOCTOR, check=False))
         except DistEnvError as exc:
             if info.rank == 0:
                 out.write(f"verdict: FAIL: {exc}\n")

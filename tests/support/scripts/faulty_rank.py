@@ -91,7 +91,7 @@ def inject(what: str, events: Events) -> None:
     import torch.distributed as dist
 
     import distenv.bootstrap.group
-    import distenv.bootstrap.rollcall
+    import distenv.bootstrap.nodes
 
     def before(module: Any, name: str, action: Callable[[], None]) -> None:
         original = getattr(module, name)
@@ -140,18 +140,18 @@ def inject(what: str, events: Events) -> None:
         distenv.bootstrap.group.group_up = forged
     elif what == "kill-before-batch":
         before(
-            distenv.bootstrap.rollcall,
-            "_check_in_batch",
+            distenv.bootstrap.nodes,
+            "check_in_batch",
             die(signal.SIGKILL, "before reporting its node"),
         )
     elif what == "stop-before-batch":
         before(
-            distenv.bootstrap.rollcall,
-            "_check_in_batch",
+            distenv.bootstrap.nodes,
+            "check_in_batch",
             die(signal.SIGSTOP, "before reporting its node"),
         )
     elif what == "forge-batch":
-        report = distenv.bootstrap.rollcall._check_in_batch
+        report = distenv.bootstrap.nodes.check_in_batch
 
         def forged_batch(store: Any, batch: Any) -> Any:
             from distenv.bootstrap.batches import shard_key
@@ -160,7 +160,7 @@ def inject(what: str, events: Events) -> None:
             store.append(shard_key(0), '{"leader": 0, "EVIL TEXT"')
             return report(store, batch)
 
-        distenv.bootstrap.rollcall._check_in_batch = forged_batch
+        distenv.bootstrap.nodes.check_in_batch = forged_batch
     elif what == "kill-after-init":
         before(distenv.bootstrap.group, "group_up", die(signal.SIGKILL, "after init_process_group"))
     elif what == "hold-init":
@@ -196,12 +196,14 @@ def trace_phases(events: Events) -> None:
     """Write a ``phase`` event as this rank enters each phase of init_dist."""
     import torch.distributed as dist
 
+    import distenv.bootstrap.flat
     import distenv.bootstrap.group
     import distenv.bootstrap.rollcall
 
-    # Patched where `distenv.bootstrap.rollcall.meet` looks them up.
+    # Patched where they are looked up: `distenv.bootstrap.flat.StoreChannel.reach` connects,
+    # `distenv.bootstrap.rollcall.meet` holds the roll call.
     connect, roll_call = (
-        distenv.bootstrap.rollcall.connect_store,
+        distenv.bootstrap.flat.connect_store,
         distenv.bootstrap.rollcall.roll_call,
     )
     init, group_up = dist.init_process_group, distenv.bootstrap.group.group_up
@@ -222,7 +224,7 @@ def trace_phases(events: Events) -> None:
         events.write("phase", phase="groupup")
         return group_up(*args, **kwargs)
 
-    distenv.bootstrap.rollcall.connect_store = traced_connect
+    distenv.bootstrap.flat.connect_store = traced_connect
     distenv.bootstrap.rollcall.roll_call = traced_roll_call
     dist.init_process_group = traced_init  # type: ignore[assignment]
     distenv.bootstrap.group.group_up = traced_group_up

@@ -1,0 +1,331 @@
+"""The flat roll call's channel: every rank a client of rank 0's store, and what store-side channels share.
+
+`StoreChannel` reaches rank 0's store (probing the network path where the job may span hosts,
+`distenv.bootstrap.paths`) and reads the verdict from it, for a flat rank and a node's leader
+alike; `FlatChannel` checks each rank in under its own key (`check_in`), lets rank 0 gather them
+(`distenv.bootstrap.gather.gather_checkins`) and echoes each rank's group-up token to it. Rank 0
+publishes its verdict (`publish`) whatever its channel.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+from distenv.bootstrap.channel import Channel, Reached, absent, forged_echo
+from distenv.bootstrap.gather import gather_checkins
+from distenv.bootstrap.limits import ensure_descriptors
+from distenv.bootstrap.paths import dial, offer, predict, probed_backends
+from distenv.bootstrap.protocol import (
+    ACK,
+    CHECKIN,
+    CLOSED,
+    COUNT,
+    EXTRA,
+    EXTRAS,
+    PLACE,
+    UP,
+    VERDICT,
+    WRITTEN,
+)
+from distenv.bootstrap.records import CheckIn, ForeignRecordError
+from distenv.bootstrap.scope import ScopeCheck
+from distenv.bootstrap.session import FOREIGN_HINT, Bootstrap, Session
+from distenv.bootstrap.store import connect_store, wait_count, wait_value, write_many
+from distenv.bootstrap.verdict import Verdict, parse_place, parse_verdict
+from distenv.errors import DistEnvError, RendezvousError, RendezvousTimeoutError
+from distenv.rankinfo import RankInfo
+from distenv.timing import VERDICT_GRACE_S
+
+__all__ = [
+    "FLAT",
+    "FlatChannel",
+    "StoreChannel",
+    "channel_of",
+    "check_in",
+    "parse_for",
+    "publish",
+    "read_verdict",
+    "with_place",
+]
+
+
+class StoreChannel(Channel):
+    """A channel whose rank is a client of rank 0's store in the roll call (flat, or a leader)."""
+
+    def backends(self, info: RankInfo, backend: str) -> tuple[str, ...]:
+        """Return the backends whose network path this rank's roll call probes."""
+        return probed_backends(info, backend)
+
+    def reach(self, boot: Bootstrap, checkin: CheckIn, phase: str) -> Reached:
+        session = boot.session
+        info = session.info
+        backends = self.backends(info, checkin.backend)
+        prediction = predict(info, backends) if backends else None
+        ensure_descriptors(
+            info,
+            checkin.backend,
+            hosts_store=info.rank == 0 and not session.agent_store,
+            probes=info.rank == 0 and bool(backends),
+            members=self.members,
+        )
+        session.store = connect_store(
+            info,
+            boot.watch,
+            boot.waits.within(boot.timeout),
+            agent_store=session.agent_store,
+            master_from=session.master_from,
+        )
+
+        def stalled() -> DistEnvError:
+            return RendezvousTimeoutError(
+                info.launcher,
+                f"rank {info.rank} of {info.world_size}: rank 0's store at {checkin.master} "
+                f"stopped answering during the roll call (no reply within "
+                f"{boot.deadline.seconds:g} s of the start)",
+                hint="rank 0 may be stopped (SIGSTOP, a debugger) or its node overloaded; check "
+                "its log and state",
+            )
+
+        boot.enter("the roll call", boot.deadline, stalled)
+        listener, scope_check = None, None
+        try:
+            with session.losing("during the roll call"):
+                if info.rank == 0:
+                    if prediction is not None:
+                        listener, checkin = offer(prediction, checkin, None)
+                    session.claim(checkin.hostname, checkin.net)
+                else:
+                    scope_check = session.check(boot.waits.within(boot.timeout))
+                    scope_check.poll()  # another job's store: refused before writing anything
+                    if prediction is not None:
+                        # Rank 0's node's addresses are in its claim: dial them before checking
+                        # in.
+                        scope_check.wait()
+                        net0 = scope_check.net0
+                        if net0 is not None and scope_check.host0 != checkin.hostname:
+                            listener, checkin = offer(prediction, checkin, dial(net0))
+        except BaseException:
+            if listener is not None:
+                listener.close()
+            raise
+        close = (lambda: None) if listener is None else listener.close
+        return Reached(session.scoped(phase), checkin, scope_check, close)
+
+    def await_verdict(
+        self,
+        boot: Bootstrap,
+        store: Any,
+        checkin: CheckIn,
+        scope_check: ScopeCheck | None,
+        held: bytes | None,
+    ) -> tuple[Verdict, bytes, bytes | None]:
+        # A batch can be spoiled by a forger's fragment after it was written (rank 0 then names
+        # its ranks missing, beside the foreign line): only a rank's own key proves it arrived.
+        return read_verdict(store, boot, checkin, scope_check, holds_key=self.holds_key(held))
+
+    def holds_key(self, held: bytes | None) -> bool:
+        """Return whether this rank's check-in holds a key of its own (`held`: `check_in`'s)."""
+        return held is None
+
+
+class FlatChannel(StoreChannel):
+    """Every rank a client of rank 0's store: its own check-in, its own verdict read and ack."""
+
+    def check_in(self, boot: Bootstrap, store: Any, checkin: CheckIn) -> bytes | None:
+        return check_in(store, checkin)
+
+    def gather(self, boot: Bootstrap, store: Any, checkin: CheckIn) -> tuple[Verdict, int]:
+        info = boot.session.info
+        verdict = gather_checkins(store, info, checkin.scope, boot.waits.within(boot.timeout))
+        return verdict, len(verdict.checkins) - 1
+
+    def report_up(self, boot: Bootstrap, token: str) -> str:
+        session = boot.session
+        session.mark("up", token=token)
+        session.store.add(f"{session.keys(UP)}/{COUNT.name}", 1)
+        return token
+
+    def acknowledge(
+        self, boot: Bootstrap, hosts: Mapping[int, str], missing: Callable[[], DistEnvError]
+    ) -> None:
+        """Rank 0: once every rank's record says up, echo each rank's token under its own key."""
+        session = boot.session
+        info, store, world = session.info, session.store, session.info.world_size
+        keys = session.keys(UP)
+        count = wait_count(store, f"{keys}/{COUNT.name}", world, boot.waits)
+        tokens = session.up_tokens(range(world))
+        up = [rank for rank, token in tokens.items() if token is not None]
+        if len(up) < world and count < world:
+            raise missing()
+        if len(up) < world or count > world:
+            raise RendezvousError(
+                info.launcher,
+                f"rank 0 of {world}: the group-up count in the store at {session.master} reads "
+                f"{count} while {len(up)} of {world} ranks have recorded themselves up: a "
+                "process outside this job wrote to it; not up yet: "
+                f"{absent(session, 'up', hosts) if len(up) < world else 'none'}",
+                hint=FOREIGN_HINT,
+            )
+        write_many(
+            store, [(f"{keys}/{ACK.of(rank)}", str(tokens[rank])) for rank in range(1, world)]
+        )
+
+    def await_ack(self, boot: Bootstrap, echo: str, missing: Callable[[], DistEnvError]) -> None:
+        session = boot.session
+        found = wait_value(
+            session.store, f"{session.keys(UP)}/{ACK.of(session.info.rank)}", boot.waits
+        )
+        if found is None:
+            raise missing()
+        if found != echo.encode():
+            raise forged_echo(session)
+
+
+#: The flat roll call's channel: it holds nothing, so one serves every session.
+FLAT = FlatChannel()
+
+
+def channel_of(session: Session) -> Channel:
+    """Return the channel the session's roll call chose (flat where none was chosen: a roll
+    call held without `distenv.bootstrap.rollcall.meet`)."""
+    channel = session.channel
+    return channel if isinstance(channel, Channel) else FLAT
+
+
+def check_in(store: Any, checkin: CheckIn) -> bytes | None:
+    """Write this rank's record under its rank's key (or, if taken, as an extra claim); count it.
+
+    Two round trips: the claim (``compare_set``) and the count, made after the write so that rank 0
+    never reads a missing key. A process that finds its rank's key taken (a second claimer, or a
+    forger that came first) files its record under ``extra/<n>``, so rank 0 sees both claims.
+    Returns None when this rank holds its key, else what holds it (`CLOSED`: rank 0 stopped
+    waiting, and nothing is written).
+    """
+    record = checkin.to_json()
+    held = bytes(store.compare_set(CHECKIN.of(checkin.rank), "", record))
+    if held == record.encode():
+        store.add(WRITTEN.name, 1)
+        return None
+    if held != CLOSED:
+        store.set(EXTRA.of(int(store.add(EXTRAS.name, 1))), record)
+        store.add(WRITTEN.name, 1)
+    return held
+
+
+def publish(
+    store: Any,
+    info: RankInfo,
+    verdict: Verdict,
+    own: CheckIn,
+    timeout: float,
+    readers: Sequence[CheckIn],
+) -> str:
+    """Rank 0: write each reader's place (where the verdict places ranks), then the verdict;
+    return the verdict as published.
+
+    The others need the outcome and their own place, not every record: a verdict carrying N
+    check-ins or N host names, read by N - 1 ranks, would make rank 0's store serve O(N^2) bytes.
+    A place is keyed by the rank that reads it (`Channel.place_readers`). The places go first, so
+    that a rank that reads a placed verdict finds its own at once.
+    """
+    if verdict.placed:
+        write_many(
+            store,
+            [
+                (PLACE.of(c.rank), place.to_json(verdict.scope))
+                for c in readers
+                if (place := verdict.place_of(c.hostname)) is not None
+            ],
+        )
+    published = verdict.to_json()
+    if store.compare_set(VERDICT.name, "", published) != published.encode():
+        said = "; ".join(verdict.describe(timeout)) if not verdict.ok else "all is well"
+        raise RendezvousError(
+            info.launcher,
+            f"rank 0: a process outside this job wrote this job's roll-call verdict in the "
+            f"store at {own.master} before rank 0 did; rank 0's own verdict: {said}",
+            hint=FOREIGN_HINT,
+        )
+    return published
+
+
+def read_verdict(
+    store: Any,
+    boot: Bootstrap,
+    checkin: CheckIn,
+    scope_check: ScopeCheck | None,
+    *,
+    holds_key: bool,
+) -> tuple[Verdict, bytes, bytes | None]:
+    """Return rank 0's verdict from the store (with this rank's place), and both as read.
+
+    Confirms the scope first where `scope_check` has not yet. A verdict that contradicts what
+    this rank knows (`Verdict.contradicts`) is refused as forged.
+    """
+    info = boot.session.info
+    deadline = boot.waits.within(boot.timeout + VERDICT_GRACE_S)
+    if scope_check is not None:
+        # Rank 0 claims the scope before it gathers: no later than the verdict.
+        scope_check.wait()
+    raw = wait_value(store, VERDICT.name, deadline)
+    if raw is None:
+        raise RendezvousTimeoutError(
+            info.launcher,
+            f"rank {info.rank} checked in at {checkin.master} but rank 0 published no "
+            f"verdict within {deadline.seconds:.0f} s",
+            hint="rank 0 may have died or be stuck before init_dist; check its log",
+        )
+    verdict, placed = parse_for(info, checkin, raw, holds_key=holds_key)
+    if not placed:
+        return verdict, raw, None
+    # Written before the verdict: found at the first look unless someone deleted it.
+    place = wait_value(store, PLACE.of(info.rank), deadline)
+    return with_place(info, checkin, verdict, place), raw, place
+
+
+def parse_for(
+    info: RankInfo, checkin: CheckIn, raw: bytes, *, holds_key: bool
+) -> tuple[Verdict, bool]:
+    """Return the verdict in `raw`, validated, and whether it places ranks (`with_place`).
+
+    Raises:
+        RendezvousError: It was not written by this job's rank 0.
+    """
+    try:
+        verdict, placed = parse_verdict(
+            VERDICT.name, raw, scope=checkin.scope, world_size=info.world_size
+        )
+        why = verdict.contradicts(checkin, holds_key=holds_key)
+        if why is not None:
+            raise ForeignRecordError(VERDICT.name, why)
+    except ForeignRecordError as exc:
+        raise RendezvousError(
+            info.launcher,
+            f"rank {info.rank}: the roll-call verdict in the store at {checkin.master} was not "
+            f"written by this job's distenv ({exc.why})",
+            hint=FOREIGN_HINT,
+        ) from None
+    return verdict, placed
+
+
+def with_place(info: RankInfo, checkin: CheckIn, verdict: Verdict, raw: bytes | None) -> Verdict:
+    """Return a verdict that places ranks with this rank's place, read from `raw`.
+
+    Raises:
+        RendezvousError: This rank's place is missing or forged.
+    """
+    try:
+        if raw is None:
+            raise ForeignRecordError(PLACE.of(info.rank), "absent")
+        place = parse_place(
+            PLACE.of(info.rank), raw, scope=checkin.scope, world_size=info.world_size
+        )
+    except ForeignRecordError as exc:
+        raise RendezvousError(
+            info.launcher,
+            f"rank {info.rank}: the verdict in the store at {checkin.master} places the ranks, "
+            f"but this rank's place is not this job's rank 0's ({exc.why})",
+            hint=FOREIGN_HINT,
+        ) from None
+    return verdict._replace(place=place)
