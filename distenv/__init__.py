@@ -14,6 +14,7 @@ object, where those scripts expect it.
 from __future__ import annotations
 
 import importlib
+from types import FunctionType
 from typing import TYPE_CHECKING, Any
 
 # The static view of the tables below, for mypy, pyright and import-linter (which sees every edge).
@@ -54,8 +55,11 @@ __version__ = "0.2.0.dev0"
 # and `__getattr__` follow these two tables, in docs/api.md's order.
 #
 # The core: start a job, describe it, stop it, and the errors a script catches (the others are
-# `distenv.errors`'). Their `__module__` reads "distenv" (see `__getattr__`), except the error
-# classes', whose qualified name is part of the one line a refused rank prints (docs/errors.md).
+# `distenv.errors`'). Its functions say "distenv" as their `__module__` once loaded (help(), pickles,
+# reprs: `distenv.init_dist`). Its classes keep their module's: `typing.get_type_hints` resolves a
+# class's annotations in the module its `__module__` names (Detection's name the pipeline's
+# imports), and an error's qualified name is part of the one line a refused rank prints
+# (docs/errors.md). A function's annotations resolve through its own globals.
 _CORE = {
     "init_dist": "distenv.bootstrap.init",
     "setup": "distenv.bootstrap.init",
@@ -96,8 +100,8 @@ def __getattr__(name: str) -> Any:
     if name not in _HOMES:
         raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
     value = getattr(importlib.import_module(_HOMES[name]), name)
-    if name in _CORE and not (isinstance(value, type) and issubclass(value, Exception)):
-        value.__module__ = __name__  # help(), reprs and the API page say distenv.init_dist
+    if name in _CORE and isinstance(value, FunctionType):
+        value.__module__ = __name__
     globals()[name] = value  # later lookups skip __getattr__
     return value
 

@@ -5,8 +5,10 @@ from __future__ import annotations
 import ast
 import importlib
 import json
+import pickle
 import subprocess
 import sys
+import typing
 from pathlib import Path
 
 import pytest
@@ -191,14 +193,19 @@ def test_one_table_drives_the_public_names() -> None:
         distenv.init_dsit  # noqa: B018
 
 
-def test_core_names_live_in_distenv_and_helpers_in_their_module() -> None:
-    """`help()`, reprs and the API page name the core `distenv.X`; the helpers keep their home
-    (`distenv.comm`, ...) and the error classes `distenv.errors`, the name a refused rank prints."""
+def test_core_functions_say_distenv_and_everything_else_keeps_its_module() -> None:
+    """`help()`, pickles and reprs name a core function `distenv.X`; a core class keeps its module,
+    where `typing.get_type_hints` resolves its annotations (an error's is the name a refused rank
+    prints), and a training helper keeps its home (`distenv.comm`, ...)."""
     import distenv
 
-    for name in distenv._CORE:
+    for name, home in distenv._CORE.items():
         value = getattr(distenv, name)
-        error = isinstance(value, type) and issubclass(value, Exception)
-        assert value.__module__ == ("distenv.errors" if error else "distenv"), name
+        if isinstance(value, type):
+            assert value.__module__ == home, name
+            typing.get_type_hints(value)
+        else:
+            assert value.__module__ == "distenv", name
+            assert pickle.loads(pickle.dumps(value)) is value, name  # noqa: S301 (our own bytes)
     for name, home in distenv._HELPERS.items():
         assert getattr(distenv, name).__module__ == home, name
