@@ -96,14 +96,30 @@ _HOMES = {**_CORE, **_HELPERS}
 
 
 def __getattr__(name: str) -> Any:
-    """Load a public name from its module on first use, then keep it as a plain attribute."""
+    """Load a public name from its module on first use, then keep it as a plain attribute.
+
+    Any other name that is one of distenv's modules (`distenv.errors`, `distenv.launchers`, ...)
+    imports it, as `import distenv` did for most of them before it loaded nothing but itself.
+    """
     if name not in _HOMES:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+        return _submodule(name)
     value = getattr(importlib.import_module(_HOMES[name]), name)
     if name in _CORE and isinstance(value, FunctionType):
         value.__module__ = __name__
     globals()[name] = value  # later lookups skip __getattr__
     return value
+
+
+def _submodule(name: str) -> Any:
+    missing = AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    if not name.isidentifier() or name.startswith("__"):  # never run __main__ on a probe
+        raise missing
+    try:
+        return importlib.import_module(f"{__name__}.{name}")
+    except ModuleNotFoundError as exc:
+        if exc.name != f"{__name__}.{name}":
+            raise  # the module exists and lacks one of its own imports: say so
+        raise missing from None
 
 
 def __dir__() -> list[str]:

@@ -209,3 +209,45 @@ def test_core_functions_say_distenv_and_everything_else_keeps_its_module() -> No
             assert pickle.loads(pickle.dumps(value)) is value, name  # noqa: S301 (our own bytes)
     for name, home in distenv._HELPERS.items():
         assert getattr(distenv, name).__module__ == home, name
+
+
+# The modules that `import distenv` loaded, and so set as attributes, before it loaded only itself.
+SUBMODULES = [
+    "_hosts",
+    "containers",
+    "deadline",
+    "detection",
+    "errors",
+    "exits",
+    "launchers",
+    "master",
+    "notice",
+    "processes",
+    "rankinfo",
+    "settings",
+    "timing",
+    "variables",
+]
+
+
+def test_modules_stay_attributes_of_a_fresh_import() -> None:
+    """`import distenv; distenv.errors.NotLaunchedError` works as before: a module of distenv's
+    imports on first use; a name that is neither a public name nor a module is an AttributeError,
+    and a probe for `__main__` does not start the CLI."""
+    probe = (
+        "import distenv, json, sys\n"
+        f"found = [getattr(distenv, n) is sys.modules['distenv.' + n] for n in {SUBMODULES!r}]\n"
+        "absent = [hasattr(distenv, n) for n in ('SLRUM', '__main__', '__wrapped__', 'a.b')]\n"
+        "print(json.dumps([found, absent]))\n"
+    )
+    result = subprocess.run(
+        [sys.executable, "-c", probe],
+        env=scrubbed_environ(),
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=True,
+    )
+    found, absent = json.loads(result.stdout)
+    assert found == [True] * len(SUBMODULES)
+    assert absent == [False] * 4
