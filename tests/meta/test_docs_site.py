@@ -57,6 +57,34 @@ def test_api_page_does_not_document_a_module_in_place_of_a_function() -> None:
         assert attribute is None or attribute is module, f"{path}: module shadows {attribute!r}"
 
 
+def _section(text: str, heading: str) -> str:
+    """The part of a page under `## heading`, up to the next `## ` heading."""
+    return text.split(f"\n## {heading}\n", 1)[1].split("\n## ", 1)[0]
+
+
+def test_api_page_shows_the_core_and_the_training_helpers_apart() -> None:
+    """The page's two groups are distenv's two tables: each core name documented as `distenv.X`
+    (the error classes named there, documented with `distenv.errors`), each training helper at its
+    home module, and both lists in the page's introduction."""
+    import distenv
+
+    text = (REPO / "docs" / "api.md").read_text()
+    core, helpers = _section(text, "The core"), _section(text, "Training helpers")
+    intro = text.split("\n## ", 1)[0]
+    entries = set(_api_entries())
+    assert "distenv.errors" in entries
+    for name in distenv._CORE:
+        value = getattr(distenv, name)
+        if isinstance(value, type) and issubclass(value, Exception):
+            assert f"`distenv.{name}`" in core, name
+        else:
+            assert f"\n::: distenv.{name}\n" in core, name
+        assert f"`{name}`" in intro, name
+    for name, home in distenv._HELPERS.items():
+        assert f"\n::: {home}.{name}\n" in helpers, name
+        assert f"`{name}`" in intro, name
+
+
 def test_templates_page_shows_every_template_in_full() -> None:
     """docs/scripts.md renders, from the package data, a row and the whole text of each file."""
     page = hooks.render_scripts()

@@ -2,9 +2,14 @@
 
 from __future__ import annotations
 
+import ast
+import importlib
 import json
+import pickle
 import subprocess
 import sys
+import typing
+from pathlib import Path
 
 import pytest
 
@@ -19,10 +24,12 @@ def hook(event, args):
         events.append(event)
 sys.addaudithook(hook)
 import distenv
+loaded_by_import = sorted(m for m in sys.modules if m.startswith("distenv"))
 for launcher in ("auto", "slurm", "none"):
     distenv.detect(launcher)
 print(json.dumps({
     "events": events,
+    "loaded_by_import": loaded_by_import,
     "modules": sorted(m for m in ("torch", "mpi4py", "numpy", "importlib.metadata")
                       if m in sys.modules),
 }))
@@ -42,7 +49,8 @@ SRUN_ENV = {
 
 
 def test_detection_imports_nothing_heavy_and_starts_no_process() -> None:
-    """`import distenv; detect()` under srun loads neither torch nor mpi4py and spawns nothing."""
+    """`import distenv; detect()` under srun loads neither torch nor mpi4py and spawns nothing;
+    `import distenv` alone loads none of distenv's modules (each public name loads its own)."""
     result = subprocess.run(
         [sys.executable, "-c", PROBE],
         env={**scrubbed_environ(), **SRUN_ENV},
@@ -52,7 +60,7 @@ def test_detection_imports_nothing_heavy_and_starts_no_process() -> None:
         check=True,
     )
     report = json.loads(result.stdout)
-    assert report == {"events": [], "modules": []}
+    assert report == {"events": [], "loaded_by_import": ["distenv"], "modules": []}
 
 
 # The public names as they stood before distenv's modules moved into subpackages: any of them
@@ -147,3 +155,99 @@ def test_registry_names_resolve_from_the_contract_namespace_and_their_module() -
         assert getattr(distenv.launchers, name) is getattr(home, name), name
     with pytest.raises(AttributeError, match="no attribute 'SLRUM'"):
         distenv.launchers.SLRUM  # noqa: B018
+
+
+def _static_imports() -> dict[str, str]:
+    """The `if TYPE_CHECKING:` imports of distenv/__init__.py, name -> module, each `name as name`."""
+    tree = ast.parse(Path(str(importlib.import_module("distenv").__file__)).read_text())
+    (block,) = [
+        node
+        for node in tree.body
+        if isinstance(node, ast.If)
+        and isinstance(node.test, ast.Name)
+        and node.test.id == "TYPE_CHECKING"
+    ]
+    found: dict[str, str] = {}
+    for statement in block.body:
+        assert isinstance(statement, ast.ImportFrom), ast.dump(statement)
+        for alias in statement.names:
+            assert alias.asname == alias.name, f"{alias.name}: write `{alias.name} as {alias.name}`"
+            assert alias.name not in found, alias.name
+            found[alias.name] = str(statement.module)
+    return found
+
+
+def test_one_table_drives_the_public_names() -> None:
+    """`__all__`, `dir()`, the lazy loader and the static imports all follow distenv's two tables,
+    core then training helpers, and each name is its home module's object."""
+    import distenv
+
+    homes = {**distenv._CORE, **distenv._HELPERS}
+    assert not set(distenv._CORE) & set(distenv._HELPERS)
+    assert distenv.__all__ == ["__version__", *distenv._CORE, *distenv._HELPERS]
+    assert set(homes) <= set(dir(distenv))
+    assert _static_imports() == homes
+    for name, module in homes.items():
+        assert getattr(distenv, name) is getattr(importlib.import_module(module), name), name
+    with pytest.raises(AttributeError, match="no attribute 'init_dsit'"):
+        distenv.init_dsit  # noqa: B018
+
+
+def test_core_functions_say_distenv_and_everything_else_keeps_its_module() -> None:
+    """`help()`, pickles and reprs name a core function `distenv.X`; a core class keeps its module,
+    where `typing.get_type_hints` resolves its annotations (an error's is the name a refused rank
+    prints), and a training helper keeps its home (`distenv.comm`, ...)."""
+    import distenv
+
+    for name, home in distenv._CORE.items():
+        value = getattr(distenv, name)
+        if isinstance(value, type):
+            assert value.__module__ == home, name
+            typing.get_type_hints(value)
+        else:
+            assert value.__module__ == "distenv", name
+            assert pickle.loads(pickle.dumps(value)) is value, name  # noqa: S301 (our own bytes)
+    for name, home in distenv._HELPERS.items():
+        assert getattr(distenv, name).__module__ == home, name
+
+
+# The modules that `import distenv` loaded, and so set as attributes, before it loaded only itself.
+SUBMODULES = [
+    "_hosts",
+    "containers",
+    "deadline",
+    "detection",
+    "errors",
+    "exits",
+    "launchers",
+    "master",
+    "notice",
+    "processes",
+    "rankinfo",
+    "settings",
+    "timing",
+    "variables",
+]
+
+
+def test_modules_stay_attributes_of_a_fresh_import() -> None:
+    """`import distenv; distenv.errors.NotLaunchedError` works as before: a module of distenv's
+    imports on first use; a name that is neither a public name nor a module is an AttributeError,
+    and a probe for `__main__` does not start the CLI."""
+    probe = (
+        "import distenv, json, sys\n"
+        f"found = [getattr(distenv, n) is sys.modules['distenv.' + n] for n in {SUBMODULES!r}]\n"
+        "absent = [hasattr(distenv, n) for n in ('SLRUM', '__main__', '__wrapped__', 'a.b')]\n"
+        "print(json.dumps([found, absent]))\n"
+    )
+    result = subprocess.run(
+        [sys.executable, "-c", probe],
+        env=scrubbed_environ(),
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=True,
+    )
+    found, absent = json.loads(result.stdout)
+    assert found == [True] * len(SUBMODULES)
+    assert absent == [False] * 4
