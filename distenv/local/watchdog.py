@@ -6,13 +6,16 @@ The rank wrapper (`distenv.local.reporting`) calls `arm` before it runs the scri
   `DUMP_SIGNAL` (the agent's request once the job hangs) or SIGUSR1 (forwarded by ``distenv run``
   for a dump on demand; a script that installs its own SIGUSR1 handler replaces this one). The
   handler is C code: it dumps even while the main thread is blocked in C++ inside a collective.
-- Only with a hang timeout: one daemon thread samples the main thread every quarter of the timeout
-  (`sys._current_frames`, and the process's CPU clock). The rank progresses when the main
-  thread's innermost frame or line changed since the last sample, or the process used CPU time
-  (a loop whose every sample lands on the same ``all_reduce`` line still uses CPU between and in
-  its calls; a long matmul uses it all along; a rank waiting in a collective or a sleep uses
-  none). A rank that busy-waits (a CUDA synchronize that spins) counts as progressing: the
-  job's hang is then found on the rank that waits. When it has not progressed for the timeout, the thread writes one `stuck`
+- Only with a hang timeout: one daemon thread samples the rank every quarter of the timeout. The
+  rank progresses when, since the last sample, the main thread's innermost frame or line changed
+  (`sys._current_frames`), or the default process group issued a collective (its sequence
+  number, read only once torch.distributed is initialized), or the process used more than
+  `CPU_PROGRESS` of the period on the CPU apart from this thread (a long matmul). So a loop
+  whose every sample lands on the same line (a long collective or a blocking synchronize each
+  step) still progresses, while a rank that waits in a collective or sleeps uses next to none
+  (gloo's threads included: tests/process/test_hang.py relies on it). A rank that busy-waits (a
+  CUDA synchronize that spins) counts as progressing: the job's hang is then found on the rank
+  that waits. When it has not progressed for the timeout, the thread writes one `stuck`
   line to the agent's report pipe, and again only after the main thread moved on and got stuck
   anew. While training runs the cost is one sample per period: no tracing, no extra process.
 """
@@ -37,9 +40,9 @@ __all__ = ["DUMP_SIGNAL", "HANG_VAR", "arm", "parse_stuck", "stuck_line"]
 #: The signal the agent sends for a dump: a real-time signal no library claims, so that a script's
 #: own SIGUSR1 handler (a checkpoint on a scheduler's warning) is not run by a hang.
 DUMP_SIGNAL: int = signal.SIGRTMIN + 3
-#: CPU seconds of the process between two samples that count as progress (the watchdog's own
-#: sample takes tens of microseconds).
-CPU_PROGRESS = 0.002
+#: The share of a period the process must spend on the CPU (this thread's own time apart) for
+#: the period to count as progress.
+CPU_PROGRESS = 0.01
 #: The shortest and longest period between two samples.
 MIN_PERIOD, MAX_PERIOD = 0.05, 15.0
 
@@ -75,8 +78,8 @@ def _where(frame: FrameType | None) -> str:
 def _watch(timeout: float, report_fd: int, main: int) -> None:
     """Sample the main thread forever; write a `stuck_line` when it made no progress for `timeout`."""
     period = min(MAX_PERIOD, max(MIN_PERIOD, timeout / 4))
-    last: tuple[int, int] | None = None
-    cpu = time.process_time()
+    last: tuple[int, int, int] | None = None
+    cpu = time.process_time() - time.thread_time()
     moved = time.time()
     told = False
     while True:
@@ -84,9 +87,9 @@ def _watch(timeout: float, report_fd: int, main: int) -> None:
         frame = sys._current_frames().get(main)
         if frame is None:  # the main thread has ended: the interpreter is exiting
             return
-        here = (id(frame.f_code), frame.f_lineno or 0)
-        now_cpu = time.process_time()
-        if here != last or now_cpu - cpu >= CPU_PROGRESS:
+        here = (id(frame.f_code), frame.f_lineno or 0, _collectives())
+        now_cpu = time.process_time() - time.thread_time()
+        if here != last or now_cpu - cpu >= CPU_PROGRESS * period:
             last, moved, told = here, time.time(), False
         cpu = now_cpu
         if not told and time.time() - moved >= timeout:
@@ -94,6 +97,16 @@ def _watch(timeout: float, report_fd: int, main: int) -> None:
             with contextlib.suppress(OSError):
                 os.write(report_fd, stuck_line(_where(frame), moved))
         del frame
+
+
+def _collectives() -> int:
+    """Return the default process group's sequence number (collectives issued), -1 if none."""
+    dist = sys.modules.get("torch.distributed")  # never imported here: only if the script did
+    with contextlib.suppress(Exception):  # any torch version, any backend: no number, no signal
+        if dist is not None and dist.is_initialized():
+            group = dist.distributed_c10d._get_default_group()
+            return int(group._get_sequence_number_for_group())
+    return -1
 
 
 def _forget_in_child() -> None:

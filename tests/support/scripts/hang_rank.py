@@ -7,7 +7,8 @@ Every rank joins the group with ``distenv.init_dist(backend="gloo")``, writes it
 time to ``OUT/fault`` and hangs as MODE says: ``sleep`` (it sleeps in its own code while the others
 wait in the all_reduce), ``skip`` (it skips that step's all_reduce: one collective ahead, it reaches
 the final barrier while the others wait in the loop's last all_reduce), ``none`` (nobody hangs: the
-loop runs until SIGTERM, for a dump on demand).
+loop runs until SIGTERM, for a dump on demand), ``slow`` (nobody hangs: every rank's steps take
+1.6 s each, most of it on one line, for `SLOW_STEPS` steps).
 """
 
 from __future__ import annotations
@@ -23,12 +24,15 @@ import torch.distributed as dist
 import distenv
 
 STEPS = 30
+SLOW_STEPS = 6
 
 
 def train(out: Path, rank: int, hang_step: int, mode: str) -> None:
     x = torch.ones(1)
-    steps = 10**9 if mode == "none" else STEPS
+    steps = {"none": 10**9, "slow": SLOW_STEPS}.get(mode, STEPS)
     for step in range(steps):
+        if mode == "slow":
+            time.sleep(1.6)
         if dist.get_rank() == rank and step == hang_step:
             (out / "fault").write_text(str(time.time()))
             if mode == "sleep":
