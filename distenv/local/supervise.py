@@ -24,13 +24,12 @@ from typing import Any
 
 from distenv.deadline import Deadline
 from distenv.exits import DEBUG_VAR
-from distenv.local.autopsy import HANG_STATUS, hang_card, main_stack, summary
-from distenv.local.card import card, elsewhere_card, log_line, rank_ranges
+from distenv.local.autopsy import HANG_STATUS, Autopsy
+from distenv.local.card import card, elsewhere_card, log_line
 from distenv.local.group_killer import GroupKiller
 from distenv.local.output import copy_output, drain, tell
 from distenv.local.reporting import Report
 from distenv.local.stopping import KILL_WAIT, StopPolicy, exit_status
-from distenv.local.watchdog import DUMP_SIGNAL
 from distenv.local.witness import RunDir, Witness
 from distenv.processes import Adopter, live_groups, with_parent_death
 
@@ -44,8 +43,6 @@ STOPPING_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 FORWARDED_SIGNALS = (*STOPPING_SIGNALS, signal.SIGUSR1, signal.SIGUSR2)
 # Seconds between reapings of adopted orphans that exited while the ranks run (/proc is read then).
 REAP_INTERVAL = 1.0
-#: The longest wait for the ranks' stack dumps once they were asked for one.
-DUMP_WAIT = 3.0
 
 
 def say(message: str) -> None:
@@ -123,12 +120,7 @@ class Supervisor:
             hold=not debug,
             hang_timeout=hang_timeout,
         )
-        self.hang_timeout = hang_timeout
-        #: The hang card's first lines, once the job was found hung.
-        self.hung: list[str] | None = None
-        #: The stuck rank that a pending dump is for (None: a dump on demand), and its deadline.
-        self._dump: tuple[tuple[int, str, float] | None, Deadline] | None = None
-        self._hung_at = 0.0
+        self.autopsy = Autopsy(self.witness, [c.rank for c in self.children], hang_timeout)
         self.policy = policy
         self.poll_interval = poll_interval
         self.peers = peers
@@ -198,6 +190,10 @@ class Supervisor:
             self._adopter.send(live, signal.SIGKILL)
             time.sleep(0.01)
 
+    def _pids(self) -> dict[int, int]:
+        """Return the pid of each rank still running."""
+        return {c.rank: c.process.pid for c in self._running() if c.process is not None}
+
     def _running(self) -> list[Child]:
         return [c for c in self.children if c.process is not None and c.process.poll() is None]
 
@@ -257,8 +253,8 @@ class Supervisor:
         while self._signals:
             signum = self._signals.pop(0)
             if signum not in STOPPING_SIGNALS:
-                if signum == signal.SIGUSR1 and self._dump is None:  # each rank dumps its stacks
-                    self._dump = (None, Deadline.after(DUMP_WAIT))
+                if signum == signal.SIGUSR1:  # each rank dumps its stacks
+                    self.autopsy.on_demand()
                 continue
             if self.status is None:
                 self.status = 128 + signum
@@ -300,54 +296,15 @@ class Supervisor:
             self._say(f"{message}; {ranks}")
             self._begin_stop(signal.SIGTERM)
 
-    def _check_hang(self) -> None:
-        """Ask every rank for its stacks once a rank's watchdog said it is stuck."""
-        if self.status is not None or self.hung is not None or self._dump is not None:
-            return
-        stuck = self.witness.stuck()
-        if stuck is None:
-            return
-        for child in self._running():  # the rank alone: its children do not dump
-            with contextlib.suppress(ProcessLookupError, PermissionError):
-                os.kill(child.process.pid, DUMP_SIGNAL)  # type: ignore[union-attr]
-        self._dump = (stuck, Deadline.after(DUMP_WAIT))
-
-    def _check_dump(self) -> None:
-        """Once the ranks asked wrote their stacks (or `DUMP_WAIT` passed), say what they hold."""
-        if self._dump is None:
-            return
-        stuck, deadline = self._dump
-        running = [c.rank for c in self._running()]
-        if not self.witness.dumped(running) and not deadline.passed():
-            return
-        time.sleep(0.05)  # a dump is written at once, but in many writes: let it end
-        self._dump = None
-        stacks = {rank: main_stack(dump) for rank, dump in self.witness.take_dumps().items()}
-        missing = [c.rank for c in self.children if c.rank not in stacks]
-        folder = str(self.run_dir.path)
-        if stuck is None:
-            lines = [
-                f"{PROGRAM}: SIGUSR1: the stacks of {len(stacks)} of {len(self.children)} "
-                f"local ranks (rank {rank_ranges(stacks) or 'none'})",
-                *summary(stacks, missing),
-                f"  stacks:  {folder}/rank-N.fault hold every thread's stack of each rank",
-            ]
-            tell("\n".join(lines))
-            return
-        if self.status is None:
-            self.hung = hang_card(*stuck, self.hang_timeout or 0.0, stacks, missing, folder)
-            self._hung_at = time.time()
-            self.status = HANG_STATUS
-            self._begin_stop(signal.SIGTERM)
-
     def _loop(self) -> None:
         running = self._running()
         while True:
             self._check_signals()
             self._check_peers()
             self.witness.look()
-            self._check_hang()
-            self._check_dump()
+            if self.autopsy.poll(self._pids(), watch=self.status is None):
+                self.status = HANG_STATUS
+                self._begin_stop(signal.SIGTERM)
             # Orphans are reaped before the ranks are polled, by pid: were it waitpid(-1), a rank
             # that exited meanwhile would lose its status here (test_rank_status_survives_...).
             # While ranks run, /proc is read only every REAP_INTERVAL.
@@ -428,19 +385,10 @@ class Supervisor:
     def _conclude(self) -> None:
         """Take the cause's exit status as the job's, print the card, keep or remove the log."""
         cause = self.witness.cause()
-        if self.hung is not None:
+        if self.autopsy.card is not None:
             self.witness.close()
-            stopped = "every rank stopped" if not self._killed else "every rank killed"
             tell(
-                "\n".join(
-                    [
-                        *self.hung,
-                        f"  stopped: {stopped} by distenv run (SIGTERM, grace "
-                        f"{self.policy.grace_period:g} s) {time.time() - self._hung_at:.1f} s "
-                        f"after the dump; exit status {HANG_STATUS}, as timeout(1)",
-                        log_line(self.witness),
-                    ]
-                )
+                self.autopsy.ending(self.policy.grace_period, self._killed, log_line(self.witness))
             )
             return
         if cause is not None and self.received is None and self.peer_failed_at is None:

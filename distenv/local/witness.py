@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import collections
 import contextlib
-import linecache
 import os
 import re
 import shutil
@@ -36,13 +35,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO
 
+from distenv.local.dumps import crash_frames
 from distenv.local.reporting import (
     FAULT_FD_VAR,
-    MAX_FRAMES,
     REPORT_FD_VAR,
     Report,
     read_pipe,
-    users_file,
 )
 from distenv.local.watchdog import HANG_VAR, parse_stuck
 from distenv.processes import oom_killed_by_kernel_log, oom_kills
@@ -71,7 +69,6 @@ _WAIT_STEP = 0.01
 _REAP_WAIT = 0.5
 #: The most bytes of one rank's dump read (a thousand threads' stacks are about 1 MiB).
 _DUMP_LIMIT = 1 << 20
-_FRAME = re.compile(rb'^\s+File "(.+)", line (\d+) in (.+)$')
 
 
 class RunDir:
@@ -409,7 +406,7 @@ class Witness:
             with contextlib.suppress(OSError):
                 if fault.stat().st_size > state.dumped:
                     end.at = min(now, fault.stat().st_mtime)
-                    end.fault = _fault_frames(fault, state.dumped)
+                    end.fault = crash_frames(fault, state.dumped)
             if -returncode == signal.SIGKILL and not stopped:
                 after = oom_kills()
                 rose = (
@@ -435,24 +432,3 @@ def _ended(process: subprocess.Popen[bytes]) -> int | None:
     if found.si_code == os.CLD_EXITED:
         return found.si_status
     return -found.si_status
-
-
-def _fault_frames(path: Path, offset: int = 0) -> tuple[str, ...]:
-    """Return the crashing thread's innermost frames from a faulthandler dump (bounded read)."""
-    with path.open("rb") as file:
-        file.seek(offset)
-        text = file.read(64 << 10)
-    section = text.split(b"Current thread", 1)[-1].split(b"\n\n", 1)[0]
-    frames = []
-    for line in section.splitlines():
-        match = _FRAME.match(line)
-        source_file = match[1].decode("utf-8", "replace") if match else ""
-        if match and users_file(source_file):
-            number = int(match[2])
-            frame = (
-                f"{os.path.basename(source_file)}:{number} in {match[3].decode('utf-8', 'replace')}"
-            )
-            source = linecache.getline(source_file, number).strip()
-            frames.append(f"{frame}: {source}" if source else frame)
-    # faulthandler writes the innermost frame first.
-    return tuple(reversed(frames[:MAX_FRAMES]))
