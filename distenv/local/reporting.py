@@ -28,6 +28,7 @@ import time
 from dataclasses import asdict, dataclass
 from types import TracebackType
 
+from distenv.local.watchdog import HANG_VAR, arm
 from distenv.variables import decimal
 
 __all__ = [
@@ -294,9 +295,7 @@ def main(argv: list[str]) -> None:
             with contextlib.suppress(OSError):
                 os.set_inheritable(fd, False)
     _watch_faults()
-    from distenv.local.watchdog import HANG_VAR, arm
-
-    arm(_fd(FAULT_FD_VAR), _fd(REPORT_FD_VAR), os.environ.get(HANG_VAR))
+    arm(_fd(FAULT_FD_VAR), _fd(REPORT_FD_VAR), os.environ.get(HANG_VAR), users_file)
     sys.argv = [target, *args]
     if not module:
         _check_openable(target)

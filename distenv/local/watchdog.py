@@ -30,9 +30,9 @@ import signal
 import sys
 import threading
 import time
+from collections.abc import Callable
 from types import FrameType
 
-from distenv.local.reporting import users_file
 from distenv.settings import HANG_VAR
 
 __all__ = ["DUMP_SIGNAL", "HANG_VAR", "arm", "parse_stuck", "stuck_line"]
@@ -63,10 +63,10 @@ def parse_stuck(data: bytes) -> tuple[str, float] | None:
     return None
 
 
-def _where(frame: FrameType | None) -> str:
+def _where(frame: FrameType | None, users: Callable[[str], bool]) -> str:
     """Return ``file:line in function`` of the innermost frame of the user's code from `frame` on."""
     inner = frame
-    while frame is not None and not users_file(frame.f_code.co_filename):
+    while frame is not None and not users(frame.f_code.co_filename):
         frame = frame.f_back
     frame = frame or inner
     if frame is None:
@@ -75,7 +75,7 @@ def _where(frame: FrameType | None) -> str:
     return f"{os.path.basename(code.co_filename)}:{frame.f_lineno} in {code.co_name}"
 
 
-def _watch(timeout: float, report_fd: int, main: int) -> None:
+def _watch(timeout: float, report_fd: int, main: int, users: Callable[[str], bool]) -> None:
     """Sample the main thread forever; write a `stuck_line` when it made no progress for `timeout`."""
     period = min(MAX_PERIOD, max(MIN_PERIOD, timeout / 4))
     last: tuple[int, int, int] | None = None
@@ -95,7 +95,7 @@ def _watch(timeout: float, report_fd: int, main: int) -> None:
         if not told and time.time() - moved >= timeout:
             told = True
             with contextlib.suppress(OSError):
-                os.write(report_fd, stuck_line(_where(frame), moved))
+                os.write(report_fd, stuck_line(_where(frame, users), moved))
         del frame
 
 
@@ -116,13 +116,20 @@ def _forget_in_child() -> None:
             faulthandler.unregister(signum)
 
 
-def arm(fault_fd: int | None, report_fd: int | None, hang: str | None) -> None:
+def arm(
+    fault_fd: int | None,
+    report_fd: int | None,
+    hang: str | None,
+    users: Callable[[str], bool] = lambda name: True,
+) -> None:
     """Register the dump signals on `fault_fd`; with a timeout `hang` (seconds), start the watchdog.
 
     Args:
         fault_fd: The rank's fault file (None: no agent reads dumps, nothing is registered).
         report_fd: The agent's report pipe (None: no watchdog).
         hang: ``$DISTENV_HANG_TIMEOUT`` as the agent set it, or None.
+        users: Whether a file holds the user's code (`distenv.local.reporting.users_file`): the
+            stuck line names the innermost frame of the user's code.
     """
     if fault_fd is None:
         return
@@ -139,5 +146,5 @@ def arm(fault_fd: int | None, report_fd: int | None, hang: str | None) -> None:
     main = threading.main_thread().ident
     assert main is not None
     threading.Thread(
-        target=_watch, args=(timeout, report_fd, main), name="distenv-watchdog", daemon=True
+        target=_watch, args=(timeout, report_fd, main, users), name="distenv-watchdog", daemon=True
     ).start()
