@@ -182,3 +182,38 @@ def test_a_bad_hang_timeout_is_refused_naming_it(tmp_path: Path) -> None:
     assert "Hint:" in result.stderr
     assert not list(tmp_path.iterdir())
     assert os.environ.get("DISTENV_HANG_TIMEOUT") is None
+
+
+@pytest.mark.parametrize(
+    ("options", "named"),
+    [
+        (["--hang-timeout", "3", "--no-python"], "--hang-timeout needs Python ranks"),
+        (["--max-restarts", "1"], "$DISTENV_HANG_TIMEOUT does not work with --max-restarts yet"),
+    ],
+)
+def test_a_hang_timeout_without_a_watchdog_is_refused(
+    tmp_path: Path, options: list[str], named: str
+) -> None:
+    """--no-python ranks have no watchdog; --max-restarts does not take a hang yet: refused."""
+    env = {**scrubbed_environ(), "DISTENV_HANG_TIMEOUT": "3"}
+    result = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "distenv",
+            "run",
+            "-n",
+            "2",
+            *options,
+            RANK if "--no-python" not in options else "true",
+        ],
+        env=env,
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert result.returncode == 1, result.stderr
+    assert named in result.stderr, result.stderr
+    assert "Hint: drop one" in result.stderr, result.stderr
