@@ -15,9 +15,11 @@ The rank wrapper (`distenv.local.reporting`) calls `arm` before it runs the scri
   step) still progresses, while a rank that waits in a collective or sleeps uses next to none
   (gloo's threads included: tests/process/test_hang.py relies on it). A rank that busy-waits (a
   CUDA synchronize that spins) counts as progressing: the job's hang is then found on the rank
-  that waits. When it has not progressed for the timeout, the thread writes one `stuck`
-  line to the agent's report pipe, and again only after the main thread moved on and got stuck
-  anew. While training runs the cost is one sample per period: no tracing, no extra process.
+  that waits. The watch begins once torch.distributed is initialized: before, the rendezvous's
+  own timeout names the ranks that did not arrive. When the rank has not progressed for the
+  timeout, the thread writes one `stuck` line to the agent's report pipe, and again only after
+  the main thread moved on and got stuck anew. While training runs the cost is one sample per
+  period: no tracing, no extra process.
 """
 
 from __future__ import annotations
@@ -87,9 +89,12 @@ def _watch(timeout: float, report_fd: int, main: int, users: Callable[[str], boo
         frame = sys._current_frames().get(main)
         if frame is None:  # the main thread has ended: the interpreter is exiting
             return
-        here = (id(frame.f_code), frame.f_lineno or 0, _collectives())
+        collectives = _collectives()
+        here = (id(frame.f_code), frame.f_lineno or 0, collectives)
         now_cpu = time.process_time() - time.thread_time()
-        if here != last or now_cpu - cpu >= CPU_PROGRESS * period:
+        # Before the rank joined its group, waiting (for the slowest rank's import torch) is no
+        # hang: the rendezvous has its own timeout, which names the ranks that did not arrive.
+        if here != last or now_cpu - cpu >= CPU_PROGRESS * period or collectives < 0:
             last, moved, told = here, time.time(), False
         cpu = now_cpu
         if not told and time.time() - moved >= timeout:
