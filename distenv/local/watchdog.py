@@ -115,10 +115,15 @@ def _collectives() -> int:
 
 
 def _forget_in_child() -> None:
-    """A forked child (a data loader's worker) does not dump into its parent's fault file."""
+    """A forked child (a data loader's worker) does not dump into its parent's fault file.
+
+    SIGUSR1 is left alone where the script installed its own handler (`signal.getsignal` shows
+    only Python's handlers): unregistering would put back the default action, not its handler.
+    """
     for signum in (DUMP_SIGNAL, signal.SIGUSR1):
-        with contextlib.suppress(RuntimeError, ValueError):
-            faulthandler.unregister(signum)
+        if signum == DUMP_SIGNAL or signal.getsignal(signum) in (signal.SIG_DFL, None):
+            with contextlib.suppress(RuntimeError, ValueError):
+                faulthandler.unregister(signum)
 
 
 def arm(

@@ -4,6 +4,9 @@ from __future__ import annotations
 
 import faulthandler
 import os
+import signal
+import subprocess
+import sys
 import sysconfig
 import threading
 from pathlib import Path
@@ -92,3 +95,34 @@ def test_watchdog_lines_share_the_report_pipe() -> None:
     assert Report.parse(data) == report
     assert Report.parse(stuck_line("f", 1.0)) is None
     assert parse_stuck(b'{"stuck": 3, "since": 1.0}\n') is None
+
+
+@pytest.mark.parametrize("install", [False, True])
+def test_a_forked_child_keeps_the_script_s_own_sigusr1_handler(
+    tmp_path: Path, install: bool
+) -> None:
+    """arm() then fork: a handler the script installed survives in the child; ours is dropped."""
+    code = (
+        "import os, signal, sys\n"
+        "from distenv.local.watchdog import arm\n"
+        "fault = os.open(sys.argv[1] + '/fault', os.O_WRONLY | os.O_CREAT, 0o600)\n"
+        "arm(fault, None, None)\n"
+        "def mine(*_): pass\n"
+        "if sys.argv[2] == '1': signal.signal(signal.SIGUSR1, mine)\n"
+        "pid = os.fork()\n"
+        "if pid == 0:\n"
+        "    os.kill(os.getpid(), signal.SIGUSR1)\n"
+        "    os._exit(7)\n"
+        "print(os.waitpid(pid, 0)[1])\n"
+    )
+    result = subprocess.run(
+        [sys.executable, "-c", code, str(tmp_path), "1" if install else "0"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=True,
+    )
+    # The script's handler ran in the child, which then exited 7; without one, SIGUSR1's default
+    # action ended it, as without distenv.
+    expected = 7 if install else -signal.SIGUSR1
+    assert os.waitstatus_to_exitcode(int(result.stdout)) == expected, result
