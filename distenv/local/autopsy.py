@@ -3,7 +3,8 @@
 When a rank's watchdog says it made no progress for the hang timeout (`distenv.local.watchdog`),
 ``distenv run`` has every local rank dump its threads' stacks into its fault file and prints::
 
-    distenv run: the job hung: rank 3 made no progress for 3 s (since 18:01:22, at train.py:88 in train)
+    distenv run: the job hung: rank 2's stack differs from the other ranks'
+      first:   rank 3 made no progress for 3 s, since 18:01:22, at train.py:88 in train
       differs: rank 2 at train.py:54 in train: time.sleep(600)
       others:  ranks 0-1,3 waiting in all_reduce at train.py:88 in train: dist.all_reduce(x)
       stacks:  /tmp/distenv-run-puc7km8d/rank-N.fault hold every thread's stack
@@ -31,7 +32,7 @@ from distenv.local.reporting import users_file
 from distenv.local.watchdog import DUMP_SIGNAL
 from distenv.local.witness import Witness
 
-__all__ = ["DUMP_WAIT", "HANG_STATUS", "Autopsy", "describe", "group", "summary"]
+__all__ = ["DUMP_WAIT", "HANG_STATUS", "Autopsy", "describe", "group", "summary", "suspects"]
 
 #: The exit status of a job distenv run stopped because it hung: timeout(1)'s.
 HANG_STATUS = 124
@@ -70,6 +71,19 @@ def group(stacks: Mapping[int, tuple[Frame, ...]]) -> list[tuple[list[int], tupl
     for rank in sorted(stacks):
         groups.setdefault(stacks[rank], []).append(rank)
     return sorted(((r, s) for s, r in groups.items()), key=lambda g: (-len(g[0]), g[0][0]))
+
+
+def suspects(stacks: Mapping[int, tuple[Frame, ...]]) -> str:
+    """Return the card's first words: the rank(s) whose stack differs from the majority's."""
+    groups = group(stacks)
+    if len(groups) == 1:
+        return f"every rank's stack is the same ({_ranks(groups[0][0])})"
+    if not groups or len(groups[0][0]) == len(groups[1][0]):
+        return "no stack is the majority's: each group is shown"
+    odd = sorted(r for ranks, _ in groups[1:] for r in ranks)
+    if len(odd) == 1:
+        return f"rank {odd[0]}'s stack differs from the other ranks'"
+    return f"the stacks of {_ranks(odd)} differ from the other ranks'"
 
 
 def summary(stacks: Mapping[int, tuple[Frame, ...]], missing: Sequence[int]) -> list[str]:
@@ -152,8 +166,9 @@ class Autopsy:
         rank, frame, since = stuck
         clock = time.strftime("%H:%M:%S", time.localtime(since))
         self.card = [
-            f"distenv run: the job hung: rank {rank} made no progress for "
-            f"{self.hang_timeout or 0:g} s (since {clock}, at {_clip(frame)})",
+            f"distenv run: the job hung: {suspects(stacks)}",
+            f"  first:   rank {rank} made no progress for {self.hang_timeout or 0:g} s, since "
+            f"{clock}, at {_clip(frame)}",
             *summary(stacks, missing),
             folder,
         ]

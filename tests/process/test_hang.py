@@ -114,7 +114,8 @@ def _hung(job: Job) -> str:
     """Assert what every hang card says; return the card."""
     assert job.agent.returncode == 124, job.text
     card = job.text[job.text.index("distenv run: the job hung: ") :]
-    assert re.match(rf"distenv run: the job hung: rank \d made no progress for {HANG_S:g} s", card)
+    first = rf"\n  first:   rank \d made no progress for {HANG_S:g} s, since [0-9:]+, at hang_rank"
+    assert re.search(first, card), job.text
     assert "exit status 124, as timeout(1)" in card, job.text
     assert len(job.text.splitlines()) <= BUDGET, job.text
     assert len(job.pids()) == 4, job.text
@@ -126,6 +127,7 @@ def test_a_rank_that_sleeps_while_the_others_all_reduce_is_named(jobs: dict[str,
     """Rank 2 sleeps in its own code: named with its frame; the others wait in all_reduce."""
     job = jobs["sleep"]
     card = _hung(job)
+    assert card.startswith("distenv run: the job hung: rank 2's stack differs from the other")
     assert re.search(r"differs: rank 2 at hang_rank\.py:\d+ in train: time\.sleep\(600\)", card)
     majority = r"others:  ranks 0-1,3 waiting in all_reduce at hang_rank\.py:\d+ in train"
     assert re.search(majority, card), job.text
@@ -136,6 +138,7 @@ def test_a_rank_that_skipped_an_all_reduce_is_named(jobs: dict[str, Job]) -> Non
     """Rank 1 skipped one all_reduce: it waits in the final barrier, the others in the loop."""
     job = jobs["skip"]
     card = _hung(job)
+    assert card.startswith("distenv run: the job hung: rank 1's stack differs from the other")
     assert re.search(r"differs: rank 1 waiting in barrier at hang_rank\.py:\d+ in finish", card)
     majority = r"others:  ranks 0,2-3 waiting in all_reduce at hang_rank\.py:\d+ in train"
     assert re.search(majority, card), job.text

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from distenv.local.autopsy import describe, group, summary
+from distenv.local.autopsy import describe, group, summary, suspects
 from distenv.local.dumps import crash_frames, main_stack
 from distenv.local.reporting import Report
 from distenv.local.watchdog import parse_stuck, stuck_line
@@ -60,6 +60,7 @@ def test_the_rank_whose_stack_differs_is_named_and_the_majority_after_it() -> No
     """Three ranks in all_reduce, one in its own code: it differs; the others are the majority."""
     stacks = {0: ALL_REDUCE, 1: ALL_REDUCE, 2: SLEEP, 3: ALL_REDUCE}
     assert group(stacks) == [([0, 1, 3], ALL_REDUCE), ([2], SLEEP)]
+    assert suspects(stacks) == "rank 2's stack differs from the other ranks'"
     assert summary(stacks, [4]) == [
         "  differs: rank 2 at train.py:54 in train",
         "  others:  ranks 0-1,3 waiting in all_reduce at train.py:88 in train",
@@ -69,7 +70,10 @@ def test_the_rank_whose_stack_differs_is_named_and_the_majority_after_it() -> No
 
 def test_equal_groups_name_no_majority() -> None:
     """Two against two: both stacks are shown, neither is called the majority."""
-    lines = summary({0: ALL_REDUCE, 1: SLEEP, 2: ALL_REDUCE, 3: SLEEP}, [])
+    stacks = {0: ALL_REDUCE, 1: SLEEP, 2: ALL_REDUCE, 3: SLEEP}
+    assert suspects(stacks) == "no stack is the majority's: each group is shown"
+    assert suspects({0: SLEEP, 1: SLEEP}) == "every rank's stack is the same (ranks 0-1)"
+    lines = summary(stacks, [])
     assert [line.split()[0] for line in lines] == ["stack:", "stack:"]
 
 
