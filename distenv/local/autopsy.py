@@ -155,7 +155,7 @@ class Autopsy:
         if stuck is None:
             head = (
                 f"distenv run: SIGUSR1: the stacks of {len(stacks)} of {len(self.ranks)} local "
-                f"ranks (rank {rank_ranges(stacks) or 'none'})"
+                f"ranks ({_ranks(sorted(stacks)) if stacks else 'none'})"
             )
             from distenv.local.output import tell
 

@@ -158,7 +158,7 @@ def test_sigusr1_dumps_every_rank_s_stack_without_stopping_them(jobs: dict[str, 
     job = jobs["usr1"]
     assert job.ranks_alive_after_usr1, job.text
     assert job.agent.returncode == 128 + signal.SIGTERM, job.text
-    assert "distenv run: SIGUSR1: the stacks of 4 of 4 local ranks (rank 0-3)" in job.text
+    assert "distenv run: SIGUSR1: the stacks of 4 of 4 local ranks (ranks 0-3)" in job.text
     assert re.search(
         r"(all|others|differs): +ranks? [0-9,-]+ .*hang_rank\.py:\d+ in train", job.text
     )
