@@ -25,6 +25,7 @@ __all__ = [
     "AGENT_STORE_VAR",
     "DEBUG_VAR",
     "DEFAULT_RENDEZVOUS_TIMEOUT",
+    "HANG_VAR",
     "LEADERS_VAR",
     "LEADER_MODES",
     "MAX_SECONDS",
@@ -39,6 +40,7 @@ __all__ = [
 ]
 
 TIMEOUT_VAR = "DISTENV_TIMEOUT"
+HANG_VAR = "DISTENV_HANG_TIMEOUT"
 PLUGINS_VAR = "DISTENV_PLUGINS"
 # torchrun's agent hosts the store on MASTER_PORT itself when this is "True" (torch compares it to
 # str(True): torch/distributed/rendezvous.py, _create_c10d_store); workers then only connect.
@@ -69,6 +71,14 @@ SETTINGS = (
         "no",
         "seconds a rank may take to reach rank 0's store and check in (init_dist: 300; "
         f"doctor: 60; at most {MAX_SECONDS:.0f}, a year); the rendezvous_timeout= argument wins",
+    ),
+    Var(
+        HANG_VAR,
+        "distenv run",
+        "no",
+        "seconds a rank may make no progress before distenv run dumps every rank's stacks, names "
+        "the rank whose stack differs and stops the job (exit status 124); --hang-timeout wins "
+        "(docs: failures)",
     ),
     Var(
         PLUGINS_VAR,
@@ -157,6 +167,7 @@ class Settings(NamedTuple):
         restart: torchrun's restart count (``TORCHELASTIC_RESTART_COUNT``), ``"0"`` when unset.
         omp_num_threads: ``OMP_NUM_THREADS`` as written, or None.
         node_leaders: ``DISTENV_NODE_LEADERS`` as written (`LEADER_MODES`), ``"auto"`` when unset.
+        hang_timeout: ``DISTENV_HANG_TIMEOUT`` as written, or None.
     """
 
     timeout: str | None = None
@@ -165,6 +176,7 @@ class Settings(NamedTuple):
     restart: str = "0"
     omp_num_threads: str | None = None
     node_leaders: str = "auto"
+    hang_timeout: str | None = None
 
     @classmethod
     def read(cls, env: Mapping[str, str]) -> Settings:
@@ -178,6 +190,7 @@ class Settings(NamedTuple):
             restart=reader.get(RESTART_VAR) or "0",
             omp_num_threads=reader.get(OMP_VAR),
             node_leaders=(reader.get(LEADERS_VAR) or "auto").strip().lower(),
+            hang_timeout=reader.get(HANG_VAR),
         )
 
     def rendezvous_seconds(
@@ -193,16 +206,38 @@ class Settings(NamedTuple):
             return seconds(argument, "rendezvous_timeout")
         if self.timeout is None:
             return default
-        try:
-            value = float(self.timeout)  # '9' * 5000 reads as inf: refused below
-        except ValueError:
-            value = float("nan")
-        if not _within(value):
-            raise ConfigurationError(
-                "init",
-                f"${TIMEOUT_VAR} is {shown(self.timeout)}, expected {SECONDS}",
-                hint=f"export {TIMEOUT_VAR}=600, or unset it for {default:g} s",
-                variable=TIMEOUT_VAR,
-                value=self.timeout,
-            )
-        return value
+        return _read_seconds(
+            "init",
+            TIMEOUT_VAR,
+            self.timeout,
+            f"export {TIMEOUT_VAR}=600, or unset it for {default:g} s",
+        )
+
+    def hang_seconds(self, argument: float | None) -> float | None:
+        """Return the hang timeout: `argument` (``--hang-timeout``), else ``$DISTENV_HANG_TIMEOUT``.
+
+        Raises:
+            ConfigurationError: If ``$DISTENV_HANG_TIMEOUT`` applies and is not a number of
+                seconds in `SECONDS`, naming its value and the range.
+        """
+        if argument is not None or self.hang_timeout is None:
+            return argument
+        hint = f"export {HANG_VAR}=300 (longer than your slowest step), or unset it"
+        return _read_seconds("distenv run", HANG_VAR, self.hang_timeout, hint)
+
+
+def _read_seconds(launcher: str, name: str, text: str, hint: str) -> float:
+    """Return the setting `name`'s value `text` as seconds in `SECONDS`, or raise naming it."""
+    try:
+        value = float(text)  # '9' * 5000 reads as inf: refused below
+    except ValueError:
+        value = float("nan")
+    if not _within(value):
+        raise ConfigurationError(
+            launcher,
+            f"${name} is {shown(text)}, expected {SECONDS}",
+            hint=hint,
+            variable=name,
+            value=text,
+        )
+    return value

@@ -25,7 +25,7 @@ from distenv.local.reporting import PEER_WORDS
 from distenv.local.stopping import describe_exit
 from distenv.local.witness import CONSEQUENCES, End, Witness
 
-__all__ = ["card", "elsewhere_card", "rank_ranges"]
+__all__ = ["card", "elsewhere_card", "log_line", "rank_ranges"]
 
 #: The longest text of one card line's value.
 WIDTH = 160
@@ -159,7 +159,7 @@ def card(
         lines.append(f"  {'output:' if i == 0 else '':<8} {_clean(text)}")
     others = [e for e in witness.ends(everyone=True) if e.rank != cause.rank]
     lines.append(f"  others:  {_others(cause, others, witness.stop_at)}")
-    return [*lines, _log(witness)]
+    return [*lines, log_line(witness)]
 
 
 def elsewhere_card(witness: Witness, first: str | None) -> list[str]:
@@ -178,10 +178,10 @@ def elsewhere_card(witness: Witness, first: str | None) -> list[str]:
         lines.append(
             f"  here:    {_ranks(e.rank for e in broke)} failed in a collective a peer broke{why}"
         )
-    return [*lines, _log(witness)]
+    return [*lines, log_line(witness)]
 
 
-def _log(witness: Witness) -> str:
+def log_line(witness: Witness) -> str:
     """Return the line naming the log, with what was held back of the console."""
     held = _held(witness)
     kept = f"; held back here: {held}" if held else ""

@@ -28,6 +28,7 @@ import time
 from dataclasses import asdict, dataclass
 from types import TracebackType
 
+from distenv.local.watchdog import HANG_VAR, arm
 from distenv.variables import decimal
 
 __all__ = [
@@ -36,6 +37,7 @@ __all__ = [
     "Report",
     "classify",
     "main",
+    "read_pipe",
     "read_report",
     "user_frames",
     "users_file",
@@ -56,6 +58,8 @@ MAX_FRAME_CHARS = 240
 #: and its subclasses), and the words gloo and the store use for it in a RuntimeError.
 PEER_TYPES = frozenset({"DistError", "DistBackendError", "DistNetworkError", "DistStoreError"})
 PEER_WORDS = ("Connection closed by peer", "Connection reset by peer", "Broken pipe")
+#: How the watchdog's lines on the same pipe begin (`distenv.local.watchdog.stuck_line`).
+STUCK_PREFIX = b'{"stuck"'
 #: The kinds of failure, and whether another attempt could end otherwise.
 RETRIED = {"exception": True, "refused": False, "import": False, "usage": False, "stopped": False}
 
@@ -98,7 +102,12 @@ class Report:
     @classmethod
     def parse(cls, data: bytes) -> Report | None:
         """Return the report in `data` (its last complete line), None if there is none valid."""
-        lines = data[-MAX_REPORT_BYTES * 4 :].splitlines()
+        # The watchdog's lines (`distenv.local.watchdog`) share the pipe: they are not reports.
+        lines = [
+            line
+            for line in data[-MAX_REPORT_BYTES * 4 :].splitlines()
+            if not line.startswith(STUCK_PREFIX)
+        ]
         with contextlib.suppress(ValueError, TypeError, RecursionError):
             fields = json.loads(lines[-1]) if lines else None
             if (
@@ -206,8 +215,8 @@ def classify(exc: BaseException) -> Report | None:
     return Report(kind, _first_line(exc), at, frames, _broken_by_peer(exc))
 
 
-def read_report(fd: int) -> Report | None:
-    """Return the report waiting in the pipe `fd` (non-blocking, bounded), None if none."""
+def read_pipe(fd: int) -> bytes:
+    """Return what waits in the pipe `fd` (non-blocking, at most 16 KiB)."""
     data = b""
     with contextlib.suppress(BlockingIOError, OSError):
         while len(data) < MAX_REPORT_BYTES * 4:
@@ -215,7 +224,12 @@ def read_report(fd: int) -> Report | None:
             if not chunk:
                 break
             data += chunk
-    return Report.parse(data)
+    return data
+
+
+def read_report(fd: int) -> Report | None:
+    """Return the report waiting in the pipe `fd` (non-blocking, bounded), None if none."""
+    return Report.parse(read_pipe(fd))
 
 
 def _fd(name: str) -> int | None:
@@ -281,6 +295,7 @@ def main(argv: list[str]) -> None:
             with contextlib.suppress(OSError):
                 os.set_inheritable(fd, False)
     _watch_faults()
+    arm(_fd(FAULT_FD_VAR), _fd(REPORT_FD_VAR), os.environ.get(HANG_VAR), users_file)
     sys.argv = [target, *args]
     if not module:
         _check_openable(target)

@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from distenv.errors import ConfigurationError, shown
+from distenv.local.autopsy import HANG_STATUS
 from distenv.local.output import tell
 from distenv.local.plan import (
     LaunchOptions,
@@ -38,7 +39,7 @@ from distenv.local.restarts import Restarts, reporting_program
 from distenv.local.stopping import DEFAULT_GRACE_PERIOD, StopPolicy
 from distenv.local.supervise import Child, Supervisor
 from distenv.master import DEFAULT_PORT, LOCAL_HOST
-from distenv.settings import MAX_SECONDS, Settings
+from distenv.settings import HANG_VAR, MAX_SECONDS, Settings
 from distenv.variables import MAX_COUNT, decimal
 
 __all__ = [
@@ -125,6 +126,14 @@ def _bounded_int(text: str, low: int, high: int = MAX_COUNT) -> int:
 
 def _positive_int(text: str) -> int:
     return _bounded_int(text, 1)
+
+
+def _positive_seconds(text: str) -> float:
+    """Parse a timeout: `_seconds`, but not zero."""
+    value = _seconds(text)
+    if value == 0:
+        raise argparse.ArgumentTypeError(f"{shown(text)} is not a positive number of seconds")
+    return value
 
 
 def _natural(text: str) -> int:
@@ -304,6 +313,16 @@ def add_run_parser(subparsers: Any) -> argparse.ArgumentParser:
         "whole job again, at most N times in the whole job; failures a restart would repeat "
         "(distenv refusing the environment, an import or usage error, a stop signal) are not "
         "retried (default 0)",
+    )
+    add(
+        *_spellings("--hang-timeout"),
+        dest="hang_timeout",
+        type=_positive_seconds,
+        default=None,
+        metavar="SECONDS",
+        help=f"when a rank makes no progress for SECONDS, dump every rank's stacks, name the "
+        f"rank whose stack differs, stop the job and exit with status {HANG_STATUS} "
+        f"(default: ${HANG_VAR}, else never)",
     )
     add(
         *_spellings("--restart-backoff"),
@@ -509,6 +528,7 @@ def run(args: argparse.Namespace) -> int:
     plan, children = _node(args, os.environ)
     _check_port(plan, given=args.master_port is not None)
     policy = StopPolicy(args.grace_period)
+    hang = _hang_timeout(args)
     if args.max_restarts:
         return Restarts(
             children,
@@ -524,5 +544,33 @@ def run(args: argparse.Namespace) -> int:
         policy=policy,
         poll_interval=args.monitor_interval,
         world_size=plan.nnodes * len(children),
+        hang_timeout=hang,
     )
     return supervisor.run()
+
+
+def _hang_timeout(args: argparse.Namespace) -> float | None:
+    """Return the hang timeout (``--hang-timeout``, else ``$DISTENV_HANG_TIMEOUT``), or refuse it.
+
+    Raises:
+        ConfigurationError: For a bad ``$DISTENV_HANG_TIMEOUT``, or a hang timeout with
+            ``--no-python`` (no watchdog in the ranks) or ``--max-restarts`` (not yet).
+    """
+    hang = Settings.read(os.environ).hang_seconds(args.hang_timeout)
+    source = "--hang-timeout" if args.hang_timeout is not None else f"${HANG_VAR}"
+    if hang is not None and args.no_python:
+        raise ConfigurationError(
+            COMMAND,
+            f"{source} needs Python ranks (its watchdog runs in distenv's rank wrapper), but "
+            "--no-python was given",
+            hint="drop one; a program that is not Python is not watched",
+            variable=source,
+        )
+    if hang is not None and args.max_restarts:
+        raise ConfigurationError(
+            COMMAND,
+            f"{source} does not work with --max-restarts yet",
+            hint=f"drop one (unset ${HANG_VAR} if it came from there)",
+            variable=source,
+        )
+    return hang

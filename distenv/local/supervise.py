@@ -24,7 +24,8 @@ from typing import Any
 
 from distenv.deadline import Deadline
 from distenv.exits import DEBUG_VAR
-from distenv.local.card import card, elsewhere_card
+from distenv.local.autopsy import HANG_STATUS, Autopsy
+from distenv.local.card import card, elsewhere_card, log_line
 from distenv.local.group_killer import GroupKiller
 from distenv.local.output import copy_output, drain, tell
 from distenv.local.reporting import Report
@@ -86,6 +87,9 @@ class Supervisor:
         host: This node's host name (for the card).
         print_card: Whether a failed job ends with the card here (``--max-restarts`` prints it
             once the agents decided the job's end).
+        hang_timeout: Seconds without progress on a rank after which the job is found hung:
+            every rank dumps its stacks, the hang card names the one(s) whose stack differs, and
+            the ranks are stopped (exit status `HANG_STATUS`). None: no watchdog.
     """
 
     def __init__(
@@ -99,6 +103,7 @@ class Supervisor:
         world_size: int | None = None,
         host: str = "",
         print_card: bool = True,
+        hang_timeout: float | None = None,
     ) -> None:
         self.children = list(children)
         self._own_dir = run_dir is None
@@ -113,7 +118,9 @@ class Supervisor:
             [(c.rank, i, c.show_output) for i, c in enumerate(self.children)],
             prefix=prefix,
             hold=not debug,
+            hang_timeout=hang_timeout,
         )
+        self.autopsy = Autopsy(self.witness, [c.rank for c in self.children], hang_timeout)
         self.policy = policy
         self.poll_interval = poll_interval
         self.peers = peers
@@ -183,6 +190,10 @@ class Supervisor:
             self._adopter.send(live, signal.SIGKILL)
             time.sleep(0.01)
 
+    def _pids(self) -> dict[int, int]:
+        """Return the pid of each rank still running."""
+        return {c.rank: c.process.pid for c in self._running() if c.process is not None}
+
     def _running(self) -> list[Child]:
         return [c for c in self.children if c.process is not None and c.process.poll() is None]
 
@@ -242,6 +253,8 @@ class Supervisor:
         while self._signals:
             signum = self._signals.pop(0)
             if signum not in STOPPING_SIGNALS:
+                if signum == signal.SIGUSR1:  # each rank dumps its stacks
+                    self.autopsy.on_demand()
                 continue
             if self.status is None:
                 self.status = 128 + signum
@@ -289,6 +302,9 @@ class Supervisor:
             self._check_signals()
             self._check_peers()
             self.witness.look()
+            if self.autopsy.poll(self._pids(), watch=self.status is None):
+                self.status = HANG_STATUS
+                self._begin_stop(signal.SIGTERM)
             # Orphans are reaped before the ranks are polled, by pid: were it waitpid(-1), a rank
             # that exited meanwhile would lose its status here (test_rank_status_survives_...).
             # While ranks run, /proc is read only every REAP_INTERVAL.
@@ -369,6 +385,12 @@ class Supervisor:
     def _conclude(self) -> None:
         """Take the cause's exit status as the job's, print the card, keep or remove the log."""
         cause = self.witness.cause()
+        if self.autopsy.card is not None:
+            self.witness.close()
+            tell(
+                self.autopsy.ending(self.policy.grace_period, self._killed, log_line(self.witness))
+            )
+            return
         if cause is not None and self.received is None and self.peer_failed_at is None:
             self.status = cause.status
         self.witness.close()

@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import collections
 import contextlib
-import linecache
 import os
 import re
 import shutil
@@ -36,14 +35,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO
 
+from distenv.local.dumps import crash_frames
 from distenv.local.reporting import (
     FAULT_FD_VAR,
-    MAX_FRAMES,
     REPORT_FD_VAR,
     Report,
-    read_report,
-    users_file,
+    read_pipe,
 )
+from distenv.local.watchdog import HANG_VAR, parse_stuck
 from distenv.processes import oom_killed_by_kernel_log, oom_kills
 
 __all__ = ["CONSEQUENCES", "End", "RunDir", "Witness"]
@@ -68,7 +67,8 @@ ONCE_PER_RANK = frozenset({"lost store", "closed connections"})
 _WAIT_STEP = 0.01
 #: How long to wait for the status of a rank the supervisor is reaping.
 _REAP_WAIT = 0.5
-_FRAME = re.compile(rb'^\s+File "(.+)", line (\d+) in (.+)$')
+#: The most bytes of one rank's dump read (a thousand threads' stacks are about 1 MiB).
+_DUMP_LIMIT = 1 << 20
 
 
 class RunDir:
@@ -155,6 +155,8 @@ class _Rank:
     process: subprocess.Popen[bytes] | None = None
     report: Report | None = None
     end: End | None = None
+    stuck: tuple[str, float] | None = None
+    dumped: int = 0
     last: collections.deque[bytes] = field(
         default_factory=lambda: collections.deque(maxlen=LAST_LINES)
     )
@@ -168,6 +170,8 @@ class Witness:
         ranks: ``(rank, local_rank, shown)`` of each local rank.
         prefix: Whether shown lines are prefixed ``[rank N] `` (``--prefix-output``).
         hold: Whether consequences are held back (False with ``DISTENV_DEBUG=1``).
+        hang_timeout: Seconds without progress after which a rank's watchdog says it is stuck
+            (None: no watchdog).
     """
 
     def __init__(
@@ -177,8 +181,10 @@ class Witness:
         *,
         prefix: bool = False,
         hold: bool = True,
+        hang_timeout: float | None = None,
     ) -> None:
         self.run_dir = run_dir
+        self.hang_timeout = hang_timeout
         self.hold = hold
         self.started_at = time.time()
         self.stop_at: float | None = None
@@ -208,6 +214,8 @@ class Witness:
         state = self._ranks[rank]
         write = state.report_fds[1]
         env = {REPORT_FD_VAR: str(write), FAULT_FD_VAR: str(state.fault_fd)}
+        if self.hang_timeout is not None:
+            env[HANG_VAR] = repr(self.hang_timeout)
         return env, (write, state.fault_fd)
 
     def started(self, rank: int, process: subprocess.Popen[bytes]) -> None:
@@ -263,6 +271,46 @@ class Witness:
             while time.monotonic() < deadline and not self._failed_yet():
                 time.sleep(_WAIT_STEP)
             waited = True
+
+    def stuck(self) -> tuple[int, str, float] | None:
+        """Return the rank whose watchdog said first that it is stuck: rank, where, since when."""
+        with self._lock:
+            self._look()
+            found = [(r.stuck[1], r.rank, r.stuck[0]) for r in self._ranks.values() if r.stuck]
+        if not found:
+            return None
+        since, rank, frame = min(found)
+        return rank, frame, since
+
+    def fault_sizes(self) -> dict[int, int]:
+        """Return the size of each rank's fault file (a dump appends to it)."""
+        sizes = {}
+        for rank in self._ranks:
+            with contextlib.suppress(OSError):
+                sizes[rank] = (self.run_dir.path / f"rank-{rank}.fault").stat().st_size
+        return sizes
+
+    def dumped(self, ranks: Sequence[int]) -> bool:
+        """Return whether each of `ranks` wrote to its fault file since the last dump taken."""
+        sizes = self.fault_sizes()
+        return all(sizes.get(rank, 0) > self._ranks[rank].dumped for rank in ranks)
+
+    def take_dumps(self) -> dict[int, bytes]:
+        """Return what each rank's fault file holds since the last dump taken (bounded reads).
+
+        A fatal signal's frames are read past the dumps only (`_end`).
+        """
+        dumps = {}
+        with self._lock:
+            for state in self._ranks.values():
+                fault = self.run_dir.path / f"rank-{state.rank}.fault"
+                with contextlib.suppress(OSError), fault.open("rb") as file:
+                    file.seek(state.dumped)
+                    data = file.read(_DUMP_LIMIT)
+                    state.dumped += len(data)
+                    if data:
+                        dumps[state.rank] = data
+        return dumps
 
     def ends(self, *, everyone: bool = False) -> list[End]:
         """Return how each rank that failed (or, `everyone`, ended) ended, the cause first."""
@@ -333,7 +381,9 @@ class Witness:
     def _look(self) -> None:
         for state in self._ranks.values():
             if state.report is None and self._log is not None:  # the pipes are open
-                state.report = read_report(state.report_fds[0])
+                data = read_pipe(state.report_fds[0])
+                state.report = Report.parse(data)
+                state.stuck = state.stuck or parse_stuck(data)
             if state.end is None and state.process is not None:
                 returncode = _ended(state.process)
                 if returncode is not None:
@@ -354,9 +404,9 @@ class Witness:
         elif returncode < 0:
             fault = self.run_dir.path / f"rank-{state.rank}.fault"
             with contextlib.suppress(OSError):
-                if fault.stat().st_size:
+                if fault.stat().st_size > state.dumped:
                     end.at = min(now, fault.stat().st_mtime)
-                    end.fault = _fault_frames(fault)
+                    end.fault = crash_frames(fault, state.dumped)
             if -returncode == signal.SIGKILL and not stopped:
                 after = oom_kills()
                 rose = (
@@ -382,23 +432,3 @@ def _ended(process: subprocess.Popen[bytes]) -> int | None:
     if found.si_code == os.CLD_EXITED:
         return found.si_status
     return -found.si_status
-
-
-def _fault_frames(path: Path) -> tuple[str, ...]:
-    """Return the crashing thread's innermost frames from a faulthandler dump (bounded read)."""
-    with path.open("rb") as file:
-        text = file.read(64 << 10)
-    section = text.split(b"Current thread", 1)[-1].split(b"\n\n", 1)[0]
-    frames = []
-    for line in section.splitlines():
-        match = _FRAME.match(line)
-        source_file = match[1].decode("utf-8", "replace") if match else ""
-        if match and users_file(source_file):
-            number = int(match[2])
-            frame = (
-                f"{os.path.basename(source_file)}:{number} in {match[3].decode('utf-8', 'replace')}"
-            )
-            source = linecache.getline(source_file, number).strip()
-            frames.append(f"{frame}: {source}" if source else frame)
-    # faulthandler writes the innermost frame first.
-    return tuple(reversed(frames[:MAX_FRAMES]))

@@ -10,8 +10,9 @@ import pytest
 
 from distenv.local import reporting
 from distenv.local.card import how, rank_ranges
+from distenv.local.dumps import crash_frames
 from distenv.local.reporting import REPORT_FD_VAR, Report, classify, read_report, user_frames
-from distenv.local.witness import End, _fault_frames
+from distenv.local.witness import End
 from distenv.processes import oom_killed_by_kernel_log, oom_kills
 
 
@@ -91,7 +92,7 @@ def test_fault_frames_are_the_crashing_thread_s_user_frames(tmp_path: Path) -> N
         f'  File "{script}", line 4 in <module>\n\n'
         "Extension modules: numpy (total: 1)\n"
     )
-    assert _fault_frames(dump) == ("train.py:4 in <module>: f()", "train.py:2 in f: crash()")
+    assert crash_frames(dump) == ("train.py:4 in <module>: f()", "train.py:2 in f: crash()")
 
 
 def test_oom_kills_are_read_from_the_cgroup_s_memory_events(tmp_path: Path) -> None:
