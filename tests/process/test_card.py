@@ -142,7 +142,7 @@ def jobs(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Job]]:
 def _common(job: Job, rank: int, how: str, where: str) -> str:
     """Assert what every single-node card says; return the card."""
     card = job.card()
-    assert card.startswith(f"distenv run: rank {rank} failed first: {how}"), job.text
+    assert re.match(rf"distenv run: rank {rank} failed first: {how}", card), job.text
     assert f"local rank {rank} on {socket.gethostname()}" in card, job.text
     assert re.search(rf"where: +card_rank\.py:\d+ in {where}", card), job.text
     # The others: stopped by distenv run, or failed after it (their collective broke).
@@ -158,7 +158,15 @@ def _common(job: Job, rank: int, how: str, where: str) -> str:
 @pytest.mark.parametrize(
     ("name", "rank", "status", "how", "where"),
     [
-        ("raise", 2, 1, "raised ValueError: bad batch at step 3 (exit status 1)", "inject"),
+        # It exits 1 by itself, or distenv run's stop reaches it while it still unwinds (its
+        # peers' broken collectives end them first on a loaded machine): both say it raised.
+        (
+            "raise",
+            2,
+            1,
+            r"raised ValueError: bad batch at step 3 \((exit status 1|then was killed by SIGTERM)\)",
+            "inject",
+        ),
         ("segv", 3, 128 + signal.SIGSEGV, "was killed by SIGSEGV", "inject"),
     ],
 )
