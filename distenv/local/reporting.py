@@ -78,6 +78,8 @@ class Report:
             failure from the failures of the peers it broke, which follow it.
         frames: The innermost frames of the user's code, ``file:line in function: source``.
         peer: Whether it is a collective or store that a peer's end broke (a consequence).
+        status: The status Python ends the rank with: 1, or ``sys.exit``'s code (the job's, where
+            the stop reaches the rank while it still unwinds).
     """
 
     kind: str
@@ -85,6 +87,7 @@ class Report:
     at: float = 0.0
     frames: tuple[str, ...] = ()
     peer: bool = False
+    status: int = 1
 
     @property
     def retried(self) -> bool:
@@ -125,8 +128,14 @@ class Report:
                     fields["at"],
                     tuple(f[:MAX_FRAME_CHARS] for f in frames[-MAX_FRAMES:]),
                     fields.get("peer") is True,
+                    _status(fields.get("status")),
                 )
         return None
+
+
+def _status(value: object) -> int:
+    """Return a report's status field if it is one (0-255), else 1: a failure's default."""
+    return value if type(value) is int and 0 < value <= 0xFF else 1
 
 
 def _first_line(exc: BaseException) -> str:
@@ -194,6 +203,7 @@ def _broken_by_peer(exc: BaseException) -> bool:
 def classify(exc: BaseException) -> Report | None:
     """Return the report of an exception that ends a rank, None for a successful exit."""
     from distenv.errors import DistEnvError, InitError, RendezvousError, WorkerFailedError
+    from distenv.exits import code_of
 
     at = time.time()
     frames = user_frames(exc.__traceback__)
@@ -205,7 +215,8 @@ def classify(exc: BaseException) -> Report | None:
         if exc.code in (None, 0):
             return None
         kind = "usage" if _from_argparse(exc.__traceback__) else "exception"
-        return Report(kind, f"SystemExit: {exc.code}"[:MAX_WHAT_CHARS], at, frames)
+        what = f"SystemExit: {exc.code}"[:MAX_WHAT_CHARS]
+        return Report(kind, what, at, frames, status=code_of(exc.code))
     if isinstance(exc, (ImportError, SyntaxError)):
         kind = "import"
     elif isinstance(exc, KeyboardInterrupt):

@@ -118,13 +118,14 @@ class End:
     def status(self) -> int:
         """Return the exit status the job takes from this failure (128+N for a crash by signal N).
 
-        A rank that raised but was stopped while it exited (SIGTERM from the stop) failed with 1.
+        A rank that raised but was stopped while it exited (SIGTERM from the stop) failed with
+        the status Python was ending it with: 1, or ``sys.exit``'s code (its report's).
         """
         if self.returncode > 0:
             return self.returncode
         if self.returncode < 0 and self.report is None and not self.stopped:
             return 128 - self.returncode
-        return 1
+        return 1 if self.report is None else self.report.status
 
     @property
     def failed(self) -> bool:

@@ -30,6 +30,7 @@ RUN_SPECIFIC = frozenset(
         "MASTER_PORT",
         "TORCHELASTIC_RUN_ID",
         "PMIX_NAMESPACE",
+        "PMI_FD",  # a descriptor number of the launch's process table
     }
 )
 # srun sets a heterogeneous step's SLURM_DISTRIBUTION to block or cyclic from run to run where a

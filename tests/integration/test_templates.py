@@ -139,7 +139,8 @@ def test_mpirun_hostfile_template_with_open_mpi_and_mpich(harness: Harness) -> N
                 harness.start(["bash", SCRIPTS / "mpi" / "mpirun_hostfile.sh"], env=env)
             )
     for result in wait_all(launches):
-        recs = check_world(result, launcher="mpi", layouts=THREE_RANKS)
+        # One host: every rank is local, so the master is 127.0.0.1 (docs/master.md).
+        recs = check_world(result, launcher="mpi", layouts=THREE_RANKS, master="127.0.0.1")
         assert {r["hostname"] for r in recs} == {host}
 
 

@@ -235,7 +235,8 @@ def test_measured_srun_pmi_layers() -> None:
         assert "PMIX_SIZE" not in env
         assert env["SLURM_STEP_ID"] == "0"
     for rank, env in enumerate(slurm.SRUN_PMI2_4):
-        assert sorted(k for k in env if k.startswith("PMI_")) == ["PMI_RANK", "PMI_SIZE"]
+        # Its PMI server's socket (PMI_FD) beside them, but no local rank.
+        assert sorted(k for k in env if k.startswith("PMI_")) == ["PMI_FD", "PMI_RANK", "PMI_SIZE"]
         assert (env["PMI_RANK"], env["PMI_SIZE"]) == (str(rank), "4")
         assert env["SLURM_STEP_ID"] == "0"
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 from pathlib import Path
@@ -134,3 +135,30 @@ def test_a_forked_child_s_exception_is_not_reported_as_the_rank_s(
     finally:
         os.close(read)
         os.close(write)
+
+
+@pytest.mark.parametrize(
+    ("exc", "status"),
+    [(SystemExit(7), 7), (SystemExit(256 + 3), 3), (SystemExit("bye"), 1), (ValueError("x"), 1)],
+)
+def test_a_rank_stopped_while_it_unwinds_keeps_pythons_status(
+    exc: BaseException, status: int
+) -> None:
+    """The status Python was ending the rank with travels in its report (through the pipe's
+    JSON line) and is the job's where distenv run's SIGTERM reaches the rank as it unwinds."""
+    report = classify(exc)
+    assert report is not None
+    sent = Report.parse(report.line())
+    assert sent is not None
+    assert sent.status == status
+    assert _end(-signal.SIGTERM, sent).status == status
+    assert _end(-signal.SIGSEGV).status == 128 + signal.SIGSEGV  # a crash: no report
+
+
+def test_a_report_s_status_out_of_range_reads_as_a_failure() -> None:
+    """A status that is no exit status (0, out of range, not an int) reads as 1: a failure."""
+    for value in (0, 256, -1, "7", 7.0, True):
+        line = json.dumps({"kind": "exception", "what": "x", "at": 1.0, "status": value})
+        parsed = Report.parse(line.encode())
+        assert parsed is not None, value
+        assert parsed.status == 1, value

@@ -7,10 +7,34 @@ dates: tests/support/envs/captures/README.md. Regenerate, never edit by hand.
 # LD_LIBRARY_PATH=$DISTENV_TEST_MPICH_LIB MPI4PY_MPIABI=mpich mpiexec.hydra -n 4 python capture_env.py --out DIR
 # cluster: None; hosts by rank: ['vm', 'vm', 'vm', 'vm']
 HYDRA_4 = (
-    {"MPI_LOCALNRANKS": "4", "MPI_LOCALRANKID": "0", "PMI_RANK": "0", "PMI_SIZE": "4"},
-    {"MPI_LOCALNRANKS": "4", "MPI_LOCALRANKID": "1", "PMI_RANK": "1", "PMI_SIZE": "4"},
-    {"MPI_LOCALNRANKS": "4", "MPI_LOCALRANKID": "2", "PMI_RANK": "2", "PMI_SIZE": "4"},
-    {"MPI_LOCALNRANKS": "4", "MPI_LOCALRANKID": "3", "PMI_RANK": "3", "PMI_SIZE": "4"},
+    {
+        "MPI_LOCALNRANKS": "4",
+        "MPI_LOCALRANKID": "0",
+        "PMI_FD": "6",
+        "PMI_RANK": "0",
+        "PMI_SIZE": "4",
+    },
+    {
+        "MPI_LOCALNRANKS": "4",
+        "MPI_LOCALRANKID": "1",
+        "PMI_FD": "8",
+        "PMI_RANK": "1",
+        "PMI_SIZE": "4",
+    },
+    {
+        "MPI_LOCALNRANKS": "4",
+        "MPI_LOCALRANKID": "2",
+        "PMI_FD": "13",
+        "PMI_RANK": "2",
+        "PMI_SIZE": "4",
+    },
+    {
+        "MPI_LOCALNRANKS": "4",
+        "MPI_LOCALRANKID": "3",
+        "PMI_FD": "17",
+        "PMI_RANK": "3",
+        "PMI_SIZE": "4",
+    },
 )
 
 # LD_LIBRARY_PATH=$DISTENV_TEST_MPICH_LIB MPI4PY_MPIABI=mpich salloc -J distenv-capture -N 2 -n 4 mpiexec.hydra -n 4 python capture_env.py --out DIR
@@ -19,6 +43,7 @@ HYDRA_IN_SALLOC_2N = (
     {
         "MPI_LOCALNRANKS": "3",
         "MPI_LOCALRANKID": "0",
+        "PMI_FD": "5",
         "PMI_RANK": "0",
         "PMI_SIZE": "4",
         "SLURMD_NODENAME": "n1",
@@ -44,6 +69,7 @@ HYDRA_IN_SALLOC_2N = (
     {
         "MPI_LOCALNRANKS": "3",
         "MPI_LOCALRANKID": "1",
+        "PMI_FD": "6",
         "PMI_RANK": "1",
         "PMI_SIZE": "4",
         "SLURMD_NODENAME": "n1",
@@ -69,6 +95,7 @@ HYDRA_IN_SALLOC_2N = (
     {
         "MPI_LOCALNRANKS": "3",
         "MPI_LOCALRANKID": "2",
+        "PMI_FD": "9",
         "PMI_RANK": "2",
         "PMI_SIZE": "4",
         "SLURMD_NODENAME": "n1",
@@ -94,6 +121,7 @@ HYDRA_IN_SALLOC_2N = (
     {
         "MPI_LOCALNRANKS": "1",
         "MPI_LOCALRANKID": "0",
+        "PMI_FD": "5",
         "PMI_RANK": "3",
         "PMI_SIZE": "4",
         "SLURMD_NODENAME": "n2",
@@ -124,6 +152,7 @@ HYDRA_IN_SBATCH = (
     {
         "MPI_LOCALNRANKS": "2",
         "MPI_LOCALRANKID": "0",
+        "PMI_FD": "5",
         "PMI_RANK": "0",
         "PMI_SIZE": "4",
         "SLURMD_NODENAME": "n1",
@@ -149,6 +178,7 @@ HYDRA_IN_SBATCH = (
     {
         "MPI_LOCALNRANKS": "2",
         "MPI_LOCALRANKID": "1",
+        "PMI_FD": "6",
         "PMI_RANK": "1",
         "PMI_SIZE": "4",
         "SLURMD_NODENAME": "n1",
@@ -174,6 +204,7 @@ HYDRA_IN_SBATCH = (
     {
         "MPI_LOCALNRANKS": "2",
         "MPI_LOCALRANKID": "0",
+        "PMI_FD": "5",
         "PMI_RANK": "2",
         "PMI_SIZE": "4",
         "SLURMD_NODENAME": "n1",
@@ -199,6 +230,7 @@ HYDRA_IN_SBATCH = (
     {
         "MPI_LOCALNRANKS": "2",
         "MPI_LOCALRANKID": "1",
+        "PMI_FD": "6",
         "PMI_RANK": "3",
         "PMI_SIZE": "4",
         "SLURMD_NODENAME": "n1",
@@ -226,10 +258,34 @@ HYDRA_IN_SBATCH = (
 # .venv-mpich/bin/mpiexec -n 4 python capture_env.py --out DIR
 # cluster: None; hosts by rank: ['vm', 'vm', 'vm', 'vm']
 MPICH5_4 = (
-    {"MPI_LOCALNRANKS": "4", "MPI_LOCALRANKID": "0", "PMI_RANK": "0", "PMI_SIZE": "4"},
-    {"MPI_LOCALNRANKS": "4", "MPI_LOCALRANKID": "1", "PMI_RANK": "1", "PMI_SIZE": "4"},
-    {"MPI_LOCALNRANKS": "4", "MPI_LOCALRANKID": "2", "PMI_RANK": "2", "PMI_SIZE": "4"},
-    {"MPI_LOCALNRANKS": "4", "MPI_LOCALRANKID": "3", "PMI_RANK": "3", "PMI_SIZE": "4"},
+    {
+        "MPI_LOCALNRANKS": "4",
+        "MPI_LOCALRANKID": "0",
+        "PMI_FD": "9",
+        "PMI_RANK": "0",
+        "PMI_SIZE": "4",
+    },
+    {
+        "MPI_LOCALNRANKS": "4",
+        "MPI_LOCALRANKID": "1",
+        "PMI_FD": "10",
+        "PMI_RANK": "1",
+        "PMI_SIZE": "4",
+    },
+    {
+        "MPI_LOCALNRANKS": "4",
+        "MPI_LOCALRANKID": "2",
+        "PMI_FD": "15",
+        "PMI_RANK": "2",
+        "PMI_SIZE": "4",
+    },
+    {
+        "MPI_LOCALNRANKS": "4",
+        "MPI_LOCALRANKID": "3",
+        "PMI_FD": "19",
+        "PMI_RANK": "3",
+        "PMI_SIZE": "4",
+    },
 )
 
 # salloc -J distenv-capture -N 2 --ntasks-per-node 2 .venv-mpich/bin/mpiexec -n 4 python capture_env.py --out DIR
@@ -238,6 +294,7 @@ MPICH5_IN_SALLOC_2N = (
     {
         "MPI_LOCALNRANKS": "2",
         "MPI_LOCALRANKID": "0",
+        "PMI_FD": "5",
         "PMI_RANK": "0",
         "PMI_SIZE": "4",
         "SLURMD_NODENAME": "n1",
@@ -263,6 +320,7 @@ MPICH5_IN_SALLOC_2N = (
     {
         "MPI_LOCALNRANKS": "2",
         "MPI_LOCALRANKID": "1",
+        "PMI_FD": "6",
         "PMI_RANK": "1",
         "PMI_SIZE": "4",
         "SLURMD_NODENAME": "n1",
@@ -288,6 +346,7 @@ MPICH5_IN_SALLOC_2N = (
     {
         "MPI_LOCALNRANKS": "2",
         "MPI_LOCALRANKID": "0",
+        "PMI_FD": "5",
         "PMI_RANK": "2",
         "PMI_SIZE": "4",
         "SLURMD_NODENAME": "n2",
@@ -313,6 +372,7 @@ MPICH5_IN_SALLOC_2N = (
     {
         "MPI_LOCALNRANKS": "2",
         "MPI_LOCALRANKID": "1",
+        "PMI_FD": "6",
         "PMI_RANK": "3",
         "PMI_SIZE": "4",
         "SLURMD_NODENAME": "n2",
@@ -343,6 +403,7 @@ MPICH5_IN_SBATCH = (
     {
         "MPI_LOCALNRANKS": "2",
         "MPI_LOCALRANKID": "0",
+        "PMI_FD": "5",
         "PMI_RANK": "0",
         "PMI_SIZE": "4",
         "SLURMD_NODENAME": "n1",
@@ -368,6 +429,7 @@ MPICH5_IN_SBATCH = (
     {
         "MPI_LOCALNRANKS": "2",
         "MPI_LOCALRANKID": "1",
+        "PMI_FD": "6",
         "PMI_RANK": "1",
         "PMI_SIZE": "4",
         "SLURMD_NODENAME": "n1",
@@ -393,6 +455,7 @@ MPICH5_IN_SBATCH = (
     {
         "MPI_LOCALNRANKS": "2",
         "MPI_LOCALRANKID": "0",
+        "PMI_FD": "5",
         "PMI_RANK": "2",
         "PMI_SIZE": "4",
         "SLURMD_NODENAME": "n2",
@@ -418,6 +481,7 @@ MPICH5_IN_SBATCH = (
     {
         "MPI_LOCALNRANKS": "2",
         "MPI_LOCALRANKID": "1",
+        "PMI_FD": "6",
         "PMI_RANK": "3",
         "PMI_SIZE": "4",
         "SLURMD_NODENAME": "n2",

@@ -1114,6 +1114,7 @@ SRUN_HET_REVERSED = (
 # cluster: one; hosts by rank: ['vm', 'vm', 'vm', 'vm']
 SRUN_PMI2_4 = (
     {
+        "PMI_FD": "11",
         "PMI_RANK": "0",
         "PMI_SIZE": "4",
         "SLURMD_NODENAME": "vm",
@@ -1136,6 +1137,7 @@ SRUN_PMI2_4 = (
         "SLURM_TASKS_PER_NODE": "4",
     },
     {
+        "PMI_FD": "13",
         "PMI_RANK": "1",
         "PMI_SIZE": "4",
         "SLURMD_NODENAME": "vm",
@@ -1158,6 +1160,7 @@ SRUN_PMI2_4 = (
         "SLURM_TASKS_PER_NODE": "4",
     },
     {
+        "PMI_FD": "15",
         "PMI_RANK": "2",
         "PMI_SIZE": "4",
         "SLURMD_NODENAME": "vm",
@@ -1180,6 +1183,7 @@ SRUN_PMI2_4 = (
         "SLURM_TASKS_PER_NODE": "4",
     },
     {
+        "PMI_FD": "17",
         "PMI_RANK": "3",
         "PMI_SIZE": "4",
         "SLURMD_NODENAME": "vm",
