@@ -219,7 +219,7 @@ def render_cli_help(name: str) -> str:
 
 def render_refused_flags() -> str:
     """Return the table of torchrun options ``distenv run`` refuses, with what to do instead."""
-    from distenv.local.run import REFUSED_FLAGS
+    from distenv.local.options import REFUSED_FLAGS
 
     rows = ["| torchrun option | instead |", "|---|---|"]
     for flag in REFUSED_FLAGS:

@@ -1,4 +1,4 @@
-"""The ``distenv`` command: info, export, template, run (distenv.local.run) and doctor (distenv.cli.doctor)."""
+"""The ``distenv`` command: info, export, template, run (distenv.local.run, distenv.local.options) and doctor (distenv.cli.doctor)."""
 
 from __future__ import annotations
 
@@ -18,7 +18,8 @@ from distenv.containers import container
 from distenv.detection.pipeline import Detection, locate
 from distenv.device import rank_backend, rank_device_reason, visible_device_count
 from distenv.errors import DistEnvError, MasterResolutionError
-from distenv.local.run import add_run_parser
+from distenv.local.options import add_run_parser
+from distenv.local.run import run
 from distenv.master import SCOPE_VAR
 from distenv.rankinfo import RankInfo
 from distenv.settings import Settings
@@ -285,7 +286,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     template.set_defaults(func=_cmd_template)
 
-    add_run_parser(sub)
+    add_run_parser(sub).set_defaults(func=run)
     add_doctor_parser(sub)
     return parser
 
