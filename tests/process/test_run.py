@@ -542,6 +542,29 @@ def test_a_second_init_dist_with_another_backend_is_refused(tmp_path: Path) -> N
         ), line
 
 
+def test_a_hint_quotes_the_job_s_own_script_and_size(tmp_path: Path) -> None:
+    """A 2-rank job running main_tv.py that names the wrong launcher is told `mpirun -np 2 python
+    main_tv.py`, not the generic `mpirun -np 4 python train.py` (#43 item 5)."""
+    (tmp_path / "main_tv.py").write_text("import distenv\ndistenv.init_dist(launcher='mpi')\n")
+    result = subprocess.run(
+        [sys.executable, "-m", "distenv", "run", "-n", "2", "main_tv.py"],
+        env=launcher_env(PYTHONPATH=str(REPO)),
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert result.returncode == 1, result.stderr
+    # The first failure's line; the card holds the other rank's back as its repeat.
+    line = next(line for line in result.stderr.splitlines() if line.startswith("rank "))
+    assert (
+        "or start it with `mpirun -np 2 python main_tv.py ...` (Open MPI) or `mpiexec -n 2 "
+        "python main_tv.py ...` (MPICH, Intel MPI)" in line
+    ), line
+    assert "train.py" not in result.stderr
+
+
 def test_a_script_gone_when_its_rank_starts_is_reported_not_worth_retrying(tmp_path: Path) -> None:
     """A rank whose script cannot be opened (gone since the check, or absent on another node)
     ends as python does, with its line and status 2, and reports it as not worth retrying."""
