@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING
 from distenv import __version__
 from distenv.args import add_launcher_option
 from distenv.cli import templates
-from distenv.cli.doctor import add_doctor_parser, write_considered
+from distenv.cli.doctor import add_doctor_parser, add_verbose_option, write_considered
 from distenv.containers import container
 from distenv.detection.pipeline import Detection, locate
 from distenv.device import rank_backend, rank_device_reason, visible_device_count
@@ -133,7 +133,7 @@ def _cmd_info(args: argparse.Namespace) -> int:
         _write_network(network)
     print("\nhow it was chosen:")
     device_row = () if why is None else (("device", why),)
-    write_considered((*detection.considered, *device_row), sys.stdout)
+    write_considered((*detection.considered, *device_row), sys.stdout, verbose=args.verbose)
     return 0
 
 
@@ -256,6 +256,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="also show the CUDA device init_dist would select, the visible device count, the "
         "backend and why (imports torch: seconds on some login nodes)",
     )
+    add_verbose_option(info)
     how = info.add_mutually_exclusive_group()
     _add_mpi_option(how)
     how.add_argument(

@@ -411,3 +411,88 @@ def test_cli_page_samples_are_what_the_commands_print() -> None:
     [mapped] = _page_sample("distenv info --json", "master.md")
     formatted = {**env, "DISTENV_MASTER_ADDR_FORMAT": "{host}-ib"}
     assert json.loads(mapped) == printed(formatted)
+
+
+def _builtin_names() -> list[str]:
+    """Return every built-in launcher but none, in detection order: what a laptop lacks."""
+    from distenv.launchers.registry import BUILTINS
+
+    return [launcher.name for launcher in BUILTINS if launcher.name != "none"]
+
+
+def test_launchers_not_detected_share_one_line_unless_verbose() -> None:
+    """On a laptop `info` and `doctor` name the 16 launchers not detected on one line, not 16
+    (#43 item 6); --verbose lists each."""
+    names = _builtin_names()
+    summary = f"  not detected: {', '.join(names)} (no variables; --verbose lists each)"
+    for command in (["info"], ["doctor"]):
+        out = run_cli(*command).stdout.splitlines()
+        assert [line for line in out if "not detected" in line] == [summary], out
+        assert "  none chosen: no launcher detected, running as a single process" in out
+        verbose = run_cli(*command, "--verbose").stdout.splitlines()
+        absent = [
+            line.split()[0] for line in verbose if line.endswith("not detected: no variables")
+        ]
+        assert absent == names, verbose
+
+
+#: The pages' `distenv info` samples and the recorded environment each was printed for.
+INFO_SAMPLES = [
+    ("index.md", "$ srun -N 2 --ntasks-per-node 2 distenv info", slurm.SRUN_2N_4T[3]),
+    ("start/slurm.md", "$ srun --mpi=pmix -n 4 distenv info", slurm.SRUN_PMIX_4[1]),
+    ("start/lsf.md", "launcher              lsf", None),
+    (
+        "start/mpi.md",
+        "$ sbatch -N 2 --ntasks-per-node 2 --wrap 'mpirun -np 4",
+        mpi.OMPI_IN_SBATCH[3],
+    ),
+]
+
+
+@pytest.mark.parametrize(("page", "first", "env"), INFO_SAMPLES, ids=[s[0] for s in INFO_SAMPLES])
+def test_info_samples_are_what_info_prints(
+    page: str, first: str, env: dict[str, str] | None
+) -> None:
+    """The pages' `distenv info` samples are its output for their recorded environment, on a
+    bare node (container none); a sample that elides the table with `...` is checked from `how
+    it was chosen:` on."""
+    from tests.support.envs import lsf
+
+    lines = (Path(__file__).resolve().parents[2] / "docs" / page).read_text().splitlines()
+    start = next(i for i, line in enumerate(lines) if line.startswith(first))
+    start += 0 if first.startswith("launcher") else 1
+    end = next(i for i in range(start, len(lines)) if lines[i].startswith("```"))
+    shown = lines[start:end]
+    printed = run_cli("info", env=env if env is not None else lsf.JSRUN_CORAL_RANK7).stdout
+    expected = [
+        "container             none" if line.startswith("container ") else line
+        for line in printed.splitlines()
+    ]
+    if "..." in shown:
+        shown = shown[shown.index("how it was chosen:") :]
+        expected = expected[expected.index("how it was chosen:") :]
+    assert shown == expected
+
+
+def test_cli_page_s_doctor_sample_is_what_doctor_prints() -> None:
+    """docs/cli.md's `distenv run -n 3 -m distenv doctor` sample is what it prints: how the
+    launcher was chosen (but for the run's id) and the verdict; the rest is this machine's."""
+    shown = _page_sample("distenv run -n 3 -m distenv doctor")
+    result = subprocess.run(
+        [sys.executable, "-m", "distenv", "run", "-n", "3", "-m", "distenv", "doctor"],
+        env=scrubbed_environ(),
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert result.returncode == 0, result.stderr
+
+    def checked(lines: list[str]) -> list[str]:
+        start = lines.index("how the launcher was chosen:")
+        end = next(i for i, line in enumerate(lines) if line.startswith("rank 0's device:"))
+        chosen = [re.sub(r"DISTENV_RUN_ID='[0-9a-f]+'", "<id>", line) for line in lines[start:end]]
+        return [*chosen, lines[-1]]
+
+    assert checked(shown) == checked(result.stdout.splitlines())
+    assert shown[-1] == "verdict: OK: 3 of 3 ranks checked in"
