@@ -18,6 +18,7 @@ from distenv.containers import container
 from distenv.detection.pipeline import Detection, locate
 from distenv.device import rank_backend, rank_device_reason, visible_device_count
 from distenv.errors import DistEnvError, MasterResolutionError
+from distenv.hints import reword
 from distenv.local.options import add_run_parser
 from distenv.local.run import run
 from distenv.master import SCOPE_VAR
@@ -305,6 +306,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.command != "run":
             sys.stdout.flush()  # a closed pipe shows here, not in the interpreter's exit
     except DistEnvError as exc:
+        reword(exc, (), os.environ)  # the job's size in an mpirun example; no script to quote
         print(f"distenv: {exc}", file=sys.stderr)
         return 1
     except BrokenPipeError:

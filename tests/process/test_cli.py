@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from distenv.cli import main
+from distenv.cli import build_parser, main
 from distenv.containers import container
 from tests.conftest import scrubbed_environ
 from tests.support.envs import flux, mpi, slurm, torchrun
@@ -420,20 +420,22 @@ def _builtin_names() -> list[str]:
     return [launcher.name for launcher in BUILTINS if launcher.name != "none"]
 
 
-def test_launchers_not_detected_share_one_line_unless_verbose() -> None:
-    """On a laptop `info` and `doctor` name the 16 launchers not detected on one line, not 16
-    (#43 item 6); --verbose lists each."""
+def test_launchers_not_detected_share_one_line_unless_verbose(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """On a laptop `info` names the 16 launchers not detected on one line, not 16 (#43 item 6);
+    --verbose lists each (doctor shares the writer: its sample's test below runs it)."""
     names = _builtin_names()
     summary = f"  not detected: {', '.join(names)} (no variables; --verbose lists each)"
-    for command in (["info"], ["doctor"]):
-        out = run_cli(*command).stdout.splitlines()
-        assert [line for line in out if "not detected" in line] == [summary], out
-        assert "  none chosen: no launcher detected, running as a single process" in out
-        verbose = run_cli(*command, "--verbose").stdout.splitlines()
-        absent = [
-            line.split()[0] for line in verbose if line.endswith("not detected: no variables")
-        ]
-        assert absent == names, verbose
+    assert main(["info"]) == 0
+    out = capsys.readouterr().out.splitlines()
+    assert [line for line in out if "not detected" in line] == [summary], out
+    assert "  none chosen: no launcher detected, running as a single process" in out
+    assert main(["info", "--verbose"]) == 0
+    verbose = capsys.readouterr().out.splitlines()
+    absent = [line.split()[0] for line in verbose if line.endswith("not detected: no variables")]
+    assert absent == names, verbose
+    assert build_parser().parse_args(["doctor", "-v"]).verbose
 
 
 #: The pages' `distenv info` samples and the recorded environment each was printed for.
@@ -451,7 +453,11 @@ INFO_SAMPLES = [
 
 @pytest.mark.parametrize(("page", "first", "env"), INFO_SAMPLES, ids=[s[0] for s in INFO_SAMPLES])
 def test_info_samples_are_what_info_prints(
-    page: str, first: str, env: dict[str, str] | None
+    page: str,
+    first: str,
+    env: dict[str, str] | None,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
 ) -> None:
     """The pages' `distenv info` samples are its output for their recorded environment, on a
     bare node (container none); a sample that elides the table with `...` is checked from `how
@@ -463,7 +469,10 @@ def test_info_samples_are_what_info_prints(
     start += 0 if first.startswith("launcher") else 1
     end = next(i for i in range(start, len(lines)) if lines[i].startswith("```"))
     shown = lines[start:end]
-    printed = run_cli("info", env=env if env is not None else lsf.JSRUN_CORAL_RANK7).stdout
+    for name, value in (env if env is not None else lsf.JSRUN_CORAL_RANK7).items():
+        monkeypatch.setenv(name, value)
+    assert main(["info"]) == 0
+    printed = capsys.readouterr().out
     expected = [
         "container             none" if line.startswith("container ") else line
         for line in printed.splitlines()
@@ -496,3 +505,16 @@ def test_cli_page_s_doctor_sample_is_what_doctor_prints() -> None:
 
     assert checked(shown) == checked(result.stdout.splitlines())
     assert shown[-1] == "verdict: OK: 3 of 3 ranks checked in"
+
+
+def test_a_cli_hint_quotes_the_job_s_size(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`distenv info --launcher mpi` in a 4-rank torchrun job is told `mpirun -np 4`, its own
+    size; the script stays the example's, the command being distenv itself (#43 item 5)."""
+    for name, value in torchrun.TORCHRUN_4[1].items():
+        monkeypatch.setenv(name, value)
+    monkeypatch.setenv("WORLD_SIZE", "3")  # not the example's 4: the number must come from here
+    assert main(["info", "--launcher", "mpi", "--no-resolve"]) == 1
+    err = capsys.readouterr().err
+    assert "`mpirun -np 3 python train.py ...` (Open MPI) or `mpiexec -n 3 python" in err, err
