@@ -8,7 +8,7 @@ marker is an error, which fails ``mkdocs build --strict``.
 The sections a reader of the repository needs (the CLI's help, the refused torchrun options, the
 launchers' variables, the MPI libraries, the settings, the detection order) are also committed
 into the Markdown, between the marker and ``<!-- end: KIND -->``, so that docs/ read on a code
-host shows them. The site renders them afresh; ``python docs/hooks.py`` rewrites them after a
+host shows them. The site renders them afresh; ``python docs/sections.py`` rewrites them after a
 change, and tests/meta/test_docs.py fails while a committed section differs from its rendering.
 
 Pure Python: importing this module needs distenv, not mkdocs (tests/meta/test_docs.py imports it).
@@ -27,8 +27,10 @@ if TYPE_CHECKING:
 
 __all__ = [
     "MARKER",
+    "SECTION",
     "expand_markers",
     "on_page_markdown",
+    "render",
     "render_cli_help",
     "render_detection_order",
     "render_env_exports",
@@ -42,7 +44,6 @@ __all__ = [
     "render_scripts",
     "render_settings_table",
     "subcommands",
-    "with_sections",
 ]
 
 MARKER = re.compile(r"<!--\s*([a-z-]+)(?::\s*([^<>]*?))?\s*-->")
@@ -411,22 +412,6 @@ RENDERERS: dict[str, Callable[[str], str]] = {
 }
 
 
-#: The markers whose rendering is committed into the page (module docstring): small sections a
-#: reader of the repository needs. The others (benchmark tables, the layers, the templates) exist
-#: on the built site only.
-COMMITTED = (
-    "cli-help",
-    "run-refused-flags",
-    "env-table",
-    "mpi-flavors",
-    "settings-table",
-    "detection-order",
-    "env-exports",
-    "restart-kinds",
-)
-#: What a page with a section only the built site shows (``:::`` API entries, a site-only
-#: marker) says at its top, so that its reader on a code host knows where the rest is.
-SITE_NOTE = "pip install -e '.[docs]' && mkdocs serve"
 #: A committed section: the marker, its rendering as committed, the end marker.
 SECTION = re.compile(
     r"(?P<marker><!--\s*(?P<kind>[a-z-]+)(?::\s*(?P<arg>[^<>]*?))?\s*-->)\n"
@@ -435,39 +420,12 @@ SECTION = re.compile(
 )
 
 
-def _render(kind: str, arg: str, marker: str) -> str:
+def render(kind: str, arg: str, marker: str) -> str:
+    """Return the Markdown of `marker` (of `kind`, with `arg`); refuse an unknown kind."""
     renderer = RENDERERS.get(kind)
     if renderer is None:
         raise ValueError(f"unknown docs marker {marker!r} (known: {', '.join(RENDERERS)})")
     return renderer(arg)
-
-
-def with_sections(markdown: str) -> str:
-    """Return `markdown` with every `COMMITTED` marker followed by its fresh rendering.
-
-    A marker alone gains its section; a section already there is rendered again. The page is
-    unchanged exactly when its committed sections are up to date.
-    """
-
-    def section(kind: str, arg: str, marker: str) -> str:
-        return f"{marker}\n{_render(kind, arg, marker)}<!-- end: {kind} -->"
-
-    def again(match: re.Match[str]) -> str:
-        kind, arg = match.group("kind"), match.group("arg") or ""
-        return section(kind, arg, match.group("marker"))
-
-    def alone(match: re.Match[str]) -> str:
-        kind, arg = match.group(1), match.group(2) or ""
-        return section(kind, arg, match.group(0)) if kind in COMMITTED else match.group(0)
-
-    parts = []
-    last = 0
-    for match in SECTION.finditer(markdown):
-        parts.append(MARKER.sub(alone, markdown[last : match.start()]))
-        parts.append(again(match))
-        last = match.end()
-    parts.append(MARKER.sub(alone, markdown[last:]))
-    return "".join(parts)
 
 
 def expand_markers(markdown: str) -> str:
@@ -479,21 +437,12 @@ def expand_markers(markdown: str) -> str:
         ValueError: For a marker this hook does not know, so that a typo fails the build.
     """
     markdown = SECTION.sub(
-        lambda m: _render(m.group("kind"), m.group("arg") or "", m.group("marker")), markdown
+        lambda m: render(m.group("kind"), m.group("arg") or "", m.group("marker")), markdown
     )
 
-    return MARKER.sub(lambda m: _render(m.group(1), m.group(2) or "", m.group(0)), markdown)
+    return MARKER.sub(lambda m: render(m.group(1), m.group(2) or "", m.group(0)), markdown)
 
 
 def on_page_markdown(markdown: str, page: Any, config: Any, files: Any, **kwargs: Any) -> str:
     """MkDocs event: expand the markers of one page."""
     return expand_markers(markdown)
-
-
-if __name__ == "__main__":  # python docs/hooks.py: rewrite the pages' committed sections
-    for page in sorted((REPO / "docs").rglob("*.md")):
-        text = page.read_text(encoding="utf-8")
-        fresh = with_sections(text)
-        if fresh != text:
-            page.write_text(fresh, encoding="utf-8")
-            print(f"rewrote {page.relative_to(REPO)}")

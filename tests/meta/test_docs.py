@@ -18,8 +18,8 @@ from tests.support import docblocks
 DOCS = Path(__file__).resolve().parents[2] / "docs"
 
 
-def _load_hooks() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("distenv_docs_hooks", DOCS / "hooks.py")
+def _load(name: str, module_name: str) -> ModuleType:
+    spec = importlib.util.spec_from_file_location(module_name, DOCS / name)
     assert spec is not None
     assert spec.loader is not None
     module = importlib.util.module_from_spec(spec)
@@ -28,7 +28,8 @@ def _load_hooks() -> ModuleType:
     return module
 
 
-hooks = _load_hooks()
+hooks = _load("hooks.py", "distenv_docs_hooks")
+sections = _load("sections.py", "distenv_docs_sections")
 
 
 def _page(name: str) -> str:
@@ -128,13 +129,13 @@ def test_every_marker_in_the_docs_expands() -> None:
 
 def test_committed_sections_are_what_the_site_renders() -> None:
     """The sections committed into the pages (CLI help, refused flags, variable tables, ...) are
-    their current rendering: after a change, `python docs/hooks.py` rewrites them (#43 item 6)."""
+    their current rendering: after a change, `python docs/sections.py` rewrites them (#43 item 6)."""
     stale = [
         str(page.relative_to(DOCS))
         for page in sorted(DOCS.rglob("*.md"))
-        if hooks.with_sections(text := page.read_text(encoding="utf-8")) != text
+        if sections.with_sections(text := page.read_text(encoding="utf-8")) != text
     ]
-    assert stale == [], "run `python docs/hooks.py` to rewrite their committed sections"
+    assert stale == [], "run `python docs/sections.py` to rewrite their committed sections"
 
 
 def test_a_committed_section_renders_afresh_on_the_site() -> None:
@@ -143,21 +144,21 @@ def test_a_committed_section_renders_afresh_on_the_site() -> None:
     fresh = hooks.expand_markers("<!-- run-refused-flags -->")
     stale = "<!-- run-refused-flags -->\n| stale |\n<!-- end: run-refused-flags -->"
     assert hooks.expand_markers(stale) == fresh
-    assert hooks.with_sections(stale) == hooks.with_sections("<!-- run-refused-flags -->")
-    assert hooks.with_sections("<!-- layers -->") == "<!-- layers -->"  # a site-only section
+    assert sections.with_sections(stale) == sections.with_sections("<!-- run-refused-flags -->")
+    assert sections.with_sections("<!-- layers -->") == "<!-- layers -->"  # a site-only section
 
 
 def test_pages_with_site_only_sections_say_where_the_site_is() -> None:
     """A page read in the repository that lacks a section the site renders (`:::` API entries,
     a marker not committed) says so at its top, with the one command that builds the site."""
-    invisible = {"run", "not-run", "backed-by", "end", *hooks.COMMITTED}
+    invisible = {"run", "not-run", "backed-by", "end", *sections.COMMITTED}
     for page in sorted(DOCS.rglob("*.md")):
         text = page.read_text(encoding="utf-8")
         site_only = re.search(r"(?m)^::: ", text) or any(
             m.group(1) not in invisible for m in hooks.MARKER.finditer(text)
         )
         top = "\n".join(text.splitlines()[:6])
-        assert not site_only or hooks.SITE_NOTE in top, page
+        assert not site_only or sections.SITE_NOTE in top, page
 
 
 def test_port_formula_page_matches_constants() -> None:
