@@ -15,7 +15,7 @@ import sys
 from pathlib import Path
 from types import ModuleType
 
-__all__ = ["COMMITTED", "SITE_NOTE", "with_sections"]
+__all__ = ["COMMITTED", "SITE_NOTE", "for_code_hosts", "with_sections"]
 
 
 def _load_hooks() -> ModuleType:
@@ -51,6 +51,22 @@ COMMITTED = (
 SITE_NOTE = "pip install -e '.[docs]' && mkdocs serve"
 
 
+def for_code_hosts(markdown: str) -> str:
+    """Return rendered Markdown as a code host shows it right: a table cell's pipe escaped.
+
+    GitHub's tables split a row at every unescaped pipe, a code span's included (GFM's tables
+    extension); Python-Markdown, the site's, keeps a code span's pipe and would show the
+    backslash, so the site renders the section afresh from the marker instead.
+    """
+    lines = []
+    for line in markdown.split("\n"):
+        if line.startswith("|"):
+            parts = line.split("`")
+            line = "`".join(p.replace("|", "\\|") if i % 2 else p for i, p in enumerate(parts))
+        lines.append(line)
+    return "\n".join(lines)
+
+
 def with_sections(markdown: str) -> str:
     """Return `markdown` with every `COMMITTED` marker followed by its fresh rendering.
 
@@ -59,7 +75,7 @@ def with_sections(markdown: str) -> str:
     """
 
     def section(kind: str, arg: str, marker: str) -> str:
-        return f"{marker}\n{hooks.render(kind, arg, marker)}<!-- end: {kind} -->"
+        return f"{marker}\n{for_code_hosts(hooks.render(kind, arg, marker))}<!-- end: {kind} -->"
 
     def again(match: re.Match[str]) -> str:
         kind, arg = match.group("kind"), match.group("arg") or ""

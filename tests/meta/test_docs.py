@@ -146,6 +146,8 @@ def test_a_committed_section_renders_afresh_on_the_site() -> None:
     assert hooks.expand_markers(stale) == fresh
     assert sections.with_sections(stale) == sections.with_sections("<!-- run-refused-flags -->")
     assert sections.with_sections("<!-- layers -->") == "<!-- layers -->"  # a site-only section
+    # A code host splits a table row at a code span's pipe: committed, it is escaped.
+    assert sections.for_code_hosts("| `a | b` | c |\n`x | y`") == "| `a \\| b` | c |\n`x | y`"
 
 
 def test_pages_with_site_only_sections_say_where_the_site_is() -> None:
