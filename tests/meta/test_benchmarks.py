@@ -97,7 +97,7 @@ def test_scaling_benchmark_runs_the_roll_call() -> None:
 
 def test_fault_matrix_records_the_silent_listener() -> None:
     """The fault matrix's smoke run: one fault, timed, its rank exits and message recorded."""
-    data = smoke("fault_matrix.py", timeout=120)
+    data = smoke("lab/fault_matrix.py", timeout=120)
     rec = data["faults"]["silent-master-port"]
     assert rec["launcher_exit"] == 1
     assert rec["measured_s"] is not None
@@ -112,7 +112,7 @@ def test_network_matrix_passes_the_control_bare_and_with_distenv() -> None:
     all_reduce bare and through distenv, every rank exits 0 with no error, and no namespace is left."""
     from tests.support import netlab
 
-    data = smoke("network_matrix.py", timeout=120)
+    data = smoke("lab/network_matrix.py", timeout=120)
     control = data["topologies"]["control"]
     assert control["nodes"] == 3
     for mode in ("bare", "distenv"):
@@ -129,7 +129,7 @@ def test_network_matrix_passes_the_control_bare_and_with_distenv() -> None:
 def test_restart_matrix_restarts_one_failure_with_nothing_miscounted() -> None:
     """The restart matrix's smoke run: one injected failure of 2 ranks under distenv run
     --max-restarts, restarted once, every attempt counted right, no orphan, its recovery timed."""
-    data = smoke("restart_matrix.py", timeout=120)
+    data = smoke("lab/restart_matrix.py", timeout=120)
     rec = data["launchers"]["distenv"]
     assert rec["passed"] is True, rec["stderr_tail"]
     assert rec["attempts"] == 2
