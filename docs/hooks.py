@@ -289,7 +289,7 @@ def _measured(data: dict[str, Any]) -> str:
 
 
 def render_fault_matrix(path: str) -> str:
-    """Return the fault matrix table from benchmarks/fault_matrix.py's JSON (repository path)."""
+    """Return the fault matrix table from benchmarks/lab/fault_matrix.py's JSON (repository path)."""
     data = _results(path)
     rows = [
         f"{_measured(data)}, one run of each fault, {data['total_s']:g} s in all.",
@@ -312,7 +312,7 @@ def render_fault_matrix(path: str) -> str:
 
 
 def render_network_matrix(path: str) -> str:
-    """Return the network matrix, bare torch against distenv, from benchmarks/network_matrix.py's
+    """Return the network matrix, bare torch against distenv, from benchmarks/lab/network_matrix.py's
     JSON (repository path)."""
     data = _results(path)
     rows = [
@@ -362,7 +362,7 @@ def render_restart_kinds() -> str:
 
 
 def render_restart_matrix(path: str) -> str:
-    """Return the restart matrix, distenv against torchrun, from benchmarks/restart_matrix.py's
+    """Return the restart matrix, distenv against torchrun, from benchmarks/lab/restart_matrix.py's
     JSON (repository path)."""
     data = _results(path)
     rows = [

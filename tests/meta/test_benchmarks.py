@@ -8,6 +8,7 @@ process. Competitors are not installed in the project venv; the scripts say so a
 from __future__ import annotations
 
 import json
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -97,7 +98,7 @@ def test_scaling_benchmark_runs_the_roll_call() -> None:
 
 def test_fault_matrix_records_the_silent_listener() -> None:
     """The fault matrix's smoke run: one fault, timed, its rank exits and message recorded."""
-    data = smoke("fault_matrix.py", timeout=120)
+    data = smoke("lab/fault_matrix.py", timeout=120)
     rec = data["faults"]["silent-master-port"]
     assert rec["launcher_exit"] == 1
     assert rec["measured_s"] is not None
@@ -112,7 +113,7 @@ def test_network_matrix_passes_the_control_bare_and_with_distenv() -> None:
     all_reduce bare and through distenv, every rank exits 0 with no error, and no namespace is left."""
     from tests.support import netlab
 
-    data = smoke("network_matrix.py", timeout=120)
+    data = smoke("lab/network_matrix.py", timeout=120)
     control = data["topologies"]["control"]
     assert control["nodes"] == 3
     for mode in ("bare", "distenv"):
@@ -129,7 +130,7 @@ def test_network_matrix_passes_the_control_bare_and_with_distenv() -> None:
 def test_restart_matrix_restarts_one_failure_with_nothing_miscounted() -> None:
     """The restart matrix's smoke run: one injected failure of 2 ranks under distenv run
     --max-restarts, restarted once, every attempt counted right, no orphan, its recovery timed."""
-    data = smoke("restart_matrix.py", timeout=120)
+    data = smoke("lab/restart_matrix.py", timeout=120)
     rec = data["launchers"]["distenv"]
     assert rec["passed"] is True, rec["stderr_tail"]
     assert rec["attempts"] == 2
@@ -140,6 +141,20 @@ def test_restart_matrix_restarts_one_failure_with_nothing_miscounted() -> None:
     assert recovery["recovery_s"] >= recovery["rank_start_s"] > 0
     assert recovery["stopped_s"] > 0
     assert recovery["restart_s"] > 0
+
+
+def test_exit_race_benchmark_runs_the_bare_torch_control() -> None:
+    """The exit race's smoke run: one job of 4 bare-torch ranks under test_teardown.py's forcing,
+    each rank ending 0 or aborted at exit (SIGABRT) and nothing else, every exit counted."""
+    data = smoke("lab/exit_race.py", timeout=600)
+    [job] = data["jobs"]
+    assert len(job["codes"]) == len(job["aborted"]) == data["exits"] == 4
+    for code, aborted in zip(job["codes"], job["aborted"], strict=True):
+        assert code in (0, -signal.SIGABRT), job
+        assert aborted or code == 0, job
+    assert data["aborted_exits"] == sum(job["aborted"])
+    first = data["first_abort_exit"]
+    assert first == (job["aborted"].index(True) + 1 if any(job["aborted"]) else None)
 
 
 def test_preempt_benchmark_times_the_step_with_and_without_the_check() -> None:

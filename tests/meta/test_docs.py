@@ -249,3 +249,14 @@ def test_every_how_it_was_chosen_sample_lists_every_launcher_in_order(page: Path
         for group in (detected, names):
             assert group == sorted(group, key=DETECTION_ORDER.index), (page.name, group)
         assert sorted([*detected, *names]) == sorted(DETECTION_ORDER), (page.name, lines)
+
+
+def test_benchmarks_page_is_its_template_filled_from_the_committed_results(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """docs/benchmarks.md is benchmarks/report.py's rendering of docs/benchmarks.md.in with the
+    JSON results in docs/benchmarks/: the page's words and its numbers cannot drift apart."""
+    monkeypatch.syspath_prepend(str(DOCS.parent / "benchmarks"))
+    report = importlib.import_module("report")
+    page = report.Page(report.TEMPLATE.read_text(encoding="utf-8"), DOCS / "benchmarks")
+    assert page.render() == _page("benchmarks.md")
