@@ -23,8 +23,17 @@ from pathlib import Path
 import pytest
 
 from distenv.local.dumps import main_stack
+from distenv.master import free_port
 from tests.process.test_run import gone
-from tests.support.integration.helpers import JOB_NAME, OMPI, PYTHON, REPO, Harness, Result
+from tests.support.integration.helpers import (
+    JOB_NAME,
+    OMPI,
+    PYTHON,
+    REPO,
+    TORCHRUN,
+    Harness,
+    Result,
+)
 
 RANK = str(REPO / "tests" / "support" / "scripts" / "hang_rank.py")
 #: The hang timeout of every job: small, so the file costs the CI little.
@@ -36,8 +45,9 @@ EXIT_GRACE_S = 5.0
 #: Everything a hung 4-rank job prints, the launcher's own lines included (mpirun's abort: 13).
 BUDGET = 25
 LAUNCHERS = {
-    "srun": ["srun", "-J", JOB_NAME, "-N", "2", "--ntasks-per-node", "2"],
-    "mpirun": [*OMPI, "--oversubscribe", "-np", "4"],
+    "srun": ["srun", "-J", JOB_NAME, "-N", "2", "--ntasks-per-node", "2", PYTHON],
+    "mpirun": [*OMPI, "--oversubscribe", "-np", "4", PYTHON],
+    "torchrun": [TORCHRUN, "--nproc-per-node", "4"],  # runs the script with its own interpreter
 }
 #: The hang_rank.py --hang value of each job; "done" never reaches its fault step: the job ends.
 SCENARIOS = {"sleep": "2:5:sleep", "skip": "1:5:skip", "done": "0:99:sleep"}
@@ -47,6 +57,7 @@ JOBS = [
     ("mpirun", "sleep"),
     ("mpirun", "skip"),
     ("mpirun", "done"),
+    ("torchrun", "sleep"),
 ]
 
 
@@ -71,9 +82,13 @@ def _launch(harness: Harness, launcher: str, scenario: str) -> Job:
     extra = {"DISTENV_HANG_TIMEOUT": str(HANG_S), "DISTENV_TIMEOUT": "60"}
     if scenario == "skip":
         extra["DISTENV_LOG_DIR"] = str(out / "logs")
+    argv = [*LAUNCHERS[launcher], RANK, str(out), "--hang", SCENARIOS[scenario]]
+    if launcher == "torchrun":  # init_dist's argument, in place of the variable
+        del extra["DISTENV_HANG_TIMEOUT"]
+        argv[1:1] = ["--master-port", str(free_port())]
+        argv += ["--hang-timeout", str(HANG_S)]
     cluster = "multi" if launcher == "srun" else None
     env = harness.env(cluster, ompi=launcher == "mpirun", extra=extra)
-    argv = [*LAUNCHERS[launcher], PYTHON, RANK, str(out), "--hang", SCENARIOS[scenario]]
     result = harness.start(argv, cluster=cluster, env=env, timeout=150).wait()
     return Job(result, out, time.time())
 
@@ -99,27 +114,33 @@ def _all_gone(pids: list[int]) -> bool:
     return True
 
 
-def _hung(job: Job) -> str:
+def _hung(job: Job, status: int = 124, budget: int | None = BUDGET) -> str:
     """Assert what every hang card and job end say; return the card."""
     result = job.result
-    assert result.returncode == 124, result.text
+    assert result.returncode == status, result.text
     text = result.stdout + result.stderr
     assert text.count("distenv: the job hung: ") == 1, result.text
-    card = text[text.index("distenv: the job hung: ") :]
+    start = text.index("distenv: the job hung: ")
+    end = text.find("as timeout(1)", start)
+    assert end > 0, result.text
+    card = text[start : end + len("as timeout(1)")]  # the card is one write: no line between
     first = (
         rf"\n  first:   rank \d on \S+ made no progress for {HANG_S:g} s, since [0-9:]+, at hang_"
     )
     assert re.search(first, card), result.text
-    assert "ends itself with status 124, as timeout(1)" in card, result.text
+    assert card.endswith(
+        "  stopped: every rank that answered ends itself with status 124, as timeout(1)"
+    )
     assert "no dump" not in card, result.text  # every rank answered
-    assert len(text.splitlines()) <= BUDGET, result.text
+    if budget is not None:
+        assert len(text.splitlines()) <= budget, result.text
     assert len(job.pids()) == 4, result.text
     assert _all_gone(job.pids()), result.text
     return card
 
 
-def _sleeper_named(job: Job) -> None:
-    card = _hung(job)
+def _sleeper_named(job: Job, status: int = 124, budget: int | None = BUDGET) -> None:
+    card = _hung(job, status, budget)
     assert card.startswith("distenv: the job hung: rank 2's stack differs from the other ranks'")
     assert re.search(r"differs: rank 2 at hang_rank\.py:\d+ in train: time\.sleep\(600\)", card)
     majority = r"others:  ranks 0-1,3 waiting in all_reduce at hang_rank\.py:\d+ in train"
@@ -180,3 +201,13 @@ def test_mpirun_a_job_that_does_not_hang_ends_cleanly_under_the_watch(
     assert "hung" not in text, job.result.text
     assert "terminate called" not in text, job.result.text
     assert _all_gone(job.pids()), job.result.text
+
+
+def test_torchrun_a_rank_that_sleeps_is_named_by_init_dist_s_argument(
+    jobs: dict[str, Future[Job]],
+) -> None:
+    """torchrun --nproc-per-node 4 with init_dist(hang_timeout=2): rank 2 named; torchrun ends
+    the job at once (its own status 1, its ChildFailedError naming exitcode 124)."""
+    job = jobs["torchrun-sleep"].result()
+    _sleeper_named(job, status=1, budget=None)  # torchrun prints ~60 lines of its own
+    assert "failed (exitcode: 124)" in job.result.stderr, job.result.text
