@@ -79,6 +79,8 @@ CARD_WAIT = 2.0
 REQUEST_S = 10.0
 #: One wait of the hang thread on its alarm; it waits again at once (a bounded wait, no polling).
 ALARM_WAIT_S = 3600.0
+#: How long the hang thread pauses after finding its alarm key holding what distenv never writes.
+FOREIGN_PAUSE_S = 1.0
 #: The most bytes of a posted stack (`distenv.stacks.thread_text` writes at most 100 frames).
 MAX_POST_BYTES = 64 << 10
 _HUNG_FIELDS = frozenset(("rank", "host", "where", "since"))
@@ -184,6 +186,8 @@ class _Autopsy:
                     return
                 if value == ALARM_HUNG:
                     break
+                if value is not None:  # not distenv's: look again later, never spin on it
+                    time.sleep(FOREIGN_PAUSE_S)
         except Exception:  # the store is gone: the job is ending, there is nobody to tell
             return
         self.alarmed.set()
