@@ -22,12 +22,16 @@ stacks for `DUMP_WAIT` at most, groups them (`distenv.stacks`) and prints the ca
       others:  ranks 0-1,3 waiting in all_reduce at train.py:88 in train: dist.all_reduce(x)
       stopped: every rank that answered ends itself with status 124, as timeout(1)
 
-then writes `CARD`; where rank 0 wrote none `CARD_WAIT` later (its process is gone under
-torchrun's agent store), the lowest rank that posted a stack collects instead. Every rank then
-ends with status `HANG_STATUS` (``os._exit``, after flushing its output): the launcher ends the
-job now, not at the collective timeout. A rank that exits normally first wakes its own thread
-(`ALARM_EXIT`) and joins it, so that no thread of distenv's waits in C++ while the interpreter
-finalises (`distenv.bootstrap.teardown` says why that aborts).
+as it writes `CARD`; where rank 0 wrote none `DUMP_WAIT` + `CARD_WAIT` later (its process is
+gone under torchrun's agent store), the lowest rank that posted a stack collects instead. Every
+rank that answered then flushes its output and points its stdout and stderr at /dev/null (once
+one rank ends, its peers' collectives break and their main threads raise: their tracebacks
+would bury the card), counts itself in `ENDED`, waits for the others (`CARD_WAIT` at most) and
+ends with status `HANG_STATUS` (``os._exit``): the launcher ends the job now, not at the
+collective timeout. A main thread that raised meanwhile waits at exit for its hang thread to
+end the process. A rank that exits normally wakes its own thread (`ALARM_EXIT`) and joins it,
+so that no thread of distenv's waits in C++ while the interpreter finalises
+(`distenv.bootstrap.teardown` says why that aborts).
 """
 
 from __future__ import annotations
@@ -169,8 +173,13 @@ class _Autopsy:
             self.poster.multi_set([ALARM.of(r) for r in ranks], [ALARM_HUNG] * len(ranks))
 
     def close(self) -> None:
-        """At a normal exit: wake this rank's hang thread and let it end before finalisation."""
-        if self.alarmed.is_set() or not self.thread.is_alive():
+        """At exit: wake this rank's hang thread and let it end before finalisation, or, once
+        the job hung (the main thread raised from a broken collective), let it end the process
+        with `HANG_STATUS` first."""
+        if self.alarmed.is_set():
+            self.thread.join(3 * (DUMP_WAIT + CARD_WAIT))  # it calls os._exit within that
+            return
+        if not self.thread.is_alive():
             return
         with contextlib.suppress(Exception):  # the store may be gone already: the wait ended too
             self.poster.set(ALARM.of(self.info.rank), ALARM_EXIT)
@@ -193,30 +202,35 @@ class _Autopsy:
         self.alarmed.set()
         with contextlib.suppress(Exception):
             self._autopsy()
-        _end(HANG_STATUS)
+        _silence()
+        os._exit(HANG_STATUS)
 
     def _autopsy(self) -> None:
-        """Post this rank's stack, collect (rank 0, or in its place) or wait for the card."""
+        """Post this rank's stack; collect (rank 0, or in its place) or wait for the card; then
+        close this rank's output and end together with the others that answered."""
         main = threading.main_thread().ident or 0
         text = thread_text(main, sys._current_frames().get(main))
         post = json.dumps({"host": self.host, "stack": text}, ensure_ascii=True)
         self.waiter.set(STACK.of(self.info.rank), post)
         self._write_fault()
-        if self.info.rank == 0 or self._late():
-            self._collect()
-            return
-        with contextlib.suppress(Exception):
-            self.waiter.add(ENDED.name, 1)
+        wait = Deadline.after(DUMP_WAIT + CARD_WAIT)
+        printed = None if self.info.rank == 0 else wait_value(self.waiter, CARD.name, wait)
+        if printed is None and (self.info.rank == 0 or self._lowest()):
+            printed = self._collect()
+        elif printed is None:  # the lowest rank that posted collects: give it the time
+            printed = wait_value(self.waiter, CARD.name, Deadline.after(DUMP_WAIT + CARD_WAIT))
+        # Once a rank ends, its peers' collectives break and their main threads raise: silenced
+        # first, they cannot bury the card under tracebacks, whatever order they end in.
+        _silence()
+        self.waiter.add(ENDED.name, 1)
+        wait_count(self.waiter, ENDED.name, _answered(printed), Deadline.after(CARD_WAIT))
 
-    def _late(self) -> bool:
-        """Wait for the card; return True if none came and this is the lowest rank that posted."""
-        if wait_value(self.waiter, CARD.name, Deadline.after(DUMP_WAIT + CARD_WAIT)) is not None:
-            return False
-        keys = [STACK.of(r) for r in range(self.info.rank)]
-        return not any(self.waiter.check([k]) for k in keys)
+    def _lowest(self) -> bool:
+        """Return whether no rank below this one posted its stack (this one collects)."""
+        return not any(self.waiter.check([STACK.of(r)]) for r in range(self.info.rank))
 
-    def _collect(self) -> None:
-        """Read every rank's stack (within `DUMP_WAIT`), print the card once, let the others end."""
+    def _collect(self) -> bytes:
+        """Read every rank's stack (within `DUMP_WAIT`), print the card once; return `CARD`."""
         world = self.info.world_size
         keys = [STACK.of(r) for r in range(world)]
         wait_keys(self.waiter, keys, Deadline.after(DUMP_WAIT))
@@ -230,11 +244,12 @@ class _Autopsy:
             raw_hung = peek(self.waiter, HUNG.name)
             hung = None if raw_hung is None else Hung.parse(raw_hung)
         missing = [r for r in range(world) if r not in stacks]
-        mine = str(self.info.rank)
-        if bytes(self.waiter.compare_set(CARD.name, "", mine)) == mine.encode():
+        mine = f"{self.info.rank} {len(stacks)}".encode()
+        printed = bytes(self.waiter.compare_set(CARD.name, "", mine))
+        if printed == mine:
             with contextlib.suppress(OSError):
                 os.write(2, card(hung, self.timeout, stacks, missing, self.log_dir).encode())
-        wait_count(self.waiter, ENDED.name, len(stacks) - 1, Deadline.after(CARD_WAIT))
+        return printed
 
     def _write_fault(self) -> None:
         """Append every thread's stack to ``$DISTENV_LOG_DIR/rank-N.fault`` (faulthandler's)."""
@@ -247,9 +262,15 @@ class _Autopsy:
                 faulthandler.dump_traceback(file, all_threads=True)
 
 
-def _end(status: int) -> None:
-    """End the process with `status` now, its output flushed within a second (never waited on:
-    the stuck main thread may hold a stream's lock)."""
+def _answered(printed: bytes | None) -> int:
+    """Return how many ranks answered, from the `CARD` record (0 if none, or not distenv's)."""
+    words = (printed or b"").split()
+    return int(words[1]) if len(words) == 2 and all(w.isdigit() for w in words) else 0
+
+
+def _silence() -> None:
+    """Flush this process's output (within a second: the stuck main thread may hold a stream's
+    lock), then point its stdout and stderr at /dev/null for the moments it has left."""
 
     def flush() -> None:
         for stream in (sys.stdout, sys.stderr):
@@ -259,7 +280,10 @@ def _end(status: int) -> None:
     flusher = threading.Thread(target=flush, daemon=True)
     flusher.start()
     flusher.join(1.0)
-    os._exit(status)
+    with contextlib.suppress(OSError):
+        null = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(null, 1)
+        os.dup2(null, 2)
 
 
 def arm(session: Session, timeout: float, log_dir: str | None) -> bool:

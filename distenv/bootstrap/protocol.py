@@ -178,16 +178,16 @@ CARD = Key(
     "card",
     "",
     HANG,
-    "the collector (compare_set), once it printed the card",
-    "every rank, before it ends with status 124",
-    "the collector's rank",
+    "the collector (compare_set), as it prints the card",
+    "every rank that answered, before it ends with status 124",
+    "the collector's rank, a space, the count of ranks that answered",
 )
 ENDED = Key(
     "ended",
     "",
     HANG,
-    "every rank but the collector (add 1), as it ends",
-    "the collector, before it ends",
+    "every rank that answered (add 1), once its output is closed",
+    "every rank that answered, before it ends (all ended, or 2 s)",
     "counter",
 )
 #: What a rank's `ALARM` key holds: the job hung, or the rank is exiting (its hang thread ends).
