@@ -10,7 +10,7 @@ import threading
 
 import pytest
 
-from distenv.bootstrap.hang import Hung, _post, card
+from distenv.bootstrap.hang import Hung, _answered, _post, card
 from distenv.bootstrap.records import ForeignRecordError
 from distenv.errors import ConfigurationError
 from distenv.settings import Settings, seconds
@@ -101,3 +101,14 @@ def test_a_bad_hang_timeout_is_refused_naming_init_dist_s_setting() -> None:
     assert "Hint: export DISTENV_HANG_TIMEOUT=300" in message
     with pytest.raises(ConfigurationError, match=r"hang_timeout=-1 is invalid"):
         seconds(-1, "hang_timeout")
+
+
+@pytest.mark.parametrize(
+    ("printed", "answered"),
+    [(b"0 4", 4), (b"3 2", 2), (None, 0), (b"", 0), (b"0", 0), (b"0 x", 0), (b"-1 4", 0)],
+)
+def test_the_card_record_says_how_many_ranks_end_together(
+    printed: bytes | None, answered: int
+) -> None:
+    """The card record is "<collector> <answered>"; anything else waits for nobody."""
+    assert _answered(printed) == answered
