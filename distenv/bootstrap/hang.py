@@ -85,6 +85,8 @@ REQUEST_S = 10.0
 ALARM_WAIT_S = 3600.0
 #: How long the hang thread pauses after finding its alarm key holding what distenv never writes.
 FOREIGN_PAUSE_S = 1.0
+#: The most bytes of a `HUNG` record, and the latest time it may name (the year 5138).
+MAX_HUNG_BYTES, MAX_TIME = 4096, 1e11
 #: The most bytes of a posted stack (`distenv.stacks.thread_text` writes at most 100 frames).
 MAX_POST_BYTES = 64 << 10
 _HUNG_FIELDS = frozenset(("rank", "host", "where", "since"))
@@ -106,9 +108,9 @@ class Hung(NamedTuple):
     @classmethod
     def parse(cls, raw: bytes) -> Hung:
         """Return the record in `raw`, validated (`ForeignRecordError` if distenv did not write it)."""
-        fields = Fields(HUNG.name, load_json(HUNG.name, raw, 4096), _HUNG_FIELDS)
+        fields = Fields(HUNG.name, load_json(HUNG.name, raw, MAX_HUNG_BYTES), _HUNG_FIELDS)
         where, since = fields.data["where"], fields.data["since"]
-        if type(where) is not str or type(since) is not float:
+        if type(where) is not str or type(since) is not float or not 0 <= since < MAX_TIME:
             raise ForeignRecordError(HUNG.name, "field 'where' or 'since' is not of its type")
         return cls(fields.integer("rank"), fields.text("host", "hostname"), where, since)
 

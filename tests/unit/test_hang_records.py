@@ -29,6 +29,8 @@ def test_a_hung_record_round_trips_and_a_foreign_one_is_refused() -> None:
     for bad in (
         {**good, "extra": 1},
         {**good, "since": "yesterday"},
+        {**good, "since": float("nan")},
+        {**good, "since": 1e300},
         {**good, "rank": -1},
         {**good, "host": "n2; rm -rf /"},
         {**good, "where": 5},
