@@ -22,7 +22,9 @@ and `init_dist` goes on to
    reached, then create the process group with the same store and check that every rank came
    up (`distenv.bootstrap.group`); a node layout the roll call filled is exported and remembered;
 6. log one summary line on rank 0 (logger ``distenv``, INFO);
-7. seed every generator, if asked (`distenv.seeding`).
+7. seed every generator, if asked (`distenv.seeding`);
+8. with a hang timeout, start the in-process hang autopsy over the job's store
+   (`distenv.bootstrap.hang`), unless ``distenv run``'s rank wrapper watches the rank already.
 
 torch is imported inside the functions: importing this module stays cheap.
 """
@@ -35,6 +37,7 @@ from typing import TYPE_CHECKING
 
 from distenv import state
 from distenv.bootstrap.group import join_group
+from distenv.bootstrap.hang import arm as arm_hang_autopsy
 from distenv.bootstrap.protocol import ROLLCALL
 from distenv.bootstrap.rollcall import fill_layout, make_checkin, meet, network_exports
 from distenv.bootstrap.session import Bootstrap, Session
@@ -268,6 +271,7 @@ def init_dist(
     allow_gpu_sharing: bool = False,
     seed: int | None = None,
     master_addr_format: str | None = None,
+    hang_timeout: Timeout | None = None,
 ) -> RankInfo:
     """Initialise torch.distributed for this process, whatever launcher started it.
 
@@ -302,6 +306,12 @@ def init_dist(
         master_addr_format: Maps the launcher's default master host to the address to use,
             e.g. ``"{host}-ib"`` (overrides ``$DISTENV_MASTER_ADDR_FORMAT``; explicit
             MASTER_ADDR still wins).
+        hang_timeout: Seconds (or a timedelta) a rank may make no progress once the group is
+            up; default ``$DISTENV_HANG_TIMEOUT``, else never. When one rank made none for
+            that long, every rank posts its stack to the job's store, rank 0 prints one card
+            naming the rank whose stack differs, and every rank ends with status 124
+            (docs/failures.md). Under ``distenv run --hang-timeout`` its own autopsy runs
+            instead.
 
     Returns:
         This rank's resolved `RankInfo`.
@@ -309,8 +319,8 @@ def init_dist(
     Raises:
         RendezvousTimeoutError: If this rank cannot reach rank 0's store within the rendezvous
             timeout, or not every rank checks in.
-        ConfigurationError: If an argument or DISTENV_TIMEOUT is invalid, or `backend` is not
-            the backend of the group that exists.
+        ConfigurationError: If an argument, DISTENV_TIMEOUT or DISTENV_HANG_TIMEOUT is invalid,
+            or `backend` is not the backend of the group that exists.
         InitError: If torch.distributed is already initialised for another world, or torch
             refuses the group.
         DistEnvError: If detection or resolution fails, or rank 0's port is taken.
@@ -318,6 +328,11 @@ def init_dist(
     settings = Settings.read(os.environ)
     pg_seconds = None if timeout is None else seconds(timeout, "timeout")
     rendezvous_seconds = settings.rendezvous_seconds(rendezvous_timeout)
+    hang = (
+        settings.hang_seconds(None, who="init")
+        if hang_timeout is None
+        else seconds(hang_timeout, "hang_timeout")
+    )
     deadline = Bootstrap.deadline_for(rendezvous_seconds)
     _check_start_method(start_method)
     if backend is not None:
@@ -360,4 +375,6 @@ def init_dist(
         )
     if seed is not None:
         seed_everything(seed)
+    if hang is not None:
+        arm_hang_autopsy(boot.session, hang, settings.log_dir)
     return info

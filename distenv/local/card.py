@@ -24,6 +24,7 @@ from distenv.exits import DEBUG_VAR
 from distenv.local.reporting import PEER_WORDS
 from distenv.local.stopping import describe_exit
 from distenv.local.witness import CONSEQUENCES, End, Witness
+from distenv.stacks import rank_ranges
 
 __all__ = ["card", "elsewhere_card", "log_line", "rank_ranges"]
 
@@ -31,21 +32,6 @@ __all__ = ["card", "elsewhere_card", "log_line", "rank_ranges"]
 WIDTH = 160
 #: Signals whose death is a crash in native code, which the card says in words.
 _CRASHES = {"SIGSEGV", "SIGBUS", "SIGILL", "SIGFPE", "SIGABRT"}
-
-
-def rank_ranges(ranks: Iterable[int]) -> str:
-    """Return ``0-1,3`` for ranks 0, 1 and 3."""
-    ordered = sorted(set(ranks))
-    parts: list[str] = []
-    start = prev = None
-    for rank in [*ordered, None]:
-        if start is not None and (rank is None or prev is None or rank != prev + 1):
-            parts.append(str(start) if start == prev else f"{start}-{prev}")
-            start = None
-        if rank is not None and start is None:
-            start = rank
-        prev = rank
-    return ",".join(parts)
 
 
 def _ranks(ranks: Iterable[int]) -> str:

@@ -18,17 +18,16 @@ from __future__ import annotations
 
 import contextlib
 import faulthandler
-import functools
 import json
 import os
 import runpy
 import sys
-import sysconfig
 import time
 from dataclasses import asdict, dataclass
 from types import TracebackType
 
 from distenv.local.watchdog import HANG_VAR, arm
+from distenv.stacks import users_file
 from distenv.variables import decimal
 
 __all__ = [
@@ -153,22 +152,6 @@ def _from_argparse(tb: TracebackType | None) -> bool:
             return True
         tb = tb.tb_next
     return False
-
-
-@functools.cache
-def _not_users() -> tuple[str, ...]:
-    """Return the folders whose code is not the user's: distenv, the standard library, packages."""
-    package = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep
-    paths = sysconfig.get_paths()
-    folders = {
-        paths[name] for name in ("stdlib", "platstdlib", "purelib", "platlib") if name in paths
-    }
-    return (package, *sorted(os.path.join(os.path.realpath(f), "") for f in folders))
-
-
-def users_file(name: str) -> bool:
-    """Return whether the code in file `name` is the user's (not distenv's, Python's, a package's)."""
-    return not name.startswith("<") and not os.path.realpath(name).startswith(_not_users())
 
 
 def user_frames(tb: TracebackType | None) -> tuple[str, ...]:
@@ -306,7 +289,7 @@ def main(argv: list[str]) -> None:
             with contextlib.suppress(OSError):
                 os.set_inheritable(fd, False)
     _watch_faults()
-    arm(_fd(FAULT_FD_VAR), _fd(REPORT_FD_VAR), os.environ.get(HANG_VAR), users_file)
+    arm(_fd(FAULT_FD_VAR), _fd(REPORT_FD_VAR), os.environ.get(HANG_VAR))
     sys.argv = [target, *args]
     if not module:
         _check_openable(target)

@@ -165,6 +165,17 @@ def test_preempt_benchmark_times_the_step_with_and_without_the_check() -> None:
     assert data["methods"]["plain"]["overhead_vs_plain"] == 0
 
 
+def test_watchdog_benchmark_times_both_watchdogs_and_counts_no_process() -> None:
+    """The watchdog benchmark runs plain, distenv run's and init_dist's watchdog: one thread in a
+    rank under distenv run, two with init_dist's in-process autopsy, no child process."""
+    data = smoke("bench_watchdog.py", timeout=300)
+    assert data["benchmark"] == "watchdog"
+    assert set(data["steps_per_s"]) == {"plain", "run", "init"}
+    assert data["threads"] == {"plain": 0, "run": 1, "init": 2}
+    assert data["children"] == 0
+    assert 0 < data["sample_s"] < 0.01
+
+
 def test_the_security_page_states_the_versions_benchmark_as_recorded() -> None:
     """docs/security.md's cost table is docs/benchmarks/versions.json's bootstrap rows, rounded."""
     repo = Path(__file__).resolve().parents[2]
