@@ -22,6 +22,7 @@ from typing import Any
 
 from distenv.errors import ConfigurationError, shown
 from distenv.local.autopsy import HANG_STATUS
+from distenv.local.cpus import rank_cpus
 from distenv.local.output import tell
 from distenv.local.plan import (
     LaunchOptions,
@@ -32,14 +33,15 @@ from distenv.local.plan import (
     nproc_per_node,
     plan_node,
     scheduler_layout,
-    thread_env,
     unrunnable,
 )
 from distenv.local.restarts import Restarts, reporting_program
 from distenv.local.stopping import DEFAULT_GRACE_PERIOD, StopPolicy
 from distenv.local.supervise import Child, Supervisor
 from distenv.master import DEFAULT_PORT, LOCAL_HOST
-from distenv.settings import HANG_VAR, MAX_SECONDS, Settings
+from distenv.placement.apply import chosen_mode
+from distenv.placement.binding import MODES, OFF
+from distenv.settings import CPU_BINDING_VAR, HANG_VAR, MAX_SECONDS, Settings
 from distenv.variables import MAX_COUNT, decimal
 
 __all__ = [
@@ -96,7 +98,6 @@ REFUSED_FLAGS: tuple[RefusedFlag, ...] = (
     RefusedFlag("--duplicate-stdout-filters", True, LOG_HINT),
     RefusedFlag("--duplicate-stderr-filters", True, LOG_HINT),
     RefusedFlag("--event-log-handler", True, "use torchrun for torchelastic event logs"),
-    RefusedFlag("--numa-binding", True, "bind in the script, or with numactl or srun --cpu-bind"),
     RefusedFlag(
         "--signals-to-handle",
         True,
@@ -325,6 +326,15 @@ def add_run_parser(subparsers: Any) -> argparse.ArgumentParser:
         f"(default: ${HANG_VAR}, else never)",
     )
     add(
+        *_spellings("--numa-binding"),
+        dest="numa_binding",
+        choices=(*MODES, OFF),
+        default=None,
+        help="bind each rank to the CPUs near its accelerator, with torchrun's modes, or auto "
+        f"(each rank a share of its accelerator's NUMA node); never narrows a binding the "
+        f"launcher set (default: ${CPU_BINDING_VAR}, else none; docs: placement)",
+    )
+    add(
         *_spellings("--restart-backoff"),
         dest="restart_backoff",
         type=_seconds,
@@ -462,7 +472,8 @@ def _node(args: argparse.Namespace, env: Mapping[str, str]) -> tuple[NodePlan, l
     settings = Settings.read(env)
     # Checked once here: every rank would refuse it in init_dist, each with its own traceback.
     settings.rendezvous_seconds(None)
-    extra = thread_env(COMMAND, nproc, settings)
+    mode = chosen_mode(COMMAND, args.numa_binding, settings.cpu_binding)
+    placed = rank_cpus(COMMAND, nproc, settings, mode, env)
     # -u as torchrun does (inside `reporting_program`): ranks' output must not sit in a buffer
     # when a rank dies. Each rank tells its agent when, how and where it failed.
     python = reporting_program(args.module)
@@ -476,12 +487,21 @@ def _node(args: argparse.Namespace, env: Mapping[str, str]) -> tuple[NodePlan, l
             Child(
                 rank=info.rank,
                 command=[*program, *legacy, *args.script_args],
-                env=child_env(env, info, plan, extra),
+                env=_without_binding(child_env(env, info, plan, placed[local_rank].env), mode),
+                cpus=placed[local_rank].cpus,
                 show_output=args.ranks is None or any(info.rank in r for r in args.ranks),
                 prefix_output=args.prefix_output,
             )
         )
     return plan, children
+
+
+def _without_binding(env: dict[str, str], mode: str | None) -> dict[str, str]:
+    """Return `env` without ``DISTENV_CPU_BINDING`` where distenv run bound the rank itself: its
+    init_dist has nothing left to bind."""
+    if mode is not None:
+        env.pop(CPU_BINDING_VAR, None)
+    return env
 
 
 def _check_port(plan: NodePlan, *, given: bool) -> None:

@@ -1,6 +1,6 @@
 """Placement at the entry points: the mode asked for, each rank's accelerator, and the binding.
 
-`plan_node` is the one rule `distenv run` (every rank of its node, before they start),
+`place_ranks` is the one rule `distenv run` (every rank of its node, before they start),
 `distenv info --topology` and `init_dist` (this rank) share; `bind_threads` applies a CPU set to
 this process. Only the entry points pass ``os.environ`` in.
 """
@@ -16,18 +16,19 @@ from distenv.errors import ConfigurationError, shown
 from distenv.placement.binding import MODES, OFF, bind, cores_of, far_from
 from distenv.placement.cpus import format_cpus
 from distenv.placement.topology import Accelerator, Topology, read_topology
+from distenv.settings import CPU_BINDING_VAR
 
 __all__ = [
-    "BINDING_VAR",
     "Placement",
     "bind_threads",
     "binding_mode",
-    "plan_node",
+    "chosen_mode",
+    "far_socket",
+    "place_ranks",
     "rank_devices",
     "threads_each",
 ]
 
-BINDING_VAR = "DISTENV_CPU_BINDING"
 #: The variables that narrow which accelerators a process sees, per maker, outermost first (HIP's
 #: indices count within ROCr's list). A value of ``card.tile`` (Level Zero) names its card.
 VISIBILITY = {
@@ -62,6 +63,18 @@ def binding_mode(who: str, value: str | None, variable: str | None = None) -> st
         variable=variable,
         value=value,
     )
+
+
+def chosen_mode(who: str, argument: str | None, setting: str | None) -> str | None:
+    """Return the binding mode: `argument` (``cpu_binding=``, ``--numa-binding``) if given, else
+    the setting ``$DISTENV_CPU_BINDING``; None for none.
+
+    Raises:
+        ConfigurationError: If the one that applies is not a mode (`binding_mode`).
+    """
+    if argument is not None:
+        return binding_mode(who, argument)
+    return binding_mode(who, setting, CPU_BINDING_VAR)
 
 
 def _visible(found: Sequence[Accelerator], env: Mapping[str, str]) -> list[Accelerator] | None:
@@ -99,6 +112,28 @@ def rank_devices(
     if visible is None:
         return None
     return [visible[rank % len(visible)] if visible else None for rank in range(count)]
+
+
+def far_socket(topology: Topology, env: Mapping[str, str], device: int | None) -> str | None:
+    """Return why this process sits on the far socket of its accelerator, or None if it does not.
+
+    Args:
+        topology: The node, with this process's affinity.
+        env: This process's environment (the visibility variables).
+        device: The index of its accelerator among the visible ones (`distenv.device`), or None.
+    """
+    visible = _visible(topology.accelerators, env)
+    if device is None or not visible or device >= len(visible):
+        return None
+    near = visible[device]
+    if not far_from(topology, topology.affinity, near):
+        return None
+    return (
+        f"its CPUs ({format_cpus(topology.affinity)}) are all on another socket than its "
+        f"accelerator {near.address} (NUMA node {near.node}): its host memory and data loading "
+        "cross the link between sockets. Hint: bind near it with DISTENV_CPU_BINDING=auto or "
+        "distenv run --numa-binding auto, or let the launcher bind it (srun --cpu-bind)"
+    )
 
 
 def threads_each(topology: Topology, count: int) -> int:
@@ -154,7 +189,7 @@ class Placement:
         return lines
 
 
-def plan_node(
+def place_ranks(
     mode: str,
     count: int,
     env: Mapping[str, str],

@@ -78,36 +78,28 @@ class Machine:
         _put(system / "cpu/possible", format_cpus(every))
         per_l3 = self.cores_per_node // self.l3_per_node
         nodes = self.sockets * self.nodes_per_socket
+        per_socket = self.nodes_per_socket * self.cores_per_node
+
+        def cpus_of(cores: range) -> frozenset[int]:
+            return frozenset(cpu for c in cores for cpu in self.cpus_of_core(c)) & online
+
+        packages = [
+            cpus_of(range(s * per_socket, (s + 1) * per_socket)) for s in range(self.sockets)
+        ]
         for core in range(self.cores):
-            node = core // self.cores_per_node
-            socket = node // self.nodes_per_socket
+            socket = core // per_socket
             siblings = frozenset(self.cpus_of_core(core)) & online
-            package = (
-                frozenset(
-                    cpu
-                    for c in range(self.cores)
-                    if c // self.cores_per_node // self.nodes_per_socket == socket
-                    for cpu in self.cpus_of_core(c)
-                )
-                & online
-            )
-            first = node * self.cores_per_node + (core % self.cores_per_node) // per_l3 * per_l3
-            domain = (
-                frozenset(cpu for c in range(first, first + per_l3) for cpu in self.cpus_of_core(c))
-                & online
-            )
+            first = core // per_l3 * per_l3
+            domain = cpus_of(range(first, first + per_l3))
             for cpu in siblings:
                 base = system / f"cpu/cpu{cpu}"
                 _put(base / "topology/thread_siblings_list", format_cpus(siblings))
-                _put(base / "topology/core_siblings_list", format_cpus(package))
+                _put(base / "topology/core_siblings_list", format_cpus(packages[socket]))
                 _put(base / "topology/physical_package_id", str(socket))
-                caches = (
-                    ("Data", 1, siblings),
-                    ("Instruction", 1, siblings),
-                    ("Unified", 2, siblings),
-                    ("Unified", 3, domain),
-                )
-                for index, (kind, level, shared) in enumerate(caches):
+                # L1i (not data: skipped by the reader) and the L3; L1d and L2 would add nothing.
+                for index, (kind, level, shared) in enumerate(
+                    (("Instruction", 1, siblings), ("Unified", 3, domain))
+                ):
                     cache = base / f"cache/index{index}"
                     _put(cache / "type", kind)
                     _put(cache / "level", str(level))

@@ -6,8 +6,16 @@ from pathlib import Path
 
 import pytest
 
+from distenv.cli import main
 from distenv.errors import ConfigurationError
-from distenv.placement.apply import binding_mode, plan_node, rank_devices, threads_each
+from distenv.placement.apply import (
+    binding_mode,
+    chosen_mode,
+    far_socket,
+    place_ranks,
+    rank_devices,
+    threads_each,
+)
 from distenv.placement.binding import MODES, bind
 from distenv.placement.cpus import format_cpus, parse_cpus
 from distenv.placement.topology import Topology, read_topology
@@ -113,7 +121,7 @@ def test_launcher_binding_is_kept(trees: dict[str, Path], mode: str) -> None:
     whatever the mode, and the plan says why."""
     topology = read_topology(trees["intel-2s-8gpu"], affinity=frozenset({0, 40}))
     assert topology.launcher_bound
-    placement = plan_node(mode, 8, {}, topology=topology)
+    placement = place_ranks(mode, 8, {}, topology=topology)
     assert placement.cpus == (frozenset({0, 40}),) * 8
     assert not placement.bound
     assert placement.note is not None
@@ -123,7 +131,7 @@ def test_launcher_binding_is_kept(trees: dict[str, Path], mode: str) -> None:
 
 def test_far_socket(trees: dict[str, Path]) -> None:
     """A rank whose GPU is on the socket its cpuset does not reach is named (Kubernetes pod)."""
-    placement = plan_node("auto", 2, {}, topology=read_topology(trees["k8s-static"]))
+    placement = place_ranks("auto", 2, {}, topology=read_topology(trees["k8s-static"]))
     assert placement.far() == [1]
     assert "far socket" in placement.lines()[1]
     assert "far" not in placement.lines()[0]
@@ -168,7 +176,7 @@ def test_uuids_place_ranks_without_accelerators(trees: dict[str, Path]) -> None:
     env = {"CUDA_VISIBLE_DEVICES": "GPU-5e3b1a2c-0000-1111-2222-333344445555"}
     topology = read_topology(trees["dgx-h100"])
     assert rank_devices(topology, env, 2) is None
-    placement = plan_node("node", 2, env, topology=topology)
+    placement = place_ranks("node", 2, env, topology=topology)
     assert placement.devices == (None, None)
     assert placement.note is not None
     assert "CUDA_VISIBLE_DEVICES" in placement.note
@@ -180,7 +188,7 @@ def test_own_device_under_per_task_binding(trees: dict[str, Path]) -> None:
     rest in PCI order, and uses its own for itself."""
     topology = read_topology(trees["dgx-h100"])
     own = topology.accelerators[6]
-    placement = plan_node(
+    placement = place_ranks(
         "exclusive", 8, {"CUDA_VISIBLE_DEVICES": "6"}, topology=topology, own=(6, own)
     )
     assert format_cpus(placement.cpus[6]) == "84-97,196-209"
@@ -192,7 +200,7 @@ def test_threads_each(trees: dict[str, Path]) -> None:
     topology = read_topology(trees["dgx-h100"])
     assert threads_each(topology, 8) == 14
     assert threads_each(topology, 500) == 1
-    placement = plan_node("exclusive", 8, {}, topology=topology)
+    placement = place_ranks("exclusive", 8, {}, topology=topology)
     assert [placement.threads(r) for r in range(8)] == [14] * 8
 
 
@@ -246,3 +254,57 @@ def test_live_node() -> None:
     assert topology.affinity <= topology.online
     assert topology.allowed
     assert topology.affinity
+
+
+def test_far_socket_is_named(trees: dict[str, Path]) -> None:
+    """doctor's check: a rank whose CPUs are all on the other socket than its GPU is told why and
+    how to fix it; one beside its GPU, or without one, is not."""
+    topology = read_topology(trees["k8s-static"])
+    message = far_socket(topology, {}, 1)
+    assert message is not None
+    assert message.startswith(
+        "its CPUs (2-5,26-29) are all on another socket than its accelerator 0000:b1:00.0 "
+        "(NUMA node 1)"
+    )
+    assert "Hint: bind near it" in message
+    assert far_socket(topology, {}, 0) is None
+    assert far_socket(topology, {}, None) is None
+    assert far_socket(topology, {"CUDA_VISIBLE_DEVICES": "0"}, 0) is None
+
+
+def test_info_topology(trees: dict[str, Path], capsys: pytest.CaptureFixture[str]) -> None:
+    """`distenv info --topology --sysfs DIR` prints the node and each local rank's CPUs; the
+    number of ranks defaults to the accelerators."""
+    assert main(["info", "--topology", "--sysfs", str(trees["frontier-mi250x"])]) == 0
+    out = capsys.readouterr().out
+    assert "numa node 3: 48-63,112-127" in out
+    assert "accelerator 0: 0000:c1:00.0 amd, numa node 3" in out
+    assert "binding 'auto' of 8 local ranks:" in out
+    assert "local rank 0: cpus 49-55,113-119 (7 cores), accelerator 0000:c1:00.0" in out
+    argv = ["info", "--sysfs", str(trees["k8s-static"]), "--numa-binding", "node"]
+    assert main([*argv, "--nproc-per-node", "2"]) == 0
+    out = capsys.readouterr().out
+    assert "local rank 1: cpus 2-5,26-29 (4 cores), accelerator 0000:b1:00.0 (far socket)" in out
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [["--sysfs", "/nonexistent"], ["--nproc-per-node", "0"], ["--numa-binding", "numa"]],
+)
+def test_info_topology_usage(argv: list[str], capsys: pytest.CaptureFixture[str]) -> None:
+    """A missing tree, no ranks or an unknown mode is a usage error (exit 2)."""
+    with pytest.raises(SystemExit) as caught:
+        main(["info", "--topology", *argv])
+    assert caught.value.code == 2
+    assert argv[0] in capsys.readouterr().err
+
+
+def test_chosen_mode() -> None:
+    """The argument wins over $DISTENV_CPU_BINDING; a bad setting names the variable."""
+    assert chosen_mode("init", "node", "auto") == "node"
+    assert chosen_mode("init", None, "auto") == "auto"
+    assert chosen_mode("init", None, None) is None
+    with pytest.raises(ConfigurationError, match=r"cpu_binding='x'"):
+        chosen_mode("init", "x", None)
+    with pytest.raises(ConfigurationError, match=r"\$DISTENV_CPU_BINDING is 'x'"):
+        chosen_mode("init", None, "x")
