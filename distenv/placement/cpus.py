@@ -6,7 +6,7 @@ The kernel's list format is cpuset(7)'s "List format"; every file distenv reads 
 
 from __future__ import annotations
 
-from pathlib import Path
+import os
 
 __all__ = ["MAX_CPU", "READ_LIMIT", "format_cpus", "parse_cpus", "read_small"]
 
@@ -16,13 +16,22 @@ MAX_CPU = 8191
 READ_LIMIT = 4096
 
 
-def read_small(path: Path) -> str | None:
-    """Return the text of a small kernel file (at most `READ_LIMIT` bytes), or None if unreadable."""
+def read_small(path: str) -> str | None:
+    """Return the text of a small kernel file (at most `READ_LIMIT` bytes), or None if unreadable.
+
+    Plain descriptors and string paths: a node's topology is some 200 such reads, and pathlib's
+    objects would cost more than the reads themselves.
+    """
     try:
-        with path.open("rb") as handle:
-            return handle.read(READ_LIMIT).decode("ascii", "replace").strip()
+        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
     except OSError:
         return None
+    try:
+        return os.read(fd, READ_LIMIT).decode("ascii", "replace").strip()
+    except OSError:
+        return None
+    finally:
+        os.close(fd)
 
 
 def parse_cpus(text: str) -> frozenset[int] | None:

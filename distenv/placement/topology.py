@@ -135,12 +135,12 @@ class Topology:
         return lines
 
 
-def _cpus_of(path: Path) -> frozenset[int] | None:
+def _cpus_of(path: str) -> frozenset[int] | None:
     text = read_small(path)
     return None if text is None else parse_cpus(text)
 
 
-def _number(path: Path) -> int | None:
+def _number(path: str) -> int | None:
     text = read_small(path)
     if text is None:
         return None
@@ -150,39 +150,39 @@ def _number(path: Path) -> int | None:
         return None
 
 
-def _online(cpu_dir: Path) -> frozenset[int]:
-    found = _cpus_of(cpu_dir / "online")
+def _listed(folder: str) -> list[str]:
+    try:
+        return sorted(os.listdir(folder))
+    except OSError:
+        return []
+
+
+def _online(cpu_dir: str) -> frozenset[int]:
+    found = _cpus_of(f"{cpu_dir}/online")
     if found is not None:
         return found
-    try:
-        names = os.listdir(cpu_dir)
-    except OSError:
-        return frozenset()
+    names = _listed(cpu_dir)
     return frozenset(int(n[3:]) for n in names if n.startswith("cpu") and n[3:].isdigit())
 
 
-def _last_level_cache(cpu: Path) -> frozenset[int] | None:
+def _last_level_cache(cpu: str) -> frozenset[int] | None:
     """Return the CPUs sharing `cpu`'s highest-level data or unified cache (as torch reads it)."""
     best, shared = -1, None
-    try:
-        entries = sorted(os.listdir(cpu / "cache"))
-    except OSError:
-        return None
-    for entry in entries:
+    for entry in _listed(f"{cpu}/cache"):
         if not entry.startswith("index") or not entry[5:].isdigit():
             continue
-        index = cpu / "cache" / entry
-        if read_small(index / "type") not in ("Unified", "Data"):
+        index = f"{cpu}/cache/{entry}"
+        if read_small(f"{index}/type") not in ("Unified", "Data"):
             continue
-        level = _number(index / "level")
+        level = _number(f"{index}/level")
         if level is not None and level > best:
-            found = _cpus_of(index / "shared_cpu_list")
+            found = _cpus_of(f"{index}/shared_cpu_list")
             if found is not None:
                 best, shared = level, found
     return shared
 
 
-def _cpu_maps(cpu_dir: Path, online: frozenset[int]) -> tuple[dict[int, int], ...]:
+def _cpu_maps(cpu_dir: str, online: frozenset[int]) -> tuple[dict[int, int], ...]:
     """Return each online CPU's core, package and cache domain.
 
     Each core, package and cache domain is read once, from its first CPU: a 224-CPU node costs
@@ -192,93 +192,81 @@ def _cpu_maps(cpu_dir: Path, online: frozenset[int]) -> tuple[dict[int, int], ..
     package: dict[int, int] = {}
     cache: dict[int, int] = {}
     for cpu in sorted(online):
-        topo = cpu_dir / f"cpu{cpu}" / "topology"
+        topo = f"{cpu_dir}/cpu{cpu}/topology"
         if cpu not in core:
-            siblings = (_cpus_of(topo / "thread_siblings_list") or frozenset({cpu})) & online
-            for sibling in siblings | {cpu}:
-                core[sibling] = min(siblings | {cpu})
+            siblings = (_cpus_of(f"{topo}/thread_siblings_list") or frozenset()) & online | {cpu}
+            first = min(siblings)
+            core.update(dict.fromkeys(siblings, first))
         if cpu not in package:
-            members = (_cpus_of(topo / "core_siblings_list") or frozenset({cpu})) & online
-            number = _number(topo / "physical_package_id")
-            for member in members | {cpu}:
-                package[member] = max(number if number is not None else 0, 0)
+            members = (_cpus_of(f"{topo}/core_siblings_list") or frozenset()) & online | {cpu}
+            number = _number(f"{topo}/physical_package_id")
+            package.update(dict.fromkeys(members, max(number or 0, 0)))
         if cpu not in cache:
-            shared = _last_level_cache(cpu_dir / f"cpu{cpu}")
-            # No cache information (some VMs): the socket is the domain.
-            domain = (shared & online) if shared else frozenset({cpu})
-            for member in domain | {cpu}:
-                cache[member] = min(domain | {cpu})
+            shared = _last_level_cache(f"{cpu_dir}/cpu{cpu}")
+            # No cache information (some VMs): each CPU is its own domain.
+            domain = (shared or frozenset()) & online | {cpu}
+            first = min(domain)
+            cache.update(dict.fromkeys(domain, first))
     return core, package, cache
 
 
-def _nodes(node_dir: Path, online: frozenset[int]) -> dict[int, frozenset[int]]:
-    try:
-        names = os.listdir(node_dir)
-    except OSError:
-        return {0: online}  # a kernel without NUMA: one node
+def _nodes(node_dir: str, online: frozenset[int]) -> dict[int, frozenset[int]]:
     nodes = {}
-    for name in names:
+    for name in _listed(node_dir):
         if name.startswith("node") and name[4:].isdigit():
-            nodes[int(name[4:])] = (_cpus_of(node_dir / name / "cpulist") or frozenset()) & online
-    return nodes or {0: online}
+            nodes[int(name[4:])] = (_cpus_of(f"{node_dir}/{name}/cpulist") or frozenset()) & online
+    return nodes or {0: online}  # a kernel without NUMA: one node
 
 
-def _kind(device: Path) -> str | None:
+def _kind(device: str) -> str | None:
     """Return the vendor name of an accelerator at `device`, or None if it is not one."""
-    pci_class = read_small(device / "class")
-    if pci_class is None:
-        return None
-    vendor = VENDORS.get(read_small(device / "vendor") or "")
-    prefix = pci_class[:6]
+    vendor = VENDORS.get(read_small(f"{device}/vendor") or "")
     if vendor is None:
         return None
+    prefix = (read_small(f"{device}/class") or "")[:6]
     if vendor in ACCELERATOR_CLASSES.get(prefix, ()):
         return vendor
     return vendor if prefix == VGA_CLASS[0] and vendor in VGA_CLASS[1] else None
 
 
-def _accelerators(pci_dir: Path, online: frozenset[int]) -> tuple[Accelerator, ...]:
-    try:
-        names = sorted(os.listdir(pci_dir))
-    except OSError:
-        return ()
+def _accelerators(pci_dir: str, online: frozenset[int]) -> tuple[Accelerator, ...]:
     found = []
-    for name in names:
-        device = pci_dir / name
+    for name in _listed(pci_dir):
+        device = f"{pci_dir}/{name}"
         vendor = _kind(device)
         if vendor is None:
             continue
-        node = _number(device / "numa_node")
-        local = _cpus_of(device / "local_cpulist") or frozenset()
+        node = _number(f"{device}/numa_node")
+        local = _cpus_of(f"{device}/local_cpulist") or frozenset()
         known = node if node is not None and node >= 0 else None
         found.append(Accelerator(name, vendor, known, local & online))
     return tuple(found)
 
 
-def _cgroup_cpuset(root: Path) -> tuple[frozenset[int] | None, str]:
+def _cgroup_cpuset(root: str) -> tuple[frozenset[int] | None, str]:
     """Return the cgroup's effective cpuset and where it was read, walking up to the first
     cgroup that has the file (the cpuset controller need not be enabled in a leaf)."""
     try:
-        with (root / "proc/self/cgroup").open("rb") as handle:
+        with open(f"{root}/proc/self/cgroup", "rb") as handle:
             text = handle.read(CGROUP_LIMIT).decode("ascii", "replace")
     except OSError:
         return None, ""
-    unified = (root / "sys/fs/cgroup/cgroup.controllers").exists()
+    unified = os.path.exists(f"{root}/sys/fs/cgroup/cgroup.controllers")
     files: tuple[str, ...]
     for line in text.splitlines():
         number, _, rest = line.partition(":")
         controllers, _, path = rest.partition(":")
         if unified and number == "0" and not controllers:
-            base, files, version = root / "sys/fs/cgroup", ("cpuset.cpus.effective",), "v2"
+            base, files, version = f"{root}/sys/fs/cgroup", ("cpuset.cpus.effective",), "v2"
         elif not unified and "cpuset" in controllers.split(","):
-            base = root / "sys/fs/cgroup/cpuset"
+            base = f"{root}/sys/fs/cgroup/cpuset"
             files, version = ("cpuset.effective_cpus", "cpuset.cpus"), "v1"
         else:
             continue
         parts = [p for p in path.split("/") if p and p not in (".", "..")]
         while True:
             for name in files:
-                cpus = _cpus_of(base.joinpath(*parts, name))
+                cpus = _cpus_of("/".join((base, *parts, name)))
                 if cpus:
                     return cpus, f"cgroup {version} /{'/'.join(parts)}"
             if not parts:
@@ -296,8 +284,8 @@ def read_topology(root: str | Path = "/", affinity: frozenset[int] | None = None
         affinity: This process's CPUs; by default ``os.sched_getaffinity(0)`` when `root` is
             ``/``, else the tree's allowed CPUs (a recorded tree has no process).
     """
-    base = Path(root)
-    cpu_dir = base / "sys/devices/system/cpu"
+    base = str(root).rstrip("/")
+    cpu_dir = f"{base}/sys/devices/system/cpu"
     online = _online(cpu_dir)
     core, package, cache = _cpu_maps(cpu_dir, online)
     cpuset, cgroup = _cgroup_cpuset(base)
@@ -305,13 +293,13 @@ def read_topology(root: str | Path = "/", affinity: frozenset[int] | None = None
         core=core,
         package=package,
         cache=cache,
-        nodes=_nodes(base / "sys/devices/system/node", online),
-        accelerators=_accelerators(base / "sys/bus/pci/devices", online),
+        nodes=_nodes(f"{base}/sys/devices/system/node", online),
+        accelerators=_accelerators(f"{base}/sys/bus/pci/devices", online),
         cpuset=cpuset,
         cgroup=cgroup,
         affinity=frozenset(),
     )
     if affinity is None:
-        live = base.resolve() == Path("/")
+        live = Path(root).resolve() == Path("/")
         affinity = frozenset(os.sched_getaffinity(0)) if live else topology.allowed
     return replace(topology, affinity=affinity)

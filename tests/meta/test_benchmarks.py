@@ -195,3 +195,15 @@ def test_rendezvous_scale_benchmark_counts_fewer_requests_per_node_with_leaders(
     assert leaders["store"]["per_node"]["requests"] < flat["store"]["per_node"]["requests"]
     assert leaders["store"]["bytes_out"] < flat["store"]["bytes_out"]
     assert set(data["targets"]) == {"flat", "leaders"}
+
+
+def test_placement_benchmark_reads_every_layout_without_a_process() -> None:
+    """The cost per rank of CPU binding: this machine and three recorded nodes are read and
+    planned, with no process started (docs/placement.md reports the full run's times)."""
+    data = smoke("bench_placement.py")
+    assert data["benchmark"] == "placement"
+    assert data["processes"] == 0
+    assert set(data["cases"]) == {"live", "dgx-h100", "frontier", "aurora-pvc"}
+    assert data["cases"]["dgx-h100"]["cpus"] == 224
+    assert data["cases"]["frontier"]["accelerators"] == 8
+    assert all(case["ms"]["median"] > 0 for case in data["cases"].values())
