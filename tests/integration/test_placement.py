@@ -9,12 +9,16 @@ tests/harness/setup.sh's, has CPUs 0 and 1 and no SMT).
 
 from __future__ import annotations
 
+import json
+import shutil
+
 import pytest
 
 from distenv.master import LOCAL_HOST
 from tests.support.integration.helpers import (
     JOB_NAME,
     PYTHON,
+    REPO,
     Harness,
     check_world,
     rank_check,
@@ -80,3 +84,36 @@ def test_srun_ranks_bind_in_init_dist(harness: Harness) -> None:
     recs = check_world(kept, launcher="slurm", layouts=TWO_RANKS)
     assert [r["affinity"] for r in recs] == [[1], [1]], kept.text
     assert kept.stderr.count(KEPT) == 1, kept.text
+
+
+NUMA_RANK = str(REPO / "tests" / "support" / "scripts" / "numa_rank.py")
+
+
+@pytest.mark.gpu
+def test_node_binding_matches_torchrun_on_a_gpu_machine(harness: Harness) -> None:
+    """On a GPU machine, from its real sysfs: `init_dist(cpu_binding="node")` binds each rank to
+    exactly the CPUs torch's `--numa-binding node` computes for its GPU (torch/numa/binding.py);
+    where numactl is installed, `torchrun --numa-binding node` itself starts each rank on them."""
+    import torch
+
+    gpus = torch.cuda.device_count()
+    assert gpus >= 1
+    torchrun = [PYTHON, "-m", "torch.distributed.run", "--nproc-per-node", str(gpus)]
+    launches = [harness.start([*torchrun, NUMA_RANK, "--bind"])]
+    if shutil.which("numactl"):
+        launches.append(harness.start([*torchrun, "--numa-binding", "node", NUMA_RANK]))
+    results = wait_all(launches)
+    for result in results:
+        assert result.returncode == 0, result.text
+    ours = sorted((json.loads(line) for line in results[0].stdout.splitlines()), key=_rank)
+    assert [r["rank"] for r in ours] == list(range(gpus)), results[0].text
+    for record in ours:
+        assert record["all_reduce"] == gpus, record
+        assert record["distenv"] == record["torch"], record
+    if len(results) == 2:
+        theirs = sorted((json.loads(line) for line in results[1].stdout.splitlines()), key=_rank)
+        assert [r["started"] for r in theirs] == [r["distenv"] for r in ours], results[1].text
+
+
+def _rank(record: dict[str, int]) -> int:
+    return record["rank"]
