@@ -112,8 +112,9 @@ class Topology:
         domains = {self.cache[cpu] for cpu in allowed}
         lines = [
             f"cpus: {format_cpus(self.online)} online, {format_cpus(allowed)} allowed "
-            f"({len(allowed)} CPUs, {len(cores)} cores, {len(domains)} L3 domains, "
-            f"{len(set(self.package.values()))} sockets)",
+            f"({_count(len(allowed), 'CPU')}, {_count(len(cores), 'core')}, "
+            f"{_count(len(domains), 'L3 domain')}, "
+            f"{_count(len(set(self.package.values())), 'socket')})",
             f"cpuset: {format_cpus(self.cpuset) if self.cpuset is not None else 'none found'}"
             + (f" ({self.cgroup})" if self.cgroup else ""),
             f"affinity: {format_cpus(self.affinity)}"
@@ -133,6 +134,10 @@ class Topology:
                 f"local cpus {format_cpus(device.local_cpus) or 'unknown'}"
             )
         return lines
+
+
+def _count(number: int, noun: str) -> str:
+    return f"{number} {noun}{'' if number == 1 else 's'}"
 
 
 def _cpus_of(path: str) -> frozenset[int] | None:

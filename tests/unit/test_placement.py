@@ -308,3 +308,18 @@ def test_chosen_mode() -> None:
         chosen_mode("init", "x", None)
     with pytest.raises(ConfigurationError, match=r"\$DISTENV_CPU_BINDING is 'x'"):
         chosen_mode("init", None, "x")
+
+
+def test_the_placement_page_shows_info_topology_as_printed(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """docs/placement.md's `distenv info --topology --sysfs frontier/` block is the command's
+    output for the recorded Frontier node."""
+    MACHINES["frontier-mi250x"].write(tmp_path / "frontier")
+    monkeypatch.chdir(tmp_path)
+    assert main(["info", "--topology", "--sysfs", "frontier/"]) == 0
+    printed = capsys.readouterr().out
+    page = (Path(__file__).resolve().parents[2] / "docs" / "placement.md").read_text()
+    command = "$ distenv info --topology --sysfs frontier/"
+    start = page.index("\n", page.index(command)) + 1
+    assert page[start : page.index("```", start)] == printed
