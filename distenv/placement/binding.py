@@ -79,27 +79,19 @@ def _share(units: list[Unit], count: int, position: int) -> Unit:
     return frozenset().union(*units[start:end])
 
 
-def _homes(topology: Topology, devices: Sequence[Accelerator | None]) -> list[int | None]:
-    """Return each rank's NUMA node through its accelerator, None where it has none usable."""
-    allowed = topology.allowed
-    homes: list[int | None] = []
-    for device in devices:
-        node = None if device is None else device.node
-        if device is not None and node is None:
-            # The kernel says -1 (one node, or no firmware table): the node of its local CPUs.
-            local = sorted(device.local_cpus & allowed)
-            node = next(
-                (n for n, cpus in topology.nodes.items() if local and local[0] in cpus), None
-            )
-            if (
-                node is None
-                and len([n for n in topology.nodes if topology.nodes[n] & allowed]) == 1
-            ):
-                node = next(n for n in topology.nodes if topology.nodes[n] & allowed)
-        homes.append(
-            node if node is not None and topology.nodes.get(node, frozenset()) & allowed else None
-        )
-    return homes
+def _home(topology: Topology, allowed: frozenset[int], device: Accelerator | None) -> int | None:
+    """Return the NUMA node a rank's accelerator puts it on, None where it has none usable."""
+    if device is None:
+        return None
+    usable = [n for n, cpus in sorted(topology.nodes.items()) if cpus & allowed]
+    node = device.node
+    if node is None:
+        # The kernel says -1 (one node, or firmware without the table): the first node of its
+        # local CPUs, else the only node there is (torch takes node 0).
+        near = device.local_cpus & allowed
+        only = usable[0] if len(usable) == 1 else None
+        node = next((n for n in usable if near & topology.nodes[n]), only)
+    return node if node in usable else None
 
 
 def bind(topology: Topology, mode: str, devices: Sequence[Accelerator | None]) -> tuple[Unit, ...]:
@@ -120,7 +112,7 @@ def bind(topology: Topology, mode: str, devices: Sequence[Accelerator | None]) -
         return tuple(topology.affinity for _ in devices)
     allowed = topology.allowed or topology.affinity
     nodes = {n: cpus & allowed for n, cpus in topology.nodes.items() if cpus & allowed}
-    homes = _homes(topology, devices)
+    homes = [_home(topology, allowed, device) for device in devices]
     loose = [rank for rank, home in enumerate(homes) if home is None]
     ordered = sorted(nodes)
 
