@@ -214,13 +214,13 @@ def place_ranks(
     topology = topology or read_topology(root)
     devices = rank_devices(topology, env, count)
     note = None
-    if devices is None:
+    if devices is None and own is None:
         names = ", ".join(VISIBILITY.get(topology.accelerators[0].vendor, ()))
         note = (
             f"{names} names devices by UUID or MIG instance, which sysfs cannot map to PCI "
             "devices: the ranks are placed as if they had no accelerator"
         )
-        devices = [None] * count
+    devices = devices or [None] * count
     if own is not None:
         rank, device = own
         if len({d for d in devices if d is not None}) <= 1 < len(topology.accelerators):

@@ -323,3 +323,14 @@ def test_the_placement_page_shows_info_topology_as_printed(
     command = "$ distenv info --topology --sysfs frontier/"
     start = page.index("\n", page.index(command)) + 1
     assert page[start : page.index("```", start)] == printed
+
+
+def test_own_device_despite_uuids(trees: dict[str, Path]) -> None:
+    """A rank that knows its own GPU (init_dist asks torch) is placed by it even where
+    CUDA_VISIBLE_DEVICES names UUIDs, and nothing is said about them."""
+    topology = read_topology(trees["dgx-h100"])
+    env = {"CUDA_VISIBLE_DEVICES": "GPU-5e3b1a2c-0000-1111-2222-333344445555"}
+    own = (0, topology.accelerators[5])
+    placement = place_ranks("node", 1, env, topology=topology, own=own)
+    assert placement.note is None
+    assert [format_cpus(c) for c in placement.cpus] == ["56-111,168-223"]
