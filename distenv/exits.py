@@ -8,6 +8,8 @@ error that leaves a public call also a `SystemExit` whose code is one line::
 
     rank 2: train.py:12: distenv.errors.NotLaunchedError: slurm: ... Hint: ...
 
+Its hint's example command quotes the job's own script and size (`distenv.hints`).
+
 Python prints a `SystemExit`'s text code to stderr, with no traceback, and exits 1; the error is
 still an instance of its own class, so ``except DistEnvError`` (or ``except Exception``, or
 ``pytest.raises``) catches it as before. No global ``sys.excepthook`` is installed, which would
@@ -36,6 +38,7 @@ from types import FrameType
 from typing import Any, ParamSpec, TypeVar, cast
 
 from distenv.errors import DistEnvError, NotLaunchedError
+from distenv.hints import reword
 
 __all__ = ["DEBUG_VAR", "ExitStatus", "OneLine", "line", "one_line"]
 
@@ -223,7 +226,11 @@ def one_line(function: Callable[P, R]) -> Callable[P, R]:
         try:
             return function(*args, **kwargs)
         except DistEnvError as error:
-            if isinstance(error, OneLine) or _plain_wanted(os.environ):
+            if isinstance(error, OneLine):
+                raise
+            # Its example command in the job's own words: the script and the world's size.
+            reword(error, sys.argv, os.environ)
+            if _plain_wanted(os.environ):
                 raise
             # A process refused as not launched (a batch script) is no rank of anything.
             rank = None if isinstance(error, NotLaunchedError) else _rank(os.environ)

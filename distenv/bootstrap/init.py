@@ -289,10 +289,25 @@ def _placed(info: RankInfo, known: RankInfo) -> RankInfo:
     return known
 
 
-def _reuse(info: RankInfo) -> RankInfo:
-    """Return the RankInfo of the group that exists, or raise if it is another world."""
+def _reuse(info: RankInfo, backend: str | None) -> RankInfo:
+    """Return the RankInfo of the group that exists, or raise if it is another world.
+
+    A `backend` asked for explicitly must be the group's: keeping gloo where ``mpi`` was asked
+    for would run every collective on another transport without a word.
+    """
     import torch.distributed as dist
 
+    current = str(dist.get_backend())
+    if backend is not None and backend.strip().lower() != current.lower():
+        raise ConfigurationError(
+            info.launcher,
+            f"torch.distributed is already initialised with backend {current!r}, but "
+            f"init_dist was now asked for backend={backend!r}",
+            hint=f"call init_dist once, with backend={backend.strip()!r} (or call "
+            "torch.distributed.destroy_process_group() first)",
+            variable="backend",
+            value=backend,
+        )
     rank, size = dist.get_rank(), dist.get_world_size()
     if (rank, size) != (info.rank, info.world_size):
         raise InitError(
@@ -327,7 +342,8 @@ def init_dist(
     `distenv.get_logger`, to see it), and seeds the generators if `seed` is given. With no
     launcher (``none``) it makes a 1-rank group on 127.0.0.1 and a free port.
 
-    Calling it again for the same rank and world returns the same `RankInfo` and creates nothing.
+    Calling it again for the same rank and world returns the same `RankInfo` and creates nothing;
+    a `backend` named again must be the group's.
     At exit the group ends before the interpreter finalises, within 5 s (`distenv.bootstrap.teardown`):
     ``destroy_process_group()`` is optional, and `atexit` handlers that need the group must be
     registered after this call.
@@ -360,9 +376,10 @@ def init_dist(
         This rank's resolved `RankInfo`.
 
     Raises:
-        ConfigurationError: If an argument, DISTENV_TIMEOUT or DISTENV_CPU_BINDING is invalid.
         RendezvousTimeoutError: If this rank cannot reach rank 0's store within the rendezvous
             timeout, or not every rank checks in.
+        ConfigurationError: If an argument, DISTENV_TIMEOUT or DISTENV_CPU_BINDING is invalid,
+            or `backend` is not the backend of the group that exists.
         InitError: If torch.distributed is already initialised for another world, or torch
             refuses the group.
         DistEnvError: If detection or resolution fails, or rank 0's port is taken.
@@ -388,7 +405,7 @@ def init_dist(
             hint="install a torch wheel from pytorch.org (every official build includes it)",
         )
     if dist.is_initialized():
-        return _reuse(info)
+        return _reuse(info, backend)
     device = _prepare(
         detection,
         info,

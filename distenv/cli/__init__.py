@@ -1,4 +1,4 @@
-"""The ``distenv`` command: info, export, template, run (distenv.local.run) and doctor (distenv.cli.doctor)."""
+"""The ``distenv`` command: info, export, template, run (distenv.local.run, distenv.local.options) and doctor (distenv.cli.doctor)."""
 
 from __future__ import annotations
 
@@ -13,13 +13,15 @@ from typing import TYPE_CHECKING
 from distenv import __version__
 from distenv.args import add_launcher_option
 from distenv.cli import templates
-from distenv.cli.doctor import add_doctor_parser, write_considered
+from distenv.cli.doctor import add_doctor_parser, add_verbose_option, write_considered
 from distenv.cli.topology import add_topology_options, show_topology
 from distenv.containers import container
 from distenv.detection.pipeline import Detection, locate
 from distenv.device import rank_backend, rank_device_reason, visible_device_count
 from distenv.errors import DistEnvError, MasterResolutionError
-from distenv.local.run import add_run_parser
+from distenv.hints import reword
+from distenv.local.options import add_run_parser
+from distenv.local.run import run
 from distenv.master import SCOPE_VAR
 from distenv.rankinfo import RankInfo
 from distenv.settings import Settings
@@ -135,7 +137,7 @@ def _cmd_info(args: argparse.Namespace) -> int:
         _write_network(network)
     print("\nhow it was chosen:")
     device_row = () if why is None else (("device", why),)
-    write_considered((*detection.considered, *device_row), sys.stdout)
+    write_considered((*detection.considered, *device_row), sys.stdout, verbose=args.verbose)
     return 0
 
 
@@ -258,6 +260,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="also show the CUDA device init_dist would select, the visible device count, the "
         "backend and why (imports torch: seconds on some login nodes)",
     )
+    add_verbose_option(info)
     how = info.add_mutually_exclusive_group()
     _add_mpi_option(how)
     how.add_argument(
@@ -289,7 +292,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     template.set_defaults(func=_cmd_template)
 
-    add_run_parser(sub)
+    add_run_parser(sub).set_defaults(func=run)
     add_doctor_parser(sub)
     return parser
 
@@ -307,6 +310,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.command != "run":
             sys.stdout.flush()  # a closed pipe shows here, not in the interpreter's exit
     except DistEnvError as exc:
+        reword(exc, (), os.environ)  # the job's size in an mpirun example; no script to quote
         print(f"distenv: {exc}", file=sys.stderr)
         return 1
     except BrokenPipeError:
