@@ -112,8 +112,8 @@ def _pci_address(device: int) -> str | None:
 
 def _bind_cpus(info: RankInfo, mode: str | None, settings: Settings, device: int | None) -> None:
     """Bind this rank's threads to its share of the node (`distenv.placement`), unless a launcher
-    bound it already, and follow with ``OMP_NUM_THREADS`` and torch's threads where the user set
-    none. Before the process group: its threads inherit the binding."""
+    bound it already, and set ``OMP_NUM_THREADS`` and torch's threads to the cores it holds where
+    the user set none. Before the process group: its threads inherit the binding."""
     count = info.local_world_size
     if mode is None or count is None:
         if mode is not None and info.local_rank == 0:
@@ -132,10 +132,10 @@ def _bind_cpus(info: RankInfo, mode: str | None, settings: Settings, device: int
     placement = place_ranks(mode, count, os.environ, topology=topology, own=own)
     if placement.note is not None and info.local_rank == 0:
         logger.warning("distenv: cpu binding %s: %s", mode, placement.note)
-    if not placement.bound:
-        return
+    # Kept or bound, the rank's threads follow the CPUs it holds.
     cpus = placement.cpus[info.local_rank]
-    bind_threads(cpus)
+    if placement.bound:
+        bind_threads(cpus)
     if settings.omp_num_threads is None:
         import torch
 

@@ -17,6 +17,7 @@ import pytest
 from distenv.master import LOCAL_HOST
 from tests.support.integration.helpers import (
     JOB_NAME,
+    OMPI,
     PYTHON,
     REPO,
     Harness,
@@ -117,3 +118,23 @@ def test_node_binding_matches_torchrun_on_a_gpu_machine(harness: Harness) -> Non
 
 def _rank(record: dict[str, int]) -> int:
     return record["rank"]
+
+
+@pytest.mark.mpi
+def test_mpirun_binding_is_kept(harness: Harness) -> None:
+    """`mpirun.openmpi -np 2` binds each rank to a core itself (Open MPI's default for 2 ranks):
+    init_dist with DISTENV_CPU_BINDING=auto keeps it, says so once, and sets one thread per core
+    held; under `--bind-to none` distenv binds them, silently."""
+    env = harness.env(ompi=True, extra={"DISTENV_CPU_BINDING": "auto"})
+    kept, bound = wait_all(
+        [
+            harness.start([*OMPI, "-np", "2", *rank_check()], env=env),
+            harness.start([*OMPI, "-np", "2", "--bind-to", "none", *rank_check()], env=env),
+        ]
+    )
+    for result in (kept, bound):
+        recs = check_world(result, launcher="mpi", layouts=TWO_RANKS, master=LOCAL_HOST)
+        assert [r["affinity"] for r in recs] == [[0], [1]], result.text
+        assert [r["omp_num_threads"] for r in recs] == ["1", "1"], result.text
+    assert kept.stderr.count(KEPT) == 1, kept.text
+    assert KEPT not in bound.stderr, bound.text
