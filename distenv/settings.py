@@ -23,6 +23,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "AGENT_STORE_VAR",
+    "CPU_BINDING_VAR",
     "DEBUG_VAR",
     "DEFAULT_RENDEZVOUS_TIMEOUT",
     "HANG_VAR",
@@ -50,6 +51,7 @@ AGENT_STORE_VAR = "TORCHELASTIC_USE_AGENT_STORE"
 RESTART_VAR = "TORCHELASTIC_RESTART_COUNT"
 OMP_VAR = "OMP_NUM_THREADS"
 LEADERS_VAR = "DISTENV_NODE_LEADERS"
+CPU_BINDING_VAR = "DISTENV_CPU_BINDING"
 #: The values ``DISTENV_NODE_LEADERS`` takes (`distenv.bootstrap.leaders`).
 LEADER_MODES = ("auto", "on", "off")
 
@@ -122,10 +124,19 @@ SETTINGS = (
         "roll call in worlds of 256 ranks or more; on: in every world; off: never (docs: scale)",
     ),
     Var(
-        OMP_VAR,
-        "distenv run, launch()",
+        CPU_BINDING_VAR,
+        "init_dist, setup, distenv run",
         "no",
-        "set to 1 for each rank when a node runs several, unless you set it (as torchrun does)",
+        "bind each local rank's CPUs: node, socket, exclusive, core-complex (torchrun's "
+        "--numa-binding) or auto; none (the default) binds nothing; the cpu_binding= argument "
+        "and --numa-binding win (docs: placement)",
+    ),
+    Var(
+        OMP_VAR,
+        "distenv run, launch(), cpu binding",
+        "no",
+        "unless you set it: the cores each rank is bound to, or, unbound with several ranks on a "
+        "node, the cores they may use shared among them (at least 1)",
     ),
 )
 
@@ -178,6 +189,7 @@ class Settings(NamedTuple):
         node_leaders: ``DISTENV_NODE_LEADERS`` as written (`LEADER_MODES`), ``"auto"`` when unset.
         hang_timeout: ``DISTENV_HANG_TIMEOUT`` as written, or None.
         log_dir: ``DISTENV_LOG_DIR`` as written, or None.
+        cpu_binding: ``DISTENV_CPU_BINDING`` as written, or None.
     """
 
     timeout: str | None = None
@@ -188,6 +200,7 @@ class Settings(NamedTuple):
     node_leaders: str = "auto"
     hang_timeout: str | None = None
     log_dir: str | None = None
+    cpu_binding: str | None = None
 
     @classmethod
     def read(cls, env: Mapping[str, str]) -> Settings:
@@ -203,6 +216,7 @@ class Settings(NamedTuple):
             node_leaders=(reader.get(LEADERS_VAR) or "auto").strip().lower(),
             hang_timeout=reader.get(HANG_VAR),
             log_dir=reader.get(LOG_DIR_VAR),
+            cpu_binding=reader.get(CPU_BINDING_VAR),
         )
 
     def rendezvous_seconds(

@@ -49,9 +49,12 @@ from distenv.device import choose_backend, rank_backend, rank_device
 from distenv.errors import ConfigurationError, InitError
 from distenv.exits import one_line
 from distenv.master import SCOPE_VAR
+from distenv.placement.apply import bind_threads, chosen_mode, place_ranks
+from distenv.placement.cpus import format_cpus
+from distenv.placement.topology import read_topology
 from distenv.rankinfo import RankInfo
 from distenv.seeding import check_seed, seed_everything
-from distenv.settings import Settings, seconds
+from distenv.settings import OMP_VAR, Settings, seconds
 
 if TYPE_CHECKING:
     from distenv.settings import Timeout
@@ -99,6 +102,57 @@ def _locate(
     return detection, state.kept(detection.info)
 
 
+def _pci_address(device: int) -> str | None:
+    """Return CUDA device `device`'s PCI address as sysfs names it (``0000:1b:00.0``)."""
+    import torch
+
+    props = torch.cuda.get_device_properties(device)
+    ids = [getattr(props, name, None) for name in ("pci_domain_id", "pci_bus_id", "pci_device_id")]
+    if not all(isinstance(number, int) for number in ids):
+        return None
+    return f"{ids[0]:04x}:{ids[1]:02x}:{ids[2]:02x}.0"
+
+
+def _bind_cpus(info: RankInfo, mode: str | None, settings: Settings, device: int | None) -> None:
+    """Bind this rank's threads to its share of the node (`distenv.placement`), unless a launcher
+    bound it already, and set ``OMP_NUM_THREADS`` and torch's threads to the cores it holds where
+    the user set none. Before the process group: its threads inherit the binding."""
+    count = info.local_world_size
+    if mode is None or count is None:
+        if mode is not None and info.local_rank == 0:
+            logger.warning(
+                "distenv: %s: cpu binding %r needs the number of ranks on this node, which %s "
+                "does not give; binding nothing",
+                info.launcher,
+                mode,
+                info.launcher,
+            )
+        return
+    topology = read_topology()
+    address = None if device is None else _pci_address(device)
+    mine = next((a for a in topology.accelerators if a.address == address), None)
+    own = None if mine is None else (info.local_rank, mine)
+    placement = place_ranks(mode, count, os.environ, topology=topology, own=own)
+    if placement.note is not None and info.local_rank == 0:
+        logger.warning("distenv: cpu binding %s: %s", mode, placement.note)
+    # Kept or bound, the rank's threads follow the CPUs it holds.
+    cpus = placement.cpus[info.local_rank]
+    if placement.bound:
+        bind_threads(cpus)
+    if settings.omp_num_threads is None:
+        import torch
+
+        threads = placement.threads(info.local_rank)
+        os.environ[OMP_VAR] = str(threads)
+        torch.set_num_threads(threads)
+    logger.debug(
+        "distenv: cpu binding %s: local rank %d on CPUs %s",
+        mode,
+        info.local_rank,
+        format_cpus(cpus),
+    )
+
+
 def _prepare(
     detection: Detection,
     info: RankInfo,
@@ -106,8 +160,11 @@ def _prepare(
     start_method: str | None,
     set_device: bool,
     allow_gpu_sharing: bool,
+    cpu_binding: str | None,
 ) -> int | None:
     """Run the steps `setup` and `init_dist` share; return the selected CUDA device index."""
+    settings = Settings.read(os.environ)
+    mode = chosen_mode("init", cpu_binding, settings.cpu_binding)
     _apply_start_method(start_method)
     device = rank_device(info)
     if set_device and device is not None:
@@ -117,6 +174,7 @@ def _prepare(
         # rank left on cuda:0 puts its context (and, before device_id existed, its
         # communicator) on another rank's GPU.
         torch.cuda.set_device(device)
+    _bind_cpus(info, mode, settings, device)
     exported = info.to_env()
     os.environ.update(exported)
     for name in ("GROUP_RANK", "GROUP_WORLD_SIZE", "LOCAL_WORLD_SIZE"):
@@ -138,6 +196,7 @@ def setup(
     set_device: bool = True,
     allow_gpu_sharing: bool = False,
     master_addr_format: str | None = None,
+    cpu_binding: str | None = None,
 ) -> RankInfo:
     """Prepare this process for a framework that creates the process group itself.
 
@@ -157,6 +216,10 @@ def setup(
         master_addr_format: Maps the launcher's default master host to the address to use,
             e.g. ``"{host}-ib"`` (overrides ``$DISTENV_MASTER_ADDR_FORMAT``; explicit
             MASTER_ADDR still wins).
+        cpu_binding: Bind this rank's CPUs near its accelerator: ``node``, ``socket``,
+            ``exclusive``, ``core-complex`` (torchrun's ``--numa-binding``), ``auto`` or
+            ``none``; default ``$DISTENV_CPU_BINDING``, else none. Never narrows a binding the
+            launcher set (docs/placement.md).
 
     Returns:
         This rank's resolved `RankInfo`. Where the launcher names no node layout (an MPI
@@ -177,6 +240,7 @@ def setup(
         start_method=start_method,
         set_device=set_device,
         allow_gpu_sharing=allow_gpu_sharing,
+        cpu_binding=cpu_binding,
     )
     return info
 
@@ -272,6 +336,7 @@ def init_dist(
     seed: int | None = None,
     master_addr_format: str | None = None,
     hang_timeout: Timeout | None = None,
+    cpu_binding: str | None = None,
 ) -> RankInfo:
     """Initialise torch.distributed for this process, whatever launcher started it.
 
@@ -312,6 +377,10 @@ def init_dist(
             naming the rank whose stack differs, and every rank ends with status 124
             (docs/failures.md). Under ``distenv run --hang-timeout`` its own autopsy runs
             instead.
+        cpu_binding: Bind this rank's CPUs near its accelerator before the group exists:
+            ``node``, ``socket``, ``exclusive``, ``core-complex`` (torchrun's
+            ``--numa-binding``), ``auto`` or ``none``; default ``$DISTENV_CPU_BINDING``, else
+            none. Never narrows a binding the launcher set (docs/placement.md).
 
     Returns:
         This rank's resolved `RankInfo`.
@@ -319,8 +388,9 @@ def init_dist(
     Raises:
         RendezvousTimeoutError: If this rank cannot reach rank 0's store within the rendezvous
             timeout, or not every rank checks in.
-        ConfigurationError: If an argument, DISTENV_TIMEOUT or DISTENV_HANG_TIMEOUT is invalid,
-            or `backend` is not the backend of the group that exists.
+        ConfigurationError: If an argument, DISTENV_TIMEOUT, DISTENV_HANG_TIMEOUT or
+            DISTENV_CPU_BINDING is invalid, or `backend` is not the backend of the group that
+            exists.
         InitError: If torch.distributed is already initialised for another world, or torch
             refuses the group.
         DistEnvError: If detection or resolution fails, or rank 0's port is taken.
@@ -358,6 +428,7 @@ def init_dist(
         start_method=start_method,
         set_device=set_device,
         allow_gpu_sharing=allow_gpu_sharing,
+        cpu_binding=cpu_binding,
     )
     chosen = rank_backend(device, backend)
     boot = Bootstrap(Session.of(detection, info, settings), rendezvous_seconds, deadline)

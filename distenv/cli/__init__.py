@@ -14,6 +14,7 @@ from distenv import __version__
 from distenv.args import add_launcher_option
 from distenv.cli import templates
 from distenv.cli.doctor import add_doctor_parser, add_verbose_option, write_considered
+from distenv.cli.topology import add_topology_options, show_topology
 from distenv.containers import container
 from distenv.detection.pipeline import Detection, locate
 from distenv.device import rank_backend, rank_device_reason, visible_device_count
@@ -83,6 +84,8 @@ def _device_fields(info: RankInfo, check: bool) -> tuple[dict[str, object], str 
 
 
 def _cmd_info(args: argparse.Namespace) -> int:
+    if args.topology or args.sysfs:
+        return show_topology(args)
     # What init_dist and doctor would refuse, info refuses too: it says what they will see.
     Settings.read(os.environ).rendezvous_seconds(None)
     resolved = not args.no_resolve
@@ -265,6 +268,7 @@ def build_parser() -> argparse.ArgumentParser:
         action="store_true",
         help="read the environment only: pick no free port either (the master may be null)",
     )
+    add_topology_options(info)
     info.set_defaults(func=_cmd_info)
 
     export = sub.add_parser("export", help="print `export VAR=value` lines for eval")

@@ -26,6 +26,8 @@ from distenv.detection.choice import ABSENT
 from distenv.detection.pipeline import locate
 from distenv.device import rank_backend, rank_device, rank_device_reason
 from distenv.errors import DistEnvError
+from distenv.placement.apply import far_socket
+from distenv.placement.topology import read_topology
 from distenv.rankinfo import RankInfo
 from distenv.settings import Settings
 
@@ -102,13 +104,12 @@ def _table(info: RankInfo, verdict: Verdict, out: TextIO) -> None:
         out.write("\n")
 
 
-def _checkin(session: Session) -> tuple[CheckIn, str]:
+def _checkin(session: Session) -> tuple[CheckIn, str, int | None]:
     # The same device and backend rule as init_dist's, never a copy of it.
     device = rank_device(session.info)
     backend = rank_backend(device)
-    return make_checkin(
-        session, backend, device, allow_gpu_sharing=state.gpu_sharing_allowed()
-    ), backend
+    checkin = make_checkin(session, backend, device, allow_gpu_sharing=state.gpu_sharing_allowed())
+    return checkin, backend, device
 
 
 def doctor(
@@ -142,7 +143,10 @@ def doctor(
         return 1
 
     session = Session.of(detection, info, settings)
-    checkin, backend = _checkin(session)
+    checkin, backend, device = _checkin(session)
+    far = far_socket(read_topology(), os.environ, device)
+    if far is not None:  # each rank names itself: its affinity is its own to read
+        sys.stderr.write(f"distenv doctor: warning: rank {info.rank}: {far}\n")
     if info.world_size == 1:
         verdict = Verdict(True, (), (checkin,), session.scope)
     else:

@@ -21,7 +21,8 @@ from distenv.errors import ConfigurationError, shown
 from distenv.local.autopsy import HANG_STATUS
 from distenv.local.stopping import DEFAULT_GRACE_PERIOD
 from distenv.master import DEFAULT_PORT, LOCAL_HOST
-from distenv.settings import HANG_VAR, MAX_SECONDS
+from distenv.placement.binding import MODES, OFF
+from distenv.settings import CPU_BINDING_VAR, HANG_VAR, MAX_SECONDS
 from distenv.variables import MAX_COUNT, decimal
 
 __all__ = [
@@ -78,7 +79,6 @@ REFUSED_FLAGS: tuple[RefusedFlag, ...] = (
     RefusedFlag("--duplicate-stdout-filters", True, LOG_HINT),
     RefusedFlag("--duplicate-stderr-filters", True, LOG_HINT),
     RefusedFlag("--event-log-handler", True, "use torchrun for torchelastic event logs"),
-    RefusedFlag("--numa-binding", True, "bind in the script, or with numactl or srun --cpu-bind"),
     RefusedFlag(
         "--signals-to-handle",
         True,
@@ -325,6 +325,15 @@ def add_run_parser(subparsers: Any) -> argparse.ArgumentParser:
         help=f"when a rank makes no progress for SECONDS, dump every rank's stacks, name the "
         f"rank whose stack differs, stop the job and exit with status {HANG_STATUS} "
         f"(default: ${HANG_VAR}, else never)",
+    )
+    add(
+        *_spellings("--numa-binding"),
+        dest="numa_binding",
+        choices=(*MODES, OFF),
+        default=None,
+        help="bind each rank to the CPUs near its accelerator, with torchrun's modes, or auto "
+        "(each rank a share of its accelerator's NUMA node); never narrows a binding the "
+        f"launcher set (default: ${CPU_BINDING_VAR}, else none; docs: placement)",
     )
     add(
         *_spellings("--restart-backoff"),

@@ -19,6 +19,7 @@ import socket
 from collections.abc import Mapping
 
 from distenv.errors import ConfigurationError
+from distenv.local.cpus import rank_cpus
 from distenv.local.options import COMMAND, check_arguments, check_refused
 from distenv.local.output import tell
 from distenv.local.plan import (
@@ -30,13 +31,13 @@ from distenv.local.plan import (
     nproc_per_node,
     plan_node,
     scheduler_layout,
-    thread_env,
     unrunnable,
 )
 from distenv.local.restarts import Restarts, reporting_program
 from distenv.local.stopping import StopPolicy
 from distenv.local.supervise import Child, Supervisor
-from distenv.settings import HANG_VAR, Settings
+from distenv.placement.apply import chosen_mode
+from distenv.settings import CPU_BINDING_VAR, HANG_VAR, Settings
 
 __all__ = [
     "build_children",
@@ -116,7 +117,8 @@ def _node(args: argparse.Namespace, env: Mapping[str, str]) -> tuple[NodePlan, l
     settings = Settings.read(env)
     # Checked once here: every rank would refuse it in init_dist, each with its own traceback.
     settings.rendezvous_seconds(None)
-    extra = thread_env(COMMAND, nproc, settings)
+    mode = chosen_mode(COMMAND, args.numa_binding, settings.cpu_binding)
+    placed = rank_cpus(COMMAND, nproc, settings, mode, env)
     # -u as torchrun does (inside `reporting_program`): ranks' output must not sit in a buffer
     # when a rank dies. Each rank tells its agent when, how and where it failed.
     python = reporting_program(args.module)
@@ -130,12 +132,21 @@ def _node(args: argparse.Namespace, env: Mapping[str, str]) -> tuple[NodePlan, l
             Child(
                 rank=info.rank,
                 command=[*program, *legacy, *args.script_args],
-                env=child_env(env, info, plan, extra),
+                env=_without_binding(child_env(env, info, plan, placed[local_rank].env), mode),
+                cpus=placed[local_rank].cpus,
                 show_output=args.ranks is None or any(info.rank in r for r in args.ranks),
                 prefix_output=args.prefix_output,
             )
         )
     return plan, children
+
+
+def _without_binding(env: dict[str, str], mode: str | None) -> dict[str, str]:
+    """Return `env` without ``DISTENV_CPU_BINDING`` where distenv run bound the rank itself: its
+    init_dist has nothing left to bind."""
+    if mode is not None:
+        env.pop(CPU_BINDING_VAR, None)
+    return env
 
 
 def _check_port(plan: NodePlan, *, given: bool) -> None:

@@ -61,6 +61,7 @@ class Child:
         show_output: Whether its stdout/stderr reach the launcher's; else they go to /dev/null.
         prefix_output: Whether each of its lines is prefixed with ``[rank N] ``.
         pass_fds: Descriptors it inherits (the pipe of its failure report).
+        cpus: The CPUs it is bound to as it starts (``--numa-binding``), or None.
     """
 
     rank: int
@@ -69,6 +70,7 @@ class Child:
     show_output: bool = True
     prefix_output: bool = False
     pass_fds: tuple[int, ...] = ()
+    cpus: frozenset[int] | None = None
     process: subprocess.Popen[bytes] | None = field(default=None, repr=False)
 
 
@@ -212,6 +214,11 @@ class Supervisor:
             start_new_session=True,
             pass_fds=(*child.pass_fds, *fds),
         )
+        if child.cpus:
+            # Now, while the parent-death wrapper still starts (it execs the rank in place): the
+            # rank's interpreter and every thread and process it starts inherit the binding.
+            with contextlib.suppress(OSError):  # it already ended: its status tells
+                os.sched_setaffinity(child.process.pid, child.cpus)
         self._group_killer.watch(child.process.pid)
         self.witness.started(child.rank, child.process)
 

@@ -221,3 +221,30 @@ def test_rendezvous_scale_benchmark_counts_fewer_requests_per_node_with_leaders(
     assert leaders["store"]["per_node"]["requests"] < flat["store"]["per_node"]["requests"]
     assert leaders["store"]["bytes_out"] < flat["store"]["bytes_out"]
     assert set(data["targets"]) == {"flat", "leaders"}
+
+
+def test_placement_benchmark_reads_every_layout_without_a_process() -> None:
+    """The cost per rank of CPU binding: this machine and three recorded nodes are read and
+    planned, with no process started (docs/placement.md reports the full run's times)."""
+    data = smoke("bench_placement.py")
+    assert data["benchmark"] == "placement"
+    assert data["processes"] == 0
+    assert set(data["cases"]) == {"live", "dgx-h100", "frontier", "aurora-pvc"}
+    assert data["cases"]["dgx-h100"]["cpus"] == 224
+    assert data["cases"]["frontier"]["accelerators"] == 8
+    assert all(case["ms"]["median"] > 0 for case in data["cases"].values())
+
+
+def test_the_placement_page_states_the_benchmark_as_recorded() -> None:
+    """docs/placement.md's cost table is docs/benchmarks/placement.json's cases, rounded."""
+    repo = Path(__file__).resolve().parents[2]
+    result = json.loads((repo / "docs" / "benchmarks" / "placement.json").read_text())
+    page = (repo / "docs" / "placement.md").read_text()
+    assert result["processes"] == 0
+    assert f"{result['repeats']} repeats" in page
+    for name, case in result["cases"].items():
+        expected = (
+            f"| {name} | {case['cpus']} | {case['accelerators']} | {case['ranks']} | "
+            f"{case['ms']['median']:.2f} ms | {case['ms']['p95']:.1f} ms |"
+        )
+        assert expected in page, expected

@@ -126,6 +126,8 @@ def main(argv: list[str] | None = None) -> int:
         "cuda_visible_devices": cvd,
         "device": select_device(info.local_rank, info.local_world_size, visible_count(cvd)),
         "audit": bootstrap_events,
+        "affinity": sorted(os.sched_getaffinity(0)),
+        "omp_num_threads": os.environ.get("OMP_NUM_THREADS"),
         "env": {k: os.environ.get(k) for k in REPORTED},
     }
     if met is not None:
