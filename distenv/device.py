@@ -23,6 +23,7 @@ __all__ = [
     "current_device",
     "device_identity",
     "device_reason",
+    "pci_address",
     "rank_backend",
     "rank_device",
     "rank_device_reason",
@@ -241,3 +242,15 @@ def device_identity(index: int) -> str:
     # Not in torch's type stubs, but set by every CUDA build.
     domain, bus, dev = (getattr(props, f"pci_{part}_id") for part in ("domain", "bus", "device"))
     return f"{domain:04x}:{bus:02x}:{dev:02x}"
+
+
+def pci_address(index: int) -> str | None:
+    """Return CUDA device `index`'s PCI address as sysfs names it (``0000:1b:00.0``), or None
+    where torch does not report it (`distenv.placement` finds the device's NUMA node by it)."""
+    import torch
+
+    props = torch.cuda.get_device_properties(index)
+    ids = [getattr(props, name, None) for name in ("pci_domain_id", "pci_bus_id", "pci_device_id")]
+    if not all(isinstance(number, int) for number in ids):
+        return None
+    return f"{ids[0]:04x}:{ids[1]:02x}:{ids[2]:02x}.0"

@@ -45,7 +45,7 @@ from distenv.bootstrap.store import master_address
 from distenv.bootstrap.teardown import register as end_groups_at_exit
 from distenv.deadline import Deadline
 from distenv.detection.pipeline import Detection, locate
-from distenv.device import choose_backend, rank_backend, rank_device
+from distenv.device import choose_backend, pci_address, rank_backend, rank_device
 from distenv.errors import ConfigurationError, InitError
 from distenv.exits import one_line
 from distenv.master import SCOPE_VAR
@@ -102,17 +102,6 @@ def _locate(
     return detection, state.kept(detection.info)
 
 
-def _pci_address(device: int) -> str | None:
-    """Return CUDA device `device`'s PCI address as sysfs names it (``0000:1b:00.0``)."""
-    import torch
-
-    props = torch.cuda.get_device_properties(device)
-    ids = [getattr(props, name, None) for name in ("pci_domain_id", "pci_bus_id", "pci_device_id")]
-    if not all(isinstance(number, int) for number in ids):
-        return None
-    return f"{ids[0]:04x}:{ids[1]:02x}:{ids[2]:02x}.0"
-
-
 def _bind_cpus(info: RankInfo, mode: str | None, settings: Settings, device: int | None) -> None:
     """Bind this rank's threads to its share of the node (`distenv.placement`), unless a launcher
     bound it already, and set ``OMP_NUM_THREADS`` and torch's threads to the cores it holds where
@@ -129,7 +118,7 @@ def _bind_cpus(info: RankInfo, mode: str | None, settings: Settings, device: int
             )
         return
     topology = read_topology()
-    address = None if device is None else _pci_address(device)
+    address = None if device is None else pci_address(device)
     mine = next((a for a in topology.accelerators if a.address == address), None)
     own = None if mine is None else (info.local_rank, mine)
     placement = place_ranks(mode, count, os.environ, topology=topology, own=own)
