@@ -28,6 +28,7 @@ __all__ = [
     "HANG_VAR",
     "LEADERS_VAR",
     "LEADER_MODES",
+    "LOG_DIR_VAR",
     "MAX_SECONDS",
     "OMP_VAR",
     "PLUGINS_VAR",
@@ -48,6 +49,7 @@ AGENT_STORE_VAR = "TORCHELASTIC_USE_AGENT_STORE"
 RESTART_VAR = "TORCHELASTIC_RESTART_COUNT"
 OMP_VAR = "OMP_NUM_THREADS"
 LEADERS_VAR = "DISTENV_NODE_LEADERS"
+LOG_DIR_VAR = "DISTENV_LOG_DIR"
 #: The values ``DISTENV_NODE_LEADERS`` takes (`distenv.bootstrap.leaders`).
 LEADER_MODES = ("auto", "on", "off")
 
@@ -79,6 +81,14 @@ SETTINGS = (
         "seconds a rank may make no progress before distenv run dumps every rank's stacks, names "
         "the rank whose stack differs and stops the job (exit status 124); --hang-timeout wins "
         "(docs: failures)",
+    ),
+    Var(
+        LOG_DIR_VAR,
+        "init_dist",
+        "no",
+        "a folder (shared by the job's nodes) where each rank keeps its output in rank-N.log and "
+        "its failure in rank-N.report and rank-N.fault; `distenv why DIR` reads them; the "
+        "log_dir= argument wins (docs: failures)",
     ),
     Var(
         PLUGINS_VAR,
@@ -168,6 +178,7 @@ class Settings(NamedTuple):
         omp_num_threads: ``OMP_NUM_THREADS`` as written, or None.
         node_leaders: ``DISTENV_NODE_LEADERS`` as written (`LEADER_MODES`), ``"auto"`` when unset.
         hang_timeout: ``DISTENV_HANG_TIMEOUT`` as written, or None.
+        log_dir: ``DISTENV_LOG_DIR`` as written, or None.
     """
 
     timeout: str | None = None
@@ -177,6 +188,7 @@ class Settings(NamedTuple):
     omp_num_threads: str | None = None
     node_leaders: str = "auto"
     hang_timeout: str | None = None
+    log_dir: str | None = None
 
     @classmethod
     def read(cls, env: Mapping[str, str]) -> Settings:
@@ -191,6 +203,7 @@ class Settings(NamedTuple):
             omp_num_threads=reader.get(OMP_VAR),
             node_leaders=(reader.get(LEADERS_VAR) or "auto").strip().lower(),
             hang_timeout=reader.get(HANG_VAR),
+            log_dir=reader.get(LOG_DIR_VAR),
         )
 
     def rendezvous_seconds(

@@ -43,14 +43,18 @@ from distenv.bootstrap.teardown import register as end_groups_at_exit
 from distenv.deadline import Deadline
 from distenv.detection.pipeline import Detection, locate
 from distenv.device import choose_backend, rank_backend, rank_device
-from distenv.errors import ConfigurationError, InitError
-from distenv.exits import one_line
+from distenv.errors import ConfigurationError, DistEnvError, InitError
+from distenv.exits import one_line, rank_of
 from distenv.master import SCOPE_VAR
 from distenv.rankinfo import RankInfo
+from distenv.ranklog import folder as log_folder
+from distenv.ranklog import start as start_log
 from distenv.seeding import check_seed, seed_everything
 from distenv.settings import Settings, seconds
 
 if TYPE_CHECKING:
+    from pathlib import Path
+
     from distenv.settings import Timeout
 
 __all__ = ["init_dist", "setup"]
@@ -94,6 +98,13 @@ def _locate(
     # An MPI job with no master asks rank 0 over MPI: within the bootstrap's deadline.
     detection = locate(launcher, master_addr_format=master_addr_format, deadline=deadline)
     return detection, state.kept(detection.info)
+
+
+def _keep_log(logs: Path | None, rank: int | None, local_rank: int | None) -> None:
+    """Start the rank's log in `logs`, if any; its record is written before the teardown's end."""
+    if logs is not None and rank is not None:
+        end_groups_at_exit()  # first: the log's handler, registered after it, runs before it
+        start_log(logs, rank, local_rank)
 
 
 def _prepare(
@@ -253,6 +264,7 @@ def init_dist(
     allow_gpu_sharing: bool = False,
     seed: int | None = None,
     master_addr_format: str | None = None,
+    log_dir: str | os.PathLike[str] | None = None,
 ) -> RankInfo:
     """Initialise torch.distributed for this process, whatever launcher started it.
 
@@ -286,12 +298,15 @@ def init_dist(
         master_addr_format: Maps the launcher's default master host to the address to use,
             e.g. ``"{host}-ib"`` (overrides ``$DISTENV_MASTER_ADDR_FORMAT``; explicit
             MASTER_ADDR still wins).
+        log_dir: A folder where this rank keeps its output (``rank-N.log``) and the record of
+            its failure (``rank-N.report``, ``rank-N.fault``) for ``distenv why``; default
+            ``$DISTENV_LOG_DIR``, else none (`distenv.ranklog`).
 
     Returns:
         This rank's resolved `RankInfo`.
 
     Raises:
-        ConfigurationError: If an argument or DISTENV_TIMEOUT is invalid.
+        ConfigurationError: If an argument, DISTENV_TIMEOUT or DISTENV_LOG_DIR is invalid.
         RendezvousTimeoutError: If this rank cannot reach rank 0's store within the rendezvous
             timeout, or not every rank checks in.
         InitError: If torch.distributed is already initialised for another world, or torch
@@ -308,8 +323,14 @@ def init_dist(
     if seed is not None:
         check_seed(seed)
 
+    logs = log_folder(log_dir, settings.log_dir)
     # Detection first: a misconfigured job is refused before paying for `import torch`.
-    detection, info = _locate(launcher, master_addr_format, deadline)
+    try:
+        detection, info = _locate(launcher, master_addr_format, deadline)
+    except DistEnvError:
+        _keep_log(logs, rank_of(os.environ), None)  # the refusal is the rank's record, if known
+        raise
+    _keep_log(logs, info.rank, info.local_rank)
     import torch.distributed as dist
 
     if not dist.is_available():

@@ -1,4 +1,4 @@
-"""The ``distenv`` command: info, export, template, run (distenv.local.run) and doctor (distenv.cli.doctor)."""
+"""The ``distenv`` command: info, export, template, run (distenv.local.run), doctor (distenv.cli.doctor) and why (distenv.cli.why)."""
 
 from __future__ import annotations
 
@@ -14,6 +14,7 @@ from distenv import __version__
 from distenv.args import add_launcher_option
 from distenv.cli import templates
 from distenv.cli.doctor import add_doctor_parser, write_considered
+from distenv.cli.why import add_why_parser
 from distenv.containers import container
 from distenv.detection.pipeline import Detection, locate
 from distenv.device import rank_backend, rank_device_reason, visible_device_count
@@ -287,6 +288,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     add_run_parser(sub)
     add_doctor_parser(sub)
+    add_why_parser(sub)
     return parser
 
 

@@ -26,9 +26,9 @@ import time
 from collections.abc import Mapping, Sequence
 
 from distenv.deadline import Deadline
+from distenv.failure import users_file
 from distenv.local.card import rank_ranges
 from distenv.local.dumps import Frame, main_stack, shown
-from distenv.local.reporting import users_file
 from distenv.local.watchdog import DUMP_SIGNAL
 from distenv.local.witness import Witness
 

@@ -19,7 +19,7 @@ import os
 import re
 from pathlib import Path
 
-from distenv.local.reporting import MAX_FRAMES, users_file
+from distenv.failure import MAX_FRAMES, users_file
 
 __all__ = ["Frame", "crash_frames", "main_stack", "shown"]
 

@@ -24,11 +24,11 @@ from typing import Any
 
 from distenv.deadline import Deadline
 from distenv.exits import DEBUG_VAR
+from distenv.failure import Report
 from distenv.local.autopsy import HANG_STATUS, Autopsy
 from distenv.local.card import card, elsewhere_card, log_line
 from distenv.local.group_killer import GroupKiller
 from distenv.local.output import copy_output, drain, tell
-from distenv.local.reporting import Report
 from distenv.local.stopping import KILL_WAIT, StopPolicy, exit_status
 from distenv.local.witness import RunDir, Witness
 from distenv.processes import Adopter, live_groups, with_parent_death
@@ -409,9 +409,8 @@ class Supervisor:
         ends = self.witness.ends()
         found = [e for e in ends if e.rank == rank] if rank is not None else []
         cause = found[0] if found else (self.witness.cause() if rank is None else None)
-        ranks = [c.rank for c in self.children]
         lines = (
-            card(self.witness, cause, self.world_size, self.host, ranks)
+            card(self.witness, cause, self.world_size, self.host, log_line(self.witness))
             if cause is not None
             else elsewhere_card(self.witness, first)
         )
