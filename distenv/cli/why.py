@@ -133,7 +133,7 @@ class Records:
             start = max(0, fault.stat().st_size - len(crash)) + fatal.start()
             end.returncode = -_SIGNALS[fatal[1]]
             end.stopped = False
-            end.at = min(at, fault.stat().st_mtime) if at else fault.stat().st_mtime
+            end.at = fault.stat().st_mtime  # written at the crash
             end.fault = crash_frames(fault, start)
         elif crash:
             stack = main_stack(crash)
