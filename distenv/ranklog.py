@@ -47,7 +47,18 @@ from distenv.exits import ExitStatus
 from distenv.failure import Report, classify
 from distenv.settings import LOG_DIR_VAR
 
-__all__ = ["HEAD", "TAIL", "RankLog", "folder", "identity", "paths", "read_identity", "start"]
+__all__ = [
+    "HEAD",
+    "TAIL",
+    "BoundedLog",
+    "RankLog",
+    "folder",
+    "identity",
+    "paths",
+    "read_identity",
+    "start",
+    "write_record",
+]
 
 #: The first bytes of a rank's output its log always keeps.
 HEAD = 1 << 20
@@ -63,11 +74,22 @@ _IDENTITY = re.compile(
 _started: list[RankLog] = []
 
 
-def identity(rank: int, local_rank: int | None, started: float) -> str:
+def identity(rank: int, local_rank: int | None, started: float, pid: int | None = None) -> str:
     """Return the fault file's first line: who the rank is (`read_identity` reads it back)."""
     local = -1 if local_rank is None else local_rank
+    pid = os.getpid() if pid is None else pid
     host = socket.gethostname()
-    return f"distenv: rank {rank}, local rank {local}, pid {os.getpid()}, host {host}, started {started!r}\n\n"
+    return (
+        f"distenv: rank {rank}, local rank {local}, pid {pid}, host {host}, started {started!r}\n\n"
+    )
+
+
+def write_record(path: Path, report: Report | None) -> None:
+    """Write a rank's record (empty: it ended with status 0), aside and renamed: whole or none."""
+    aside = path.with_name(path.name + ".new")
+    with contextlib.suppress(OSError):
+        aside.write_bytes(b"" if report is None else report.line())
+        os.replace(aside, path)
 
 
 def read_identity(text: bytes) -> tuple[int, int, str, float] | None:
@@ -84,8 +106,20 @@ def paths(directory: Path, rank: int) -> tuple[Path, Path, Path]:
     return tuple(directory / f"rank-{rank}.{kind}" for kind in ("log", "report", "fault"))  # type: ignore[return-value]
 
 
-def folder(argument: str | os.PathLike[str] | None, setting: str | None) -> Path | None:
+def folder(
+    argument: str | os.PathLike[str] | None,
+    setting: str | None,
+    *,
+    launcher: str = "init",
+    option: str = "log_dir=",
+) -> Path | None:
     """Return the log folder, created: `argument` (``log_dir=``), else ``$DISTENV_LOG_DIR``.
+
+    Args:
+        argument: The folder an argument names (`option`), if given.
+        setting: ``$DISTENV_LOG_DIR``, if set.
+        launcher: Who refuses a bad folder (``init``, ``run``).
+        option: How the argument is spelled in the refusal (``log_dir=``, ``--log-dir ``).
 
     Raises:
         ConfigurationError: If the folder cannot be created or written, naming it and why.
@@ -93,10 +127,10 @@ def folder(argument: str | os.PathLike[str] | None, setting: str | None) -> Path
     value = os.fspath(argument) if argument is not None else setting
     if value is None:
         return None
-    name = "log_dir=" if argument is not None else f"${LOG_DIR_VAR} is "
+    name = option if argument is not None else f"${LOG_DIR_VAR} is "
     if not value.strip():
         raise ConfigurationError(
-            "init",
+            launcher,
             f"{name}{shown(value)} is empty, expected a folder",
             hint=f"pass a folder every node can write (e.g. {LOG_DIR_VAR}=$HOME/logs/$SLURM_JOB_ID)",
             variable=None if argument is not None else LOG_DIR_VAR,
@@ -109,7 +143,7 @@ def folder(argument: str | os.PathLike[str] | None, setting: str | None) -> Path
             raise PermissionError(13, "Permission denied")
     except OSError as exc:
         raise ConfigurationError(
-            "init",
+            launcher,
             f"{name}{shown(value)}: cannot create or write it ({exc.strerror or exc})",
             hint="pass a folder this user can write on every node (a shared file system)",
             variable=None if argument is not None else LOG_DIR_VAR,
@@ -118,8 +152,11 @@ def folder(argument: str | os.PathLike[str] | None, setting: str | None) -> Path
     return path
 
 
-class _Bounded:
-    """The log file: appended to, and cut to its first `HEAD` and last `TAIL` bytes past a size."""
+class BoundedLog:
+    """A rank's log file: appended to, and cut to its first `HEAD` and last `TAIL` bytes past a size.
+
+    Also ``distenv run --log-dir``'s, whose supervisor writes each rank's lines to one.
+    """
 
     def __init__(self, path: Path) -> None:
         self.path = path
@@ -181,7 +218,7 @@ class RankLog:
         os.write(fault, identity(self.rank, self.local_rank, self.started).encode())
         if not faulthandler.is_enabled():  # ``python -X faulthandler`` writes to stderr: logged
             faulthandler.enable(file=fault, all_threads=True)
-        sink = _Bounded(self.log)
+        sink = BoundedLog(self.log)
         reads = []
         for fd in (1, 2):
             with contextlib.suppress(OSError, ValueError, AttributeError):
@@ -215,10 +252,7 @@ class RankLog:
                 local_rank=-1 if self.local_rank is None else self.local_rank,
                 started=self.started,
             )
-        aside = self.report.with_name(self.report.name + ".new")
-        with contextlib.suppress(OSError):
-            aside.write_bytes(b"" if record is None else record.line())
-            os.replace(aside, self.report)
+        write_record(self.report, record)
         for fd, saved in self._saved.items():
             with contextlib.suppress(OSError, ValueError, AttributeError):
                 (sys.stdout if fd == 1 else sys.stderr).flush()
@@ -228,7 +262,7 @@ class RankLog:
             self._thread.join(DRAIN_S)
 
 
-def _copy(reads: list[tuple[int, int]], sink: _Bounded) -> None:
+def _copy(reads: list[tuple[int, int]], sink: BoundedLog) -> None:
     """Copy what arrives on each pipe to its original descriptor and to the log, until EOF."""
     selector = selectors.DefaultSelector()
     for read, original in reads:

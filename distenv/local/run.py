@@ -37,9 +37,12 @@ from distenv.local.plan import (
 )
 from distenv.local.restarts import Restarts, reporting_program
 from distenv.local.stopping import DEFAULT_GRACE_PERIOD, StopPolicy
+from distenv.local.streams import add_log_options, check_log_options, hidden
 from distenv.local.supervise import Child, Supervisor
+from distenv.local.witness import RunDir
 from distenv.master import DEFAULT_PORT, LOCAL_HOST
-from distenv.settings import HANG_VAR, MAX_SECONDS, Settings
+from distenv.ranklog import folder as log_folder
+from distenv.settings import HANG_VAR, LOG_DIR_VAR, MAX_SECONDS, Settings
 from distenv.variables import MAX_COUNT, decimal
 
 __all__ = [
@@ -88,11 +91,7 @@ REFUSED_FLAGS: tuple[RefusedFlag, ...] = (
     RefusedFlag("--rdzv-conf", True, RDZV_HINT),
     RefusedFlag("--local-addr", True, "use --master-addr"),
     RefusedFlag("--role", True, "distenv run starts a single role; use torchrun for named roles"),
-    RefusedFlag("--log-dir", True, LOG_HINT),
-    RefusedFlag("--redirects", True, LOG_HINT, short="-r"),
-    RefusedFlag("--tee", True, LOG_HINT, short="-t"),
     RefusedFlag("--logs-specs", True, LOG_HINT),
-    RefusedFlag("--local-ranks-filter", True, "use --ranks (global ranks)"),
     RefusedFlag("--duplicate-stdout-filters", True, LOG_HINT),
     RefusedFlag("--duplicate-stderr-filters", True, LOG_HINT),
     RefusedFlag("--event-log-handler", True, "use torchrun for torchelastic event logs"),
@@ -358,6 +357,7 @@ def add_run_parser(subparsers: Any) -> argparse.ArgumentParser:
         metavar="LIST",
         help="show only these global ranks' output, e.g. 0,2 or 0-3 (others go to /dev/null)",
     )
+    add_log_options(add, _spellings)
     for refused in REFUSED_FLAGS:
         names = ([refused.short] if refused.short else []) + _spellings(refused.flag)
         add(
@@ -449,6 +449,7 @@ def _node(args: argparse.Namespace, env: Mapping[str, str]) -> tuple[NodePlan, l
         raise ConfigurationError(
             COMMAND, "--no-python and -m contradict each other", hint="drop one"
         )
+    check_log_options(COMMAND, args, env)
     nproc = nproc_per_node(COMMAND, args.nproc_per_node)
     plan = plan_from_args(args, env, nproc)
     world_size = plan.nnodes * nproc
@@ -477,8 +478,10 @@ def _node(args: argparse.Namespace, env: Mapping[str, str]) -> tuple[NodePlan, l
                 rank=info.rank,
                 command=[*program, *legacy, *args.script_args],
                 env=child_env(env, info, plan, extra),
-                show_output=args.ranks is None or any(info.rank in r for r in args.ranks),
+                show_output=(args.ranks is None or any(info.rank in r for r in args.ranks))
+                and (args.local_ranks_filter is None or local_rank in args.local_ranks_filter),
                 prefix_output=args.prefix_output,
+                hidden_streams=hidden(args.redirects, args.tee, local_rank),
             )
         )
     return plan, children
@@ -527,6 +530,13 @@ def run(args: argparse.Namespace) -> int:
         return status
     plan, children = _node(args, os.environ)
     _check_port(plan, given=args.master_port is not None)
+    # The supervisor keeps the ranks' logs itself, from their first line: they do not again.
+    logs = log_folder(
+        args.log_dir, Settings.read(os.environ).log_dir, launcher=COMMAND, option="--log-dir "
+    )
+    for child in children:
+        child.env.pop(LOG_DIR_VAR, None)
+    run_dir = RunDir(logs) if logs is not None else RunDir()
     policy = StopPolicy(args.grace_period)
     hang = _hang_timeout(args)
     if args.max_restarts:
@@ -538,6 +548,7 @@ def run(args: argparse.Namespace) -> int:
             policy=policy,
             poll_interval=args.monitor_interval,
             timeout=Settings.read(os.environ).rendezvous_seconds(None),
+            _run_dir=run_dir,
         ).run()
     supervisor = Supervisor(
         children,
@@ -545,6 +556,7 @@ def run(args: argparse.Namespace) -> int:
         poll_interval=args.monitor_interval,
         world_size=plan.nnodes * len(children),
         hang_timeout=hang,
+        run_dir=run_dir,
     )
     return supervisor.run()
 

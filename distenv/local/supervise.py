@@ -60,6 +60,8 @@ class Child:
         env: Its complete environment.
         show_output: Whether its stdout/stderr reach the launcher's; else they go to /dev/null.
         prefix_output: Whether each of its lines is prefixed with ``[rank N] ``.
+        hidden_streams: Its descriptors (1, 2) kept off the console, in the logs only
+            (``--redirects``).
         pass_fds: Descriptors it inherits (the pipe of its failure report).
     """
 
@@ -68,6 +70,7 @@ class Child:
     env: dict[str, str]
     show_output: bool = True
     prefix_output: bool = False
+    hidden_streams: frozenset[int] = frozenset()
     pass_fds: tuple[int, ...] = ()
     process: subprocess.Popen[bytes] | None = field(default=None, repr=False)
 
@@ -116,6 +119,7 @@ class Supervisor:
         self.witness = Witness(
             self.run_dir,
             [(c.rank, i, c.show_output) for i, c in enumerate(self.children)],
+            hidden={c.rank: c.hidden_streams for c in self.children},
             prefix=prefix,
             hold=not debug,
             hang_timeout=hang_timeout,

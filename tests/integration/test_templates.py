@@ -26,6 +26,7 @@ from distenv import detect
 from distenv.master import free_port
 from tests.conftest import scrubbed_environ
 from tests.support.envs import flux, lsf, pbs
+from tests.support.integration.faults import survivors
 from tests.support.integration.helpers import (
     OMPI,
     ONE_NODE,
@@ -41,6 +42,7 @@ from tests.support.integration.helpers import (
     wait_all,
 )
 
+CARD_RANK = REPO / "tests" / "support" / "scripts" / "card_rank.py"
 TEMPLATES = sorted(p for p in SCRIPTS.rglob("*") if p.is_file())
 SUMMARY = re.compile(r"^train: launcher=slurm world_size=4 .*weights_identical=True$", re.M)
 
@@ -59,10 +61,12 @@ def test_slurm_templates_submitted_unmodified(harness: Harness) -> None:
     GPUs (device == local rank); the requeue templates run examples/train.py through a requeue in
     test_preemption.py;
     mpi/mpirun_hostfile.sh: mpirun from a batch script over a hostfile written from the allocation
-    (MPICH's mpiexec.hydra: its own test below).
+    (MPICH's mpiexec.hydra: its own test below); multi_node once more with a step whose rank 2
+    raises: the job fails and its stderr holds `distenv why`'s card naming rank 2.
     """
     check = {"TRAIN": str(RANK_CHECK)}
     slurm = SCRIPTS / "slurm"
+    failing_out = harness.outdir("failing-out")
     launches = [
         harness.sbatch(slurm / "single_node.sbatch", cluster="one",
                        export={**check, "LAUNCHER": "auto"}, label="single"),
@@ -79,8 +83,25 @@ def test_slurm_templates_submitted_unmodified(harness: Harness) -> None:
                        options=["-N", "2", "--ntasks-per-node", "2"],
                        export={**check, "MPIRUN": "mpirun.openmpi"},
                        env=harness.env("multi", ompi=True), label="mpirun"),
+        # A failing step: rank 2 raises at step 3; the template prints `distenv why`'s card.
+        harness.sbatch(slurm / "multi_node.sbatch", cluster="multi",
+                       options=["--ntasks-per-node=2"], label="failing",
+                       export={"TRAIN": str(CARD_RANK), "DISTENV_TIMEOUT": "60"},
+                       args=[str(failing_out), "--fail", "2:3:raise"]),
     ]  # fmt: skip
-    single, train, multi, torchrun, mpirun = wait_all(launches)
+    single, train, multi, torchrun, mpirun, failing = wait_all(launches)
+
+    assert failing.returncode != 0, failing.text
+    assert not survivors(str(failing_out)), failing.text
+    errors = "".join(body for name, body in failing.files.items() if name.endswith(".err"))
+    card = errors[errors.index("distenv why: ") :].splitlines()
+    assert card[0] == (
+        "distenv why: rank 2 failed first: raised ValueError: bad batch at step 3 (exit status 1)"
+    ), failing.text
+    assert " of 4, local rank 0 on " in card[1], failing.text
+    assert card[2].startswith("  where:   card_rank.py:"), failing.text
+    assert "in inject: raise ValueError" in card[2], failing.text
+    assert "  output:  rank 2 at step 3" in card, failing.text
 
     recs = check_world(single, launcher="slurm", layouts=ONE_NODE)
     assert sorted(r["cuda_visible_devices"] for r in recs) == ["0", "1", "2", "3"], recs
@@ -133,7 +154,8 @@ def test_mpirun_hostfile_template_with_open_mpi_and_mpich(harness: Harness) -> N
         for label, text in (("slots", f"{host} slots=3\n"), ("colon", f"# ranks\n{host}:3\n")):
             hostfile = harness.outdir(f"hostfile-{engine}-{label}") / "hosts.txt"
             hostfile.write_text(text)
-            extra = {**variables, "TRAIN": str(RANK_CHECK), "HOSTFILE": str(hostfile)}
+            extra = {**variables, "TRAIN": str(RANK_CHECK), "HOSTFILE": str(hostfile),
+                     "DISTENV_LOG_DIR": str(hostfile.parent / "logs")}  # fmt: skip
             env = harness.env(**options, extra=extra)
             launches.append(
                 harness.start(["bash", SCRIPTS / "mpi" / "mpirun_hostfile.sh"], env=env)

@@ -87,3 +87,19 @@ def test_log_is_bounded_to_its_head_and_tail(tmp_path: Path) -> None:
     assert log.endswith(b"000199999 " + b"x" * 90 + b"\n")
     assert b"bytes of this rank's output skipped here]" in log
     assert card[0] == "distenv why: every rank (1) ended with status 0", card
+
+
+def test_a_log_dir_that_cannot_be_made_is_refused(tmp_path: Path) -> None:
+    """$DISTENV_LOG_DIR under a file: init_dist refuses it in one line naming it and why."""
+    (tmp_path / "train.py").write_text("")
+    bad = tmp_path / "train.py" / "logs"
+    env = {**os.environ, "PYTHONPATH": str(REPO), "DISTENV_LOG_DIR": str(bad)}
+    done = subprocess.run(
+        [sys.executable, "-c", "import distenv; distenv.init_dist('none')"],
+        capture_output=True, text=True, timeout=60, env=env, check=False,
+    )  # fmt: skip
+    assert done.returncode == 1
+    assert (
+        f"init: $DISTENV_LOG_DIR is {str(bad)!r}: cannot create or write it (Not a directory). "
+        "Hint: pass a folder this user can write on every node"
+    ) in done.stderr
