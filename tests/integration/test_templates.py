@@ -62,7 +62,7 @@ def test_slurm_templates_submitted_unmodified(harness: Harness) -> None:
     test_preemption.py;
     mpi/mpirun_hostfile.sh: mpirun from a batch script over a hostfile written from the allocation
     (MPICH's mpiexec.hydra: its own test below); multi_node once more with a step whose rank 2
-    raises: the job fails and its stderr holds `distenv why`'s card naming rank 2.
+    raises: the job fails and its stderr holds `distenv why`'s card naming rank 1.
     """
     check = {"TRAIN": str(RANK_CHECK)}
     slurm = SCRIPTS / "slurm"
@@ -83,11 +83,12 @@ def test_slurm_templates_submitted_unmodified(harness: Harness) -> None:
                        options=["-N", "2", "--ntasks-per-node", "2"],
                        export={**check, "MPIRUN": "mpirun.openmpi"},
                        env=harness.env("multi", ompi=True), label="mpirun"),
-        # A failing step: rank 2 raises at step 3; the template prints `distenv why`'s card.
+        # A failing step, one rank per node: rank 1 raises at step 3; the template prints
+        # `distenv why`'s card.
         harness.sbatch(slurm / "multi_node.sbatch", cluster="multi",
-                       options=["--ntasks-per-node=2"], label="failing",
+                       options=["--ntasks-per-node=1"], label="failing",
                        export={"TRAIN": str(CARD_RANK), "DISTENV_TIMEOUT": "60"},
-                       args=[str(failing_out), "--fail", "2:3:raise"]),
+                       args=[str(failing_out), "--fail", "1:3:raise"]),
     ]  # fmt: skip
     single, train, multi, torchrun, mpirun, failing = wait_all(launches)
 
@@ -96,12 +97,13 @@ def test_slurm_templates_submitted_unmodified(harness: Harness) -> None:
     errors = "".join(body for name, body in failing.files.items() if name.endswith(".err"))
     card = errors[errors.index("distenv why: ") :].splitlines()
     assert card[0] == (
-        "distenv why: rank 2 failed first: raised ValueError: bad batch at step 3 (exit status 1)"
+        "distenv why: rank 1 failed first: raised ValueError: bad batch at step 3 (exit status 1)"
     ), failing.text
-    assert " of 4, local rank 0 on " in card[1], failing.text
+    assert " of 2, local rank 0 on n2, " in card[1], failing.text
     assert card[2].startswith("  where:   card_rank.py:"), failing.text
     assert "in inject: raise ValueError" in card[2], failing.text
-    assert "  output:  rank 2 at step 3" in card, failing.text
+    assert "  output:  rank 1 at step 3" in card, failing.text
+    assert card[-1].startswith("  logs:    "), failing.text
 
     recs = check_world(single, launcher="slurm", layouts=ONE_NODE)
     assert sorted(r["cuda_visible_devices"] for r in recs) == ["0", "1", "2", "3"], recs

@@ -3,7 +3,7 @@
 The job runs tests/support/scripts/card_rank.py (an all_reduce loop) with ``DISTENV_LOG_DIR``;
 rank 1 dies of SIGSEGV at step 3. ``distenv why DIR`` must name that rank, the signal and the
 user's frame it crashed in, and count the others as its consequences; no rank may outlive
-mpirun. The srun -N2 case (rank 2 raises) runs as a failing step of scripts/slurm/multi_node.sbatch
+mpirun. The srun -N2 case (rank 1 raises) runs as a failing step of scripts/slurm/multi_node.sbatch
 in tests/integration/test_templates.py, whose card the template prints.
 """
 
