@@ -13,12 +13,15 @@ on, under its global rank N (detection's `RankInfo.rank`, known before the rende
 
 The output is kept at the file-descriptor level: descriptors 1 and 2 become the write ends of
 pipes that one daemon thread of the rank reads and copies to the original descriptors and to the
-log (no extra process; C++ and child processes' output included). The log is bounded: past
-`HEAD` + twice `TAIL` bytes it is rewritten (written aside, then renamed over it, so that a crash
-leaves one whole file) to its first `HEAD` and last `TAIL` bytes, with a line saying how much was
-skipped. What a rank writes is in the log as soon as the thread has read it, within
-milliseconds; only the bytes still in the pipe when the rank is killed (SIGKILL, or a fatal
-signal) can be missing there, never from the console.
+log (no extra process; C++ and child processes' output included). What Python itself writes
+(``print``, ``sys.stderr``, tracebacks) does not wait for that thread: ``sys.stdout`` and
+``sys.stderr`` are replaced by streams that write to the console and to the log at once
+(`_Both`), so nothing Python wrote and flushed is missing from the log when the rank is killed
+a moment later (SIGKILL, a fatal signal). Only native code's writes to descriptors 1 and 2 still
+in the pipe at such a death can be missing from the log (never from the console). The log is
+bounded: past `HEAD` + twice `TAIL` bytes it is rewritten (written aside, then renamed over it, so
+that a crash leaves one whole file) to its first `HEAD` and last `TAIL` bytes, with a line saying
+how much was skipped.
 
 The record is written by an `atexit` handler, from what Python is ending the process with
 (`distenv.exits.ExitStatus`): an uncaught exception (whatever ``sys.excepthook`` printed it), a
@@ -33,6 +36,7 @@ import atexit
 import contextlib
 import dataclasses
 import faulthandler
+import io
 import os
 import re
 import selectors
@@ -41,11 +45,15 @@ import sys
 import threading
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 from distenv.errors import ConfigurationError, shown
 from distenv.exits import ExitStatus
 from distenv.failure import Report, classify
 from distenv.settings import LOG_DIR_VAR
+
+if TYPE_CHECKING:
+    from _typeshed import ReadableBuffer
 
 __all__ = [
     "HEAD",
@@ -161,16 +169,23 @@ class BoundedLog:
     def __init__(self, path: Path) -> None:
         self.path = path
         self.size = 0
-        self.fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o644)
+        self.fd: int | None = os.open(
+            path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o644
+        )
+        self._lock = threading.Lock()  # the rank's Python writes, and the thread's copies
 
     def write(self, data: bytes) -> None:
-        with contextlib.suppress(OSError):  # a full disk loses the log, never the rank
+        """Append `data` (dropped once closed, or when the disk is full: never the rank's end)."""
+        with self._lock, contextlib.suppress(OSError):
+            if self.fd is None:
+                return
             os.write(self.fd, data)
             self.size += len(data)
             if self.size > HEAD + 2 * TAIL:
                 self._cut()
 
     def _cut(self) -> None:
+        assert self.fd is not None
         with self.path.open("rb") as file:
             head = file.read(HEAD)
             file.seek(self.size - TAIL)
@@ -187,8 +202,44 @@ class BoundedLog:
         self.size = len(head) + len(note) + len(tail)
 
     def close(self) -> None:
-        with contextlib.suppress(OSError):
-            os.close(self.fd)
+        """Close the file; later writes are dropped."""
+        with self._lock, contextlib.suppress(OSError, TypeError):
+            fd, self.fd = self.fd, None
+            os.close(fd)  # type: ignore[arg-type]
+
+
+class _Both(io.RawIOBase):
+    """What ``sys.stdout`` (or ``sys.stderr``) writes to while the log is kept: the console and
+    the log, at once, so that nothing Python wrote is missing from the log at a crash.
+
+    Args:
+        fd: The descriptor it stands for (1 or 2: now the pipe; `fileno` says it, so that a child
+            process given ``sys.stdout`` writes into the pipe, copied by the thread).
+        console: Where that descriptor went before (a duplicate of it).
+        sink: The log.
+    """
+
+    def __init__(self, fd: int, console: int, sink: BoundedLog) -> None:
+        super().__init__()
+        self._fd, self._console, self._sink = fd, console, sink
+
+    def writable(self) -> bool:
+        return True
+
+    def fileno(self) -> int:
+        return self._fd
+
+    def isatty(self) -> bool:
+        return os.isatty(self._console)
+
+    def write(self, data: ReadableBuffer) -> int:
+        chunk = bytes(data)
+        self._sink.write(chunk)
+        view = memoryview(chunk)
+        with contextlib.suppress(OSError):  # the console went away: the log goes on
+            while view:
+                view = view[os.write(self._console, view) :]
+        return len(chunk)
 
 
 class RankLog:
@@ -207,6 +258,7 @@ class RankLog:
         self.started = time.time()
         self.log, self.report, self.fault = paths(directory, rank)
         self._saved: dict[int, int] = {}
+        self._streams: dict[str, Any] = {}
         self._thread: threading.Thread | None = None
 
     def start(self) -> None:
@@ -233,7 +285,33 @@ class RankLog:
             target=_copy, args=(reads, sink), name="distenv-log", daemon=True
         )
         self._thread.start()
+        self._replace_streams(sink)
         atexit.register(self.end)
+
+    def _replace_streams(self, sink: BoundedLog) -> None:
+        """Point ``sys.stdout`` and ``sys.stderr`` at `_Both`, each as it was buffered before.
+
+        Code that kept the old objects (a logging handler made earlier) still writes to
+        descriptor 1 or 2: the pipe. A stream the script already replaced is left alone.
+        """
+        for name, fd in (("stdout", 1), ("stderr", 2)):
+            old = getattr(sys, name)
+            try:
+                if old.fileno() != fd:
+                    continue
+                raw = _Both(fd, self._saved[fd], sink)
+                buffer: Any = raw if old.write_through else io.BufferedWriter(raw)
+                new = io.TextIOWrapper(
+                    buffer,
+                    encoding=old.encoding,
+                    errors=old.errors,
+                    line_buffering=old.line_buffering,
+                    write_through=old.write_through,
+                )
+            except (AttributeError, OSError, ValueError, io.UnsupportedOperation):
+                continue
+            self._streams[name] = old
+            setattr(sys, name, new)
 
     def end(self) -> None:
         """Write the failure record, put descriptors 1 and 2 back and let the log catch up."""
@@ -253,6 +331,10 @@ class RankLog:
                 started=self.started,
             )
         write_record(self.report, record)
+        for name, old in self._streams.items():
+            with contextlib.suppress(OSError, ValueError, AttributeError):
+                getattr(sys, name).flush()
+            setattr(sys, name, old)
         for fd, saved in self._saved.items():
             with contextlib.suppress(OSError, ValueError, AttributeError):
                 (sys.stdout if fd == 1 else sys.stderr).flush()

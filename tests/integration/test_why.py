@@ -1,8 +1,8 @@
 """Per-rank logs and ``distenv why`` under mpirun -np 4: the card names the crashed rank.
 
 The job runs tests/support/scripts/card_rank.py (an all_reduce loop) with ``DISTENV_LOG_DIR``;
-rank 1 dies of SIGSEGV at step 3. ``distenv why DIR`` must name that rank, the signal and the
-user's frame it crashed in, and count the others as its consequences; no rank may outlive
+rank 1 dies of SIGSEGV at step 3, right after its last print. ``distenv why DIR`` must name that
+rank, the signal, the user's frame it crashed in and that last line, and count the others as its consequences; no rank may outlive
 mpirun. The srun -N2 case (rank 1 raises) runs as a failing step of scripts/slurm/multi_node.sbatch
 in tests/integration/test_templates.py, whose card the template prints.
 """
@@ -38,5 +38,6 @@ def test_mpirun_names_the_crashed_rank(harness: Harness) -> None:
     assert " of 4, local rank 1 on " in lines[1], why.stdout
     assert lines[2].startswith("  where:   card_rank.py:"), why.stdout
     assert "in inject: os.kill" in lines[2], why.stdout
+    assert "  output:  rank 1 at step 3" in lines, why.stdout  # printed just before the crash
     assert b"Fatal Python error: Segmentation fault" in (logs / "rank-1.fault").read_bytes()
     assert len(lines) <= 12, why.stdout

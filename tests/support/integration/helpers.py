@@ -281,9 +281,7 @@ class Harness:
         script's #SBATCH lines; `args` go to the script itself.
         """
         out = self.outdir(label)
-        # The templates keep the ranks' logs in $PWD/distenv-logs by default: not in the repository.
-        export = {"DISTENV_LOG_DIR": str(self.outdir(f"{label}-logs")), **(export or {})}
-        exports = "".join(f",{k}={v}" for k, v in export.items())
+        exports = "".join(f",{k}={v}" for k, v in (export or {}).items())
         argv = [PYTHON, str(SBATCH_WAIT), "-J", JOB_NAME, "--chdir", str(REPO),
                 "-o", f"{out}/%x-%j-%a.out", "-e", f"{out}/%x-%j-%a.err",
                 f"--export=ALL{exports}", *options]  # fmt: skip

@@ -5,7 +5,7 @@
 Starts the log with ``init_dist("none", backend="gloo", log_dir=DIR)`` (MODE ``raise``) or, to
 spare torch's import, with `distenv.ranklog.folder` and `distenv.ranklog.start` (rank 0) after `ExitStatus.watch`, as
 init_dist does. It prints ``out line`` and ``err line`` and then, by MODE: ``raise``
-(ValueError in ``fail``), ``exit3``, ``segv`` or ``kill`` (the signal to itself, 0.2 s after the
+(ValueError in ``fail``), ``exit3``, ``segv`` or ``kill`` (the signal to itself, right after the
 output), ``big`` (20 MB of numbered lines), ``ok``.
 """
 
@@ -14,7 +14,6 @@ from __future__ import annotations
 import os
 import signal
 import sys
-import time
 
 
 def fail() -> None:
@@ -41,7 +40,6 @@ def main(folder: str, mode: str) -> None:
     elif mode == "exit3":
         sys.exit(3)
     elif mode in ("segv", "kill"):
-        time.sleep(0.2)
         os.kill(os.getpid(), signal.SIGSEGV if mode == "segv" else signal.SIGKILL)
     elif mode == "big":
         line = "x" * 90
