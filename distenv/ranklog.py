@@ -60,6 +60,7 @@ __all__ = [
     "TAIL",
     "BoundedLog",
     "RankLog",
+    "current",
     "folder",
     "identity",
     "paths",
@@ -258,6 +259,8 @@ class RankLog:
         self.started = time.time()
         self.log, self.report, self.fault = paths(directory, rank)
         self._saved: dict[int, int] = {}
+        #: The fault file's descriptor once started (append-only): the hang autopsy dumps into it.
+        self.fault_fd: int | None = None
         self._streams: dict[str, Any] = {}
         self._thread: threading.Thread | None = None
 
@@ -268,6 +271,7 @@ class RankLog:
         fault = os.open(self.fault, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_APPEND, 0o644)
         # Who wrote what follows: a crash leaves no record, only faulthandler's text after this.
         os.write(fault, identity(self.rank, self.local_rank, self.started).encode())
+        self.fault_fd = fault
         if not faulthandler.is_enabled():  # ``python -X faulthandler`` writes to stderr: logged
             faulthandler.enable(file=fault, all_threads=True)
         sink = BoundedLog(self.log)
@@ -364,6 +368,11 @@ def _copy(reads: list[tuple[int, int]], sink: BoundedLog) -> None:
             with contextlib.suppress(OSError):  # the console went away: the log goes on
                 os.write(key.data, data)
     sink.close()
+
+
+def current() -> RankLog | None:
+    """Return this process's log, if `start` began one (the hang autopsy dumps into its fault file)."""
+    return _started[0] if _started else None
 
 
 def start(directory: Path, rank: int, local_rank: int | None = None) -> RankLog:

@@ -32,7 +32,9 @@ def main(folder: str, mode: str) -> None:
         ExitStatus.watch()
         found = ranklog.folder(folder, None)
         assert found is not None
-        ranklog.start(found, 0)
+        log = ranklog.start(found, 0)
+        assert ranklog.current() is log
+        assert log.fault_fd is not None
     print("out line", flush=True)
     print("err line", file=sys.stderr, flush=True)
     if mode == "raise":
