@@ -252,7 +252,8 @@ class Witness:
         if self.run_dir.kept:
             who = identity(rank, state.local_rank, self.started_at, process.pid)
             with contextlib.suppress(OSError):
-                os.write(state.fault_fd, who.encode())
+                # Read past it: a dump or a crash is what the rank writes after it.
+                state.dumped = os.write(state.fault_fd, who.encode())
 
     def stopping(self) -> None:
         """Note that distenv run began stopping the ranks (later ends are its doing)."""

@@ -76,3 +76,15 @@ def test_redirects_need_a_log_dir() -> None:
     done = _run("run", "-n", "2", "--log-dir", "x", "--tee", "0:7", SAID)
     assert done.returncode == 2
     assert "'7' in '0:7' is not 0 (none), 1 (stdout), 2 (stderr) or 3 (both)" in done.stderr
+
+
+def test_a_killed_rank_is_named_first_with_a_log_dir(tmp_path: Path) -> None:
+    """--log-dir: rank 1 SIGKILLed while rank 0 sleeps is the card's first failure (the fault
+    files' first line, who the rank is, is no crash); rank 0 is stopped, both logs kept."""
+    logs = tmp_path / "logs"
+    done = _run("run", "-n", "2", "--log-dir", str(logs), SAID, "--kill", "1")
+    assert done.returncode == 137, done.stderr
+    assert "distenv run: rank 1 failed first: was killed by SIGKILL" in done.stderr
+    assert "rank 0 stopped by distenv run" in done.stderr
+    assert (logs / "rank-0.fault").read_text().startswith("distenv: rank 0, local rank 0, pid ")
+    assert "out of rank 1" in (logs / "rank-1.log").read_text()
