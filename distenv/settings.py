@@ -86,10 +86,11 @@ SETTINGS = (
     ),
     Var(
         LOG_DIR_VAR,
-        "failure records",
+        "init_dist",
         "no",
-        "a folder every node can write: init_dist's hang autopsy appends each rank's stacks to "
-        "DIR/rank-N.fault there (docs: failures)",
+        "a folder (shared by the job's nodes) where each rank keeps its output in rank-N.log and "
+        "its failure in rank-N.report and rank-N.fault (the hang autopsy's stacks too); "
+        "`distenv why DIR` reads them; the log_dir= argument wins (docs: failures)",
     ),
     Var(
         PLUGINS_VAR,

@@ -46,17 +46,21 @@ from distenv.bootstrap.teardown import register as end_groups_at_exit
 from distenv.deadline import Deadline
 from distenv.detection.pipeline import Detection, locate
 from distenv.device import choose_backend, pci_address, rank_backend, rank_device
-from distenv.errors import ConfigurationError, InitError
-from distenv.exits import one_line
+from distenv.errors import ConfigurationError, DistEnvError, InitError
+from distenv.exits import one_line, rank_of
 from distenv.master import SCOPE_VAR
 from distenv.placement.apply import bind_threads, chosen_mode, place_ranks
 from distenv.placement.cpus import format_cpus
 from distenv.placement.topology import read_topology
 from distenv.rankinfo import RankInfo
+from distenv.ranklog import folder as log_folder
+from distenv.ranklog import start as start_log
 from distenv.seeding import check_seed, seed_everything
 from distenv.settings import OMP_VAR, Settings, seconds
 
 if TYPE_CHECKING:
+    from pathlib import Path
+
     from distenv.settings import Timeout
 
 __all__ = ["init_dist", "setup"]
@@ -140,6 +144,13 @@ def _bind_cpus(info: RankInfo, mode: str | None, settings: Settings, device: int
         info.local_rank,
         format_cpus(cpus),
     )
+
+
+def _keep_log(logs: Path | None, rank: int | None, local_rank: int | None) -> None:
+    """Start the rank's log in `logs`, if any; its record is written before the teardown's end."""
+    if logs is not None and rank is not None:
+        end_groups_at_exit()  # first: the log's handler, registered after it, runs before it
+        start_log(logs, rank, local_rank)
 
 
 def _prepare(
@@ -326,6 +337,7 @@ def init_dist(
     master_addr_format: str | None = None,
     hang_timeout: Timeout | None = None,
     cpu_binding: str | None = None,
+    log_dir: str | os.PathLike[str] | None = None,
 ) -> RankInfo:
     """Initialise torch.distributed for this process, whatever launcher started it.
 
@@ -370,6 +382,9 @@ def init_dist(
             ``node``, ``socket``, ``exclusive``, ``core-complex`` (torchrun's
             ``--numa-binding``), ``auto`` or ``none``; default ``$DISTENV_CPU_BINDING``, else
             none. Never narrows a binding the launcher set (docs/placement.md).
+        log_dir: A folder where this rank keeps its output (``rank-N.log``) and the record of
+            its failure (``rank-N.report``, ``rank-N.fault``) for ``distenv why``; default
+            ``$DISTENV_LOG_DIR``, else none (`distenv.ranklog`).
 
     Returns:
         This rank's resolved `RankInfo`.
@@ -377,9 +392,9 @@ def init_dist(
     Raises:
         RendezvousTimeoutError: If this rank cannot reach rank 0's store within the rendezvous
             timeout, or not every rank checks in.
-        ConfigurationError: If an argument, DISTENV_TIMEOUT, DISTENV_HANG_TIMEOUT or
-            DISTENV_CPU_BINDING is invalid, or `backend` is not the backend of the group that
-            exists.
+        ConfigurationError: If an argument, DISTENV_TIMEOUT, DISTENV_HANG_TIMEOUT,
+            DISTENV_CPU_BINDING or DISTENV_LOG_DIR is invalid, or `backend` is not the backend of
+            the group that exists.
         InitError: If torch.distributed is already initialised for another world, or torch
             refuses the group.
         DistEnvError: If detection or resolution fails, or rank 0's port is taken.
@@ -399,8 +414,14 @@ def init_dist(
     if seed is not None:
         check_seed(seed)
 
+    logs = log_folder(log_dir, settings.log_dir)
     # Detection first: a misconfigured job is refused before paying for `import torch`.
-    detection, info = _locate(launcher, master_addr_format, deadline)
+    try:
+        detection, info = _locate(launcher, master_addr_format, deadline)
+    except DistEnvError:
+        _keep_log(logs, rank_of(os.environ), None)  # the refusal is the rank's record, if known
+        raise
+    _keep_log(logs, info.rank, info.local_rank)
     import torch.distributed as dist
 
     if not dist.is_available():
@@ -436,5 +457,5 @@ def init_dist(
     if seed is not None:
         seed_everything(seed)
     if hang is not None:
-        arm_hang_autopsy(boot.session, hang, settings.log_dir)
+        arm_hang_autopsy(boot.session, hang, None if logs is None else str(logs))
     return info

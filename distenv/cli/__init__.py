@@ -1,4 +1,5 @@
-"""The ``distenv`` command: info, export, template, run (distenv.local.run, distenv.local.options) and doctor (distenv.cli.doctor)."""
+"""The ``distenv`` command: info, export, template, run (`distenv.local.run`,
+`distenv.local.options`), doctor (`distenv.cli.doctor`) and why (`distenv.cli.why`)."""
 
 from __future__ import annotations
 
@@ -15,6 +16,7 @@ from distenv.args import add_launcher_option
 from distenv.cli import templates
 from distenv.cli.doctor import add_doctor_parser, add_verbose_option, write_considered
 from distenv.cli.topology import add_topology_options, show_topology
+from distenv.cli.why import add_why_parser
 from distenv.containers import container
 from distenv.detection.pipeline import Detection, locate
 from distenv.device import rank_backend, rank_device_reason, visible_device_count
@@ -294,6 +296,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     add_run_parser(sub).set_defaults(func=run)
     add_doctor_parser(sub)
+    add_why_parser(sub)
     return parser
 
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from distenv.local.reporting import MAX_FRAMES
+from distenv.failure import MAX_FRAMES
 from distenv.stacks import Frame, frames_of, main_stack, shown, users_file
 
 __all__ = ["Frame", "crash_frames", "main_stack", "shown"]

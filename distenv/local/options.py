@@ -20,6 +20,7 @@ from typing import Any
 from distenv.errors import ConfigurationError, shown
 from distenv.local.autopsy import HANG_STATUS
 from distenv.local.stopping import DEFAULT_GRACE_PERIOD
+from distenv.local.streams import add_log_options
 from distenv.master import DEFAULT_PORT, LOCAL_HOST
 from distenv.placement.binding import MODES, OFF
 from distenv.settings import CPU_BINDING_VAR, HANG_VAR, MAX_SECONDS
@@ -71,11 +72,7 @@ REFUSED_FLAGS: tuple[RefusedFlag, ...] = (
     RefusedFlag("--rdzv-conf", True, RDZV_HINT),
     RefusedFlag("--local-addr", True, "use --master-addr"),
     RefusedFlag("--role", True, "distenv run starts a single role; use torchrun for named roles"),
-    RefusedFlag("--log-dir", True, LOG_HINT),
-    RefusedFlag("--redirects", True, LOG_HINT, short="-r"),
-    RefusedFlag("--tee", True, LOG_HINT, short="-t"),
     RefusedFlag("--logs-specs", True, LOG_HINT),
-    RefusedFlag("--local-ranks-filter", True, "use --ranks (global ranks)"),
     RefusedFlag("--duplicate-stdout-filters", True, LOG_HINT),
     RefusedFlag("--duplicate-stderr-filters", True, LOG_HINT),
     RefusedFlag("--event-log-handler", True, "use torchrun for torchelastic event logs"),
@@ -369,6 +366,7 @@ def add_run_parser(subparsers: Any) -> argparse.ArgumentParser:
         metavar="LIST",
         help="show only these global ranks' output, e.g. 0,2 or 0-3 (others go to /dev/null)",
     )
+    add_log_options(add, _spellings)
     for refused in REFUSED_FLAGS:
         names = ([refused.short] if refused.short else []) + _spellings(refused.flag)
         add(

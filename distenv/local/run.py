@@ -35,9 +35,12 @@ from distenv.local.plan import (
 )
 from distenv.local.restarts import Restarts, reporting_program
 from distenv.local.stopping import StopPolicy
+from distenv.local.streams import check_log_options, hidden
 from distenv.local.supervise import Child, Supervisor
+from distenv.local.witness import RunDir
 from distenv.placement.apply import chosen_mode
-from distenv.settings import CPU_BINDING_VAR, HANG_VAR, Settings
+from distenv.ranklog import folder as log_folder
+from distenv.settings import CPU_BINDING_VAR, HANG_VAR, LOG_DIR_VAR, Settings
 
 __all__ = [
     "build_children",
@@ -104,6 +107,7 @@ def _node(args: argparse.Namespace, env: Mapping[str, str]) -> tuple[NodePlan, l
         raise ConfigurationError(
             COMMAND, "--no-python and -m contradict each other", hint="drop one"
         )
+    check_log_options(COMMAND, args, env)
     nproc = nproc_per_node(COMMAND, args.nproc_per_node)
     plan = plan_from_args(args, env, nproc)
     world_size = plan.nnodes * nproc
@@ -134,8 +138,10 @@ def _node(args: argparse.Namespace, env: Mapping[str, str]) -> tuple[NodePlan, l
                 command=[*program, *legacy, *args.script_args],
                 env=_without_binding(child_env(env, info, plan, placed[local_rank].env), mode),
                 cpus=placed[local_rank].cpus,
-                show_output=args.ranks is None or any(info.rank in r for r in args.ranks),
+                show_output=(args.ranks is None or any(info.rank in r for r in args.ranks))
+                and (args.local_ranks_filter is None or local_rank in args.local_ranks_filter),
                 prefix_output=args.prefix_output,
+                hidden_streams=hidden(args.redirects, args.tee, local_rank),
             )
         )
     return plan, children
@@ -193,6 +199,13 @@ def run(args: argparse.Namespace) -> int:
         return status
     plan, children = _node(args, os.environ)
     _check_port(plan, given=args.master_port is not None)
+    # The supervisor keeps the ranks' logs itself, from their first line: they do not again.
+    logs = log_folder(
+        args.log_dir, Settings.read(os.environ).log_dir, launcher=COMMAND, option="--log-dir "
+    )
+    for child in children:
+        child.env.pop(LOG_DIR_VAR, None)
+    run_dir = RunDir(logs) if logs is not None else RunDir()
     policy = StopPolicy(args.grace_period)
     hang = _hang_timeout(args)
     if args.max_restarts:
@@ -204,6 +217,7 @@ def run(args: argparse.Namespace) -> int:
             policy=policy,
             poll_interval=args.monitor_interval,
             timeout=Settings.read(os.environ).rendezvous_seconds(None),
+            _run_dir=run_dir,
         ).run()
     supervisor = Supervisor(
         children,
@@ -211,6 +225,7 @@ def run(args: argparse.Namespace) -> int:
         poll_interval=args.monitor_interval,
         world_size=plan.nnodes * len(children),
         hang_timeout=hang,
+        run_dir=run_dir,
     )
     return supervisor.run()
 
