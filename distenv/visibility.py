@@ -1,0 +1,122 @@
+"""Which accelerators a process may see, read from the vendors' visibility variables alone.
+
+Pure functions of a mapping, so that tables of recorded values test them and nothing here asks a
+driver (or imports torch). Each answer is the visible devices in the order the runtime numbers
+them, every one named by the value that picks it (an index of the node's devices, a UUID, a
+Level Zero ``device.subdevice``), or None where no variable narrows what the runtime finds.
+
+Sources:
+  [cuda]  CUDA C Programming Guide, "CUDA Environment Variables": CUDA_VISIBLE_DEVICES is a
+          list of indices or UUIDs; an invalid index hides it and every entry after it; ``-1``
+          or an empty value hides every device. Slurm writes ``NoDevFiles`` when a step has no GPU.
+  [rocm]  ROCm docs, "GPU isolation techniques" (rocm.docs.amd.com, conceptual/gpu-isolation):
+          ROCR_VISIBLE_DEVICES (indices or UUIDs) is applied by the ROCm runtime first;
+          HIP_VISIBLE_DEVICES, or CUDA_VISIBLE_DEVICES which HIP also honours, then picks by
+          index among the devices ROCR left. torch's ``torch.cuda._parse_visible_devices`` on
+          ROCm builds prefers HIP_VISIBLE_DEVICES to CUDA_VISIBLE_DEVICES when both are set.
+  [ze]    oneAPI Level Zero specification, "Affinity Mask" (spec.oneapi.io/level-zero, core/
+          PROG): ZE_AFFINITY_MASK is a list of ``device`` or ``device.subdevice`` (a tile);
+          two or more tiles of one device are exposed as that device, one tile alone as a
+          device of its own (oneapi-src/level-zero#86).
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping
+
+from distenv.errors import ConfigurationError
+
+__all__ = [
+    "HIDE_ALL",
+    "hides_every_device",
+    "level_zero_visible",
+    "rocm_visible",
+]
+
+#: Values that hide every device: CUDA's ``-1`` and empty value [cuda], Slurm's ``NoDevFiles``.
+#: The same spellings are taken for ROCm's and Level Zero's variables (issue #41: as for CUDA).
+HIDE_ALL = ("", "-1", "NoDevFiles")
+
+_INDEX = re.compile(r"\d+")
+_TILE = re.compile(r"(\d+)\.(\d+)")
+
+
+def hides_every_device(value: str | None) -> bool:
+    """Return whether a visibility variable's value (None when unset) hides every device."""
+    return value is not None and value.strip() in HIDE_ALL
+
+
+def _entries(value: str) -> list[str]:
+    return [entry.strip() for entry in value.split(",")]
+
+
+def rocm_visible(env: Mapping[str, str]) -> tuple[str, ...] | None:
+    """Return the devices a HIP (ROCm) process sees, in HIP's order, or None when unrestricted.
+
+    ROCR_VISIBLE_DEVICES narrows the node's devices first; HIP_VISIBLE_DEVICES (else
+    CUDA_VISIBLE_DEVICES) then indexes into what ROCR left [rocm]. Each device is named by the
+    ROCR entry (an index of the node's devices or a UUID) it comes from, or by the HIP entry
+    where ROCR is unset. As CUDA documents for its variable [cuda], an index past what is left
+    ends the list. ``ROCR_VISIBLE_DEVICES=4`` with ``HIP_VISIBLE_DEVICES=0`` is device ``4``.
+    """
+    rocr = env.get("ROCR_VISIBLE_DEVICES")
+    hip = env.get("HIP_VISIBLE_DEVICES")
+    if hip is None:
+        hip = env.get("CUDA_VISIBLE_DEVICES")
+    if hides_every_device(rocr) or hides_every_device(hip):
+        return ()
+    left = None if rocr is None else _entries(rocr)
+    if hip is None:
+        return None if left is None else tuple(left)
+    seen: list[str] = []
+    for entry in _entries(hip):
+        if entry.startswith("-") or (
+            left is not None and _INDEX.fullmatch(entry) and int(entry) >= len(left)
+        ):
+            break  # an invalid index: it and every entry after it are hidden [cuda]
+        if left is None or not _INDEX.fullmatch(entry):
+            seen.append(entry)  # the node's own index, or a UUID naming the device itself
+        else:
+            seen.append(left[int(entry)])
+    return tuple(seen)
+
+
+def level_zero_visible(env: Mapping[str, str]) -> tuple[str, ...] | None:
+    """Return the devices a Level Zero (Intel XPU) process sees, or None when unrestricted.
+
+    Each visible device is named by its ZE_AFFINITY_MASK entries [ze]: ``2`` (a whole device),
+    ``2.1`` (one tile, exposed as a device of its own), or ``2.0+2.1`` (two tiles of device 2,
+    exposed as device 2). Devices come in the order their first entry appears; a repeated entry
+    counts once.
+
+    Raises:
+        ConfigurationError: If an entry is neither ``N`` nor ``N.M``.
+    """
+    mask = env.get("ZE_AFFINITY_MASK")
+    if mask is None:
+        return None
+    if hides_every_device(mask):
+        return ()
+    whole: set[str] = set()
+    tiles: dict[str, list[str]] = {}
+    for entry in _entries(mask):
+        tile = _TILE.fullmatch(entry)
+        if not (tile or _INDEX.fullmatch(entry)):
+            raise ConfigurationError(
+                "device",
+                f"$ZE_AFFINITY_MASK is {mask!r}: {entry!r} is neither a device nor device.tile",
+                hint="write ZE_AFFINITY_MASK as indices and device.tile pairs, e.g. '0,1' "
+                "or '0.0,0.1', or unset it to see every device",
+                variable="ZE_AFFINITY_MASK",
+                value=mask,
+            )
+        root = str(int(tile.group(1) if tile else entry))
+        named = tiles.setdefault(root, [])
+        if tile is None:
+            whole.add(root)
+        elif (name := f"{root}.{int(tile.group(2))}") not in named:
+            named.append(name)
+    return tuple(
+        root if root in whole or not named else "+".join(named) for root, named in tiles.items()
+    )
