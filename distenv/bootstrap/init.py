@@ -42,7 +42,7 @@ from distenv.bootstrap.store import master_address
 from distenv.bootstrap.teardown import register as end_groups_at_exit
 from distenv.deadline import Deadline
 from distenv.detection.pipeline import Detection, locate
-from distenv.device import choose_backend, rank_backend, rank_device
+from distenv.device import choose_backend, rank_backend, rank_device, set_current_device
 from distenv.errors import ConfigurationError, InitError
 from distenv.exits import one_line
 from distenv.master import SCOPE_VAR
@@ -108,12 +108,10 @@ def _prepare(
     _apply_start_method(start_method)
     device = rank_device(info)
     if set_device and device is not None:
-        import torch
-
         # Before init_process_group: NCCL binds its communicator to the current device, and a
         # rank left on cuda:0 puts its context (and, before device_id existed, its
         # communicator) on another rank's GPU.
-        torch.cuda.set_device(device)
+        set_current_device(device)
     exported = info.to_env()
     os.environ.update(exported)
     for name in ("GROUP_RANK", "GROUP_WORLD_SIZE", "LOCAL_WORLD_SIZE"):
