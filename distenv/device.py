@@ -44,6 +44,7 @@ __all__ = [
     "choose_backend",
     "current_device",
     "device_identity",
+    "device_name",
     "device_reason",
     "hides_all",
     "identity_of",
@@ -151,6 +152,13 @@ def current_device() -> torch.device:
     if chosen.device is None:
         return torch.device("cpu")
     return torch.device(_device_type(torch_platform()), chosen.device)
+
+
+def device_name(index: int | None) -> str:
+    """Return how torch names device `index` of this process: ``cuda:N``, ``xpu:N``, or ``cpu``."""
+    if index is None:
+        return "cpu"
+    return f"{_device_type(torch_platform())}:{index}"
 
 
 def set_current_device(index: int) -> None:

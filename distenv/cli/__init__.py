@@ -16,7 +16,7 @@ from distenv.cli import templates
 from distenv.cli.doctor import add_doctor_parser, add_verbose_option, write_considered
 from distenv.containers import container
 from distenv.detection.pipeline import Detection, locate
-from distenv.device import rank_backend, rank_device_reason, visible_device_count
+from distenv.device import device_name, rank_backend, rank_device_reason, visible_device_count
 from distenv.errors import DistEnvError, MasterResolutionError
 from distenv.hints import reword
 from distenv.local.options import add_run_parser
@@ -125,7 +125,7 @@ def _cmd_info(args: argparse.Namespace) -> int:
         rows.append(("device", "not checked: pass --device (imports torch)"))
     else:
         index = device["device"]
-        rows.append(("device", "cpu" if index is None else f"cuda:{index}"))
+        rows.append(("device", device_name(index if isinstance(index, int) else None)))
         rows += [(name, str(device[name])) for name in ("visible_devices", "backend")]
     width = max(len(name) for name, _ in rows)
     for name, value in rows:
