@@ -12,19 +12,21 @@ from __future__ import annotations
 
 import os
 from collections.abc import Mapping
-from typing import TYPE_CHECKING, Literal
+from typing import TYPE_CHECKING
 
 from distenv import state
 from distenv.errors import ConfigurationError
 from distenv.rankinfo import RankInfo
-from distenv.visibility import hides_every_device, level_zero_visible, rocm_visible
+from distenv.visibility import (
+    Platform,
+    hides_every_device,
+    identity_of,
+    level_zero_visible,
+    rocm_visible,
+)
 
 if TYPE_CHECKING:
     import torch
-
-#: The device runtimes of torch's builds that the rules tell apart. A CPU-only build follows
-#: CUDA's rules: it sees no device either way.
-Platform = Literal["cuda", "rocm", "xpu"]
 
 #: The variables that choose each platform's visible devices, in the order the runtime applies them
 #: (`distenv.visibility`).
@@ -368,40 +370,6 @@ def visible_device_count() -> int:
     if platform == "xpu":
         return torch.xpu.device_count() if torch.xpu.is_available() else 0
     return torch.cuda.device_count() if torch.cuda.is_available() else 0
-
-
-def identity_of(
-    platform: Platform,
-    index: int,
-    *,
-    uuid: str | None,
-    pci: tuple[int, int, int] | None,
-    visible: tuple[str, ...] | None,
-) -> str:
-    """Return the string naming the physical device behind device `index` of a process.
-
-    The UUID where the runtime reports one, else the PCI address ``domain:bus:device``: both
-    name the device whatever the visibility variables say. Only without either is the visible
-    value taken (``xpu:2.1``, ``rocm:GPU-...``, or the index itself where nothing narrows):
-    an index names a device only among the node's devices, and a task whose devices a cgroup
-    narrowed (Slurm's task-level ``--gpu-bind`` on Cray EX, LUMI, Setonix) sees ``0`` in
-    ROCR_VISIBLE_DEVICES whichever device it holds.
-
-    Args:
-        platform: The device runtime of torch's build (`build_platform`).
-        index: The device's index in this process.
-        uuid: The runtime's UUID of the device (torch's ``props.uuid``), None where absent.
-        pci: Its PCI ``(domain, bus, device)``, None where the runtime reports none (XPU).
-        visible: What the visibility variables show (`distenv.visibility`), None: unrestricted.
-    """
-    if uuid:
-        prefix = "XPU-" if platform == "xpu" else "GPU-"
-        return uuid if uuid.startswith(("GPU-", "MIG-", "XPU-")) else f"{prefix}{uuid}"
-    if pci is not None:
-        domain, bus, dev = pci
-        return f"{domain:04x}:{bus:02x}:{dev:02x}"
-    named = str(index) if visible is None or index >= len(visible) else visible[index]
-    return f"{platform}:{named}"
 
 
 def device_identity(index: int) -> str:

@@ -4,6 +4,8 @@ Pure functions of a mapping, so that tables of recorded values test them and not
 driver (or imports torch). Each answer is the visible devices in the order the runtime numbers
 them, every one named by the value that picks it (an index of the node's devices, a UUID, a
 Level Zero ``device.subdevice``), or None where no variable narrows what the runtime finds.
+`identity_of` turns what the runtime reports of one device, and these values, into the name of
+the physical device that the roll call compares across ranks.
 
 Sources:
   [cuda]  CUDA C Programming Guide, "CUDA Environment Variables": CUDA_VISIBLE_DEVICES is a
@@ -24,15 +26,22 @@ from __future__ import annotations
 
 import re
 from collections.abc import Mapping
+from typing import Literal
 
 from distenv.errors import ConfigurationError
 
 __all__ = [
     "HIDE_ALL",
+    "Platform",
     "hides_every_device",
+    "identity_of",
     "level_zero_visible",
     "rocm_visible",
 ]
+
+#: The device runtimes of torch's builds that the rules tell apart. A CPU-only build follows
+#: CUDA's rules: it sees no device either way.
+Platform = Literal["cuda", "rocm", "xpu"]
 
 #: Values that hide every device: CUDA's ``-1`` and empty value [cuda], Slurm's ``NoDevFiles``.
 #: The same spellings are taken for ROCm's and Level Zero's variables (issue #41: as for CUDA).
@@ -120,3 +129,38 @@ def level_zero_visible(env: Mapping[str, str]) -> tuple[str, ...] | None:
     return tuple(
         root if root in whole or not named else "+".join(named) for root, named in tiles.items()
     )
+
+
+def identity_of(
+    platform: Platform,
+    index: int,
+    *,
+    uuid: str | None,
+    pci: tuple[int, int, int] | None,
+    visible: tuple[str, ...] | None,
+) -> str:
+    """Return the string naming the physical device behind device `index` of a process.
+
+    The UUID where the runtime reports one, else the PCI address ``domain:bus:device``: both
+    name the device whatever the visibility variables say. Only without either is the visible
+    value taken (``xpu:2.1``, ``rocm:GPU-...``, or the index itself where nothing narrows):
+    an index names a device only among the node's devices, and a task whose devices a cgroup
+    narrowed (Slurm's task-level ``--gpu-bind`` on Cray EX, LUMI, Setonix) sees ``0`` in
+    ROCR_VISIBLE_DEVICES whichever device it holds.
+
+    Args:
+        platform: The device runtime of torch's build (`distenv.device.build_platform`).
+        index: The device's index in this process.
+        uuid: The runtime's UUID of the device (torch's ``props.uuid``), None where absent.
+        pci: Its PCI ``(domain, bus, device)``, None where the runtime reports none (XPU).
+        visible: What the visibility variables show (`rocm_visible`, `level_zero_visible`),
+            None: unrestricted.
+    """
+    if uuid:
+        prefix = "XPU-" if platform == "xpu" else "GPU-"
+        return uuid if uuid.startswith(("GPU-", "MIG-", "XPU-")) else f"{prefix}{uuid}"
+    if pci is not None:
+        domain, bus, dev = pci
+        return f"{domain:04x}:{bus:02x}:{dev:02x}"
+    named = str(index) if visible is None or index >= len(visible) else visible[index]
+    return f"{platform}:{named}"
