@@ -36,10 +36,14 @@ VISIBILITY_VARIABLES: dict[Platform, tuple[str, ...]] = {
     "xpu": ("ZE_AFFINITY_MASK",),
 }
 
+#: The AMD and Intel variables among them: `distenv info` shows those that are set.
+VENDOR_VISIBILITY_VARIABLES = ("ROCR_VISIBLE_DEVICES", "HIP_VISIBLE_DEVICES", "ZE_AFFINITY_MASK")
+
 #: The first torch whose XPU builds carry the xccl backend as a default for ``xpu`` devices.
 XCCL_SINCE = (2, 8)
 
 __all__ = [
+    "VENDOR_VISIBILITY_VARIABLES",
     "VISIBILITY_VARIABLES",
     "Platform",
     "build_platform",

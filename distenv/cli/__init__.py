@@ -16,7 +16,13 @@ from distenv.cli import templates
 from distenv.cli.doctor import add_doctor_parser, add_verbose_option, write_considered
 from distenv.containers import container
 from distenv.detection.pipeline import Detection, locate
-from distenv.device import device_name, rank_backend, rank_device_reason, visible_device_count
+from distenv.device import (
+    VENDOR_VISIBILITY_VARIABLES,
+    device_name,
+    rank_backend,
+    rank_device_reason,
+    visible_device_count,
+)
 from distenv.errors import DistEnvError, MasterResolutionError
 from distenv.hints import reword
 from distenv.local.options import add_run_parser
@@ -69,10 +75,14 @@ def _device_fields(info: RankInfo, check: bool) -> tuple[dict[str, object], str 
     """Return the device fields of `distenv info` and why that device; torch only if `check`.
 
     The device rule is init_dist's (`distenv.device`); asking it imports torch, seconds on a
-    login node, so `distenv info` does only with --device.
+    login node, so `distenv info` does only with --device. AMD's and Intel's visibility
+    variables are shown where they are set.
     """
     visible_env = os.environ.get("CUDA_VISIBLE_DEVICES")
     fields: dict[str, object] = {"cuda_visible_devices": visible_env}
+    for name in VENDOR_VISIBILITY_VARIABLES:
+        if name in os.environ:
+            fields[name.lower()] = os.environ[name]
     if not check:
         return fields, None
     device, why = rank_device_reason(info, visible_env)
@@ -118,6 +128,11 @@ def _cmd_info(args: argparse.Namespace) -> int:
     rows = [(name, shown(name, value)) for name, value in info.to_dict().items()]
     visible_env = device["cuda_visible_devices"]
     rows.append(("cuda_visible_devices", "unset" if visible_env is None else repr(visible_env)))
+    rows += [
+        (name.lower(), repr(device[name.lower()]))
+        for name in VENDOR_VISIBILITY_VARIABLES
+        if name.lower() in device
+    ]
     rows.append(
         ("container", "none" if inside is None else f"{inside.runtime.label} ({inside.evidence})")
     )
