@@ -19,6 +19,7 @@ from distenv.errors import ConfigurationError
 from distenv.rankinfo import RankInfo
 from distenv.visibility import (
     Platform,
+    check_rocm_indices,
     hides_every_device,
     identity_of,
     level_zero_visible,
@@ -320,6 +321,9 @@ def rank_device_reason(info: RankInfo, cuda_visible_devices: str | None) -> tupl
 def rank_device(info: RankInfo) -> int | None:
     """Return the device index of this rank (`select_device` over the visible devices).
 
+    A ROCm rank that sees no device because its visibility variables contradict each other is
+    refused (`check_rocm_indices`) rather than left on CPU.
+
     The device follows the local rank, which every launcher names; a local world size left
     unknown until the roll call (Flux) only bounds it, so the device is chosen before the roll
     call either way and the roll call compares the ranks' devices.
@@ -327,7 +331,10 @@ def rank_device(info: RankInfo) -> int | None:
     local_size = info.local_world_size
     if local_size is None:
         local_size = info.local_rank + 1
-    return select_device(info.local_rank, local_size, visible_device_count())
+    visible = visible_device_count()
+    if not visible:
+        check_rocm_indices(torch_platform(), os.environ)
+    return select_device(info.local_rank, local_size, visible)
 
 
 def rank_backend(device: int | None, explicit: str | None = None) -> str:

@@ -33,6 +33,7 @@ from distenv.errors import ConfigurationError
 __all__ = [
     "HIDE_ALL",
     "Platform",
+    "check_rocm_indices",
     "hides_every_device",
     "identity_of",
     "level_zero_visible",
@@ -89,6 +90,23 @@ def rocm_visible(env: Mapping[str, str]) -> tuple[str, ...] | None:
         else:
             seen.append(left[int(entry)])
     return tuple(seen)
+
+
+def _hip_names_none_rocr_left(env: Mapping[str, str]) -> str | None:
+    """Return the HIP index variable that names none of the devices ROCR_VISIBLE_DEVICES left.
+
+    None where ROCR_VISIBLE_DEVICES or the index variable (HIP_VISIBLE_DEVICES, else
+    CUDA_VISIBLE_DEVICES) is unset, where a value hides every device on purpose, or where some
+    device is left. Slurm sets CUDA_VISIBLE_DEVICES and ROCR_VISIBLE_DEVICES to the same
+    node-level index (measured: Slurm 22.05, gres.conf without ``Flags=``): task 1 gets ``1`` in
+    both, and HIP's index 1 into ROCR's one device is past its end [rocm].
+    """
+    rocr = env.get("ROCR_VISIBLE_DEVICES")
+    name = "HIP_VISIBLE_DEVICES" if "HIP_VISIBLE_DEVICES" in env else "CUDA_VISIBLE_DEVICES"
+    value = env.get(name)
+    if rocr is None or value is None or hides_every_device(rocr) or hides_every_device(value):
+        return None
+    return name if rocm_visible(env) == () else None
 
 
 def level_zero_visible(env: Mapping[str, str]) -> tuple[str, ...] | None:
@@ -164,3 +182,31 @@ def identity_of(
         return f"{domain:04x}:{bus:02x}:{dev:02x}"
     named = str(index) if visible is None or index >= len(visible) else visible[index]
     return f"{platform}:{named}"
+
+
+def check_rocm_indices(platform: Platform, env: Mapping[str, str]) -> None:
+    """Refuse a ROCm rank whose HIP index variable names none of the devices ROCR left.
+
+    HIP applies HIP_VISIBLE_DEVICES (else CUDA_VISIBLE_DEVICES) to the devices that
+    ROCR_VISIBLE_DEVICES left, so the same node-level index in both, as Slurm writes them for AMD
+    GPUs unless gres.conf says ``Flags=amd_gpu_env``, leaves every task but the first without a
+    device: a GPU job that would train on CPU. Called where the runtime sees no device.
+
+    Raises:
+        ConfigurationError: Naming both variables, their values and the fix.
+    """
+    name = None if platform != "rocm" else _hip_names_none_rocr_left(env)
+    if name is None:
+        return
+    rocr = env["ROCR_VISIBLE_DEVICES"]
+    raise ConfigurationError(
+        "device",
+        f"${name} is {env[name]!r}, which names none of the devices ROCR_VISIBLE_DEVICES="
+        f"{rocr!r} left: HIP indexes {name} into what ROCR_VISIBLE_DEVICES exposes, so this "
+        "rank sees no GPU",
+        hint=f"unset {name} and let ROCR_VISIBLE_DEVICES choose (Slurm sets both unless "
+        "gres.conf says Flags=amd_gpu_env), or give it indices into ROCR's list (0 for the "
+        "first)",
+        variable=name,
+        value=env[name],
+    )

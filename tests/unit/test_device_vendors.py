@@ -30,7 +30,8 @@ from distenv.device import (
     visible_device_count,
     xccl_usable,
 )
-from distenv.visibility import level_zero_visible, rocm_visible
+from distenv.errors import ConfigurationError
+from distenv.visibility import check_rocm_indices, level_zero_visible, rocm_visible
 from tests.support.envs import gpu_bind
 
 
@@ -254,3 +255,59 @@ def test_device_reason_names_the_vendors_variables(device, platform, build, env,
         env=env,
     )
     assert reason == expected
+
+
+def test_slurm_s_default_gres_variables_leave_a_rocm_task_past_the_first_without_a_gpu():
+    """Slurm (gres.conf without Flags=amd_gpu_env) writes task 1's index 1 into both
+    ROCR_VISIBLE_DEVICES and CUDA_VISIBLE_DEVICES (measured here): HIP's index 1 into ROCR's one
+    device names none, so a ROCm rank 1 is refused, naming both values and the fix; task 0 and
+    a CUDA build are fine."""
+    first, second = gpu_bind.SRUN_DEFAULT_GRES_FLAGS_2T
+    assert rocm_visible(first) == ("0",)
+    check_rocm_indices("rocm", first)
+    assert rocm_visible(second) == ()
+    check_rocm_indices("cuda", second)
+    check_rocm_indices("xpu", second)
+    with pytest.raises(ConfigurationError) as caught:
+        check_rocm_indices("rocm", second)
+    assert (caught.value.variable, caught.value.value) == ("CUDA_VISIBLE_DEVICES", "1")
+    assert str(caught.value) == (
+        "device: $CUDA_VISIBLE_DEVICES is '1', which names none of the devices "
+        "ROCR_VISIBLE_DEVICES='1' left: HIP indexes CUDA_VISIBLE_DEVICES into what "
+        "ROCR_VISIBLE_DEVICES exposes, so this rank sees no GPU. Hint: unset "
+        "CUDA_VISIBLE_DEVICES and let ROCR_VISIBLE_DEVICES choose (Slurm sets both unless "
+        "gres.conf says Flags=amd_gpu_env), or give it indices into ROCR's list (0 for the first)"
+    )
+
+
+@pytest.mark.parametrize(
+    ("env", "named"),
+    [
+        pytest.param({"ROCR_VISIBLE_DEVICES": "3", "HIP_VISIBLE_DEVICES": "3"},
+                     "HIP_VISIBLE_DEVICES", id="hip-past-rocr"),
+        pytest.param({"ROCR_VISIBLE_DEVICES": "3", "HIP_VISIBLE_DEVICES": "0",
+                      "CUDA_VISIBLE_DEVICES": "3"}, None, id="hip-before-cuda"),
+        pytest.param({"ROCR_VISIBLE_DEVICES": "", "CUDA_VISIBLE_DEVICES": "3"}, None,
+                     id="hidden-on-purpose"),
+        pytest.param({"ROCR_VISIBLE_DEVICES": "2,3", "CUDA_VISIBLE_DEVICES": "-1"}, None,
+                     id="cuda-hides-on-purpose"),
+        pytest.param({"CUDA_VISIBLE_DEVICES": "3"}, None, id="no-rocr"),
+        pytest.param({"ROCR_VISIBLE_DEVICES": "2,3", "CUDA_VISIBLE_DEVICES": "1"}, None,
+                     id="index-into-rocr"),
+    ],
+)  # fmt: skip
+def test_check_rocm_indices(env, named):
+    """Only an index variable that names none of ROCR's devices is refused, never a value that
+    hides every device on purpose."""
+    if named is None:
+        check_rocm_indices("rocm", env)
+        return
+    with pytest.raises(ConfigurationError) as caught:
+        check_rocm_indices("rocm", env)
+    assert caught.value.variable == named
+
+
+@pytest.mark.parametrize("rank", range(16))
+def test_frontier_tasks_pass_the_rocm_index_check(rank):
+    """ROCR_VISIBLE_DEVICES alone, as --gpu-bind=closest sets it on Frontier, is never refused."""
+    check_rocm_indices("rocm", gpu_bind.FRONTIER_2N_16T_CLOSEST[rank])

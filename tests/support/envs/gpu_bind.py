@@ -1,4 +1,5 @@
-"""Slurm's ``--gpu-bind=closest`` on AMD MI250X nodes (8 GCDs each), recorded from vendors' docs.
+"""Slurm's GPU variables on AMD nodes: ``--gpu-bind=closest`` on MI250X nodes (8 GCDs each),
+recorded from vendors' docs, and Slurm's default gres variables, measured here.
 
 No AMD GPU or Cray EX machine is here: each value is what the cited page prints, cited beside it
 as [key]; the Slurm numbering variables are the ones every srun task gets (srun(1) OUTPUT
@@ -77,4 +78,20 @@ SETONIX_1N_3T_CLOSEST = [
         "ROCR_VISIBLE_DEVICES": "0",  # [pawsey]
     }
     for rank in range(3)
+]
+
+# Measured on this machine's simulated Slurm cluster "one" (Slurm 22.05.8, gres.conf with
+# AutoDetect=off and no Flags=, fake GPU device files), `srun -n 2 --gpus-per-task=1`: Slurm
+# writes the task's node-level GPU index into CUDA_VISIBLE_DEVICES, ROCR_VISIBLE_DEVICES,
+# ZE_AFFINITY_MASK and GPU_DEVICE_ORDINAL alike (its numbering variables as in slurm.py).
+SRUN_DEFAULT_GRES_FLAGS_2T = [
+    {
+        **_srun_task(rank, size=2, per_node=2, nodes=("vm",), job="420"),
+        "CUDA_VISIBLE_DEVICES": str(rank),
+        "ROCR_VISIBLE_DEVICES": str(rank),
+        "ZE_AFFINITY_MASK": str(rank),
+        "GPU_DEVICE_ORDINAL": str(rank),
+        "SLURM_STEP_GPUS": str(rank),
+    }
+    for rank in range(2)
 ]
