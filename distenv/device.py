@@ -120,7 +120,10 @@ def hides_all(platform: Platform, env: Mapping[str, str]) -> bool:
     CUDA_VISIBLE_DEVICES for ROCm; ZE_AFFINITY_MASK for XPU (`distenv.visibility`).
     """
     if platform == "rocm":
-        return rocm_visible(env) == ()
+        # By value only: an index past what ROCR left is the runtime's to judge (torch's count),
+        # then `check_rocm_indices`'s to explain.
+        index = env.get("HIP_VISIBLE_DEVICES", env.get("CUDA_VISIBLE_DEVICES"))
+        return hides_every_device(env.get("ROCR_VISIBLE_DEVICES")) or hides_every_device(index)
     if platform == "xpu":
         return level_zero_visible(env) == ()
     return hides_every_device(env.get("CUDA_VISIBLE_DEVICES"))
