@@ -38,7 +38,14 @@ VISIBILITY_VARIABLES: dict[Platform, tuple[str, ...]] = {
 }
 
 #: The AMD and Intel variables among them: `distenv info` shows those that are set.
-VENDOR_VISIBILITY_VARIABLES = ("ROCR_VISIBLE_DEVICES", "HIP_VISIBLE_DEVICES", "ZE_AFFINITY_MASK")
+VENDOR_VISIBILITY_VARIABLES = tuple(
+    dict.fromkeys(
+        name
+        for names in VISIBILITY_VARIABLES.values()
+        for name in names
+        if name != "CUDA_VISIBLE_DEVICES"
+    )
+)
 
 #: The first torch whose XPU builds carry the xccl backend as a default for ``xpu`` devices.
 XCCL_SINCE = (2, 8)
@@ -324,12 +331,13 @@ def rank_device_reason(info: RankInfo, cuda_visible_devices: str | None) -> tupl
 def rank_device(info: RankInfo) -> int | None:
     """Return the device index of this rank (`select_device` over the visible devices).
 
-    A ROCm rank that sees no device because its visibility variables contradict each other is
-    refused (`check_rocm_indices`) rather than left on CPU.
-
     The device follows the local rank, which every launcher names; a local world size left
     unknown until the roll call (Flux) only bounds it, so the device is chosen before the roll
     call either way and the roll call compares the ranks' devices.
+
+    Raises:
+        ConfigurationError: A ROCm rank sees no device because its visibility variables
+            contradict each other (`check_rocm_indices`): refused rather than left on CPU.
     """
     local_size = info.local_world_size
     if local_size is None:
