@@ -2,12 +2,13 @@
 
 This module only orchestrates; each step's rules live in the module named. Both functions run the
 same steps, in this order, and are the only functions of distenv that change the process
-(os.environ, the multiprocessing start method, the current CUDA device):
+(os.environ, the multiprocessing start method, the current CUDA or XPU device):
 
 1. read the runtime settings (`distenv.settings`), then detect and resolve the `RankInfo`
    (`distenv.detection.pipeline.locate`);
 2. set the multiprocessing start method (``spawn`` unless one is set already);
-3. select and set this rank's CUDA device, before any process group exists (`distenv.device`);
+3. select and set this rank's device (CUDA, ROCm or XPU), before any process group exists
+   (`distenv.device`);
 4. export torchrun's ``env://`` contract into os.environ, tagged with ``DISTENV_SCOPE`` so that
    later detection recognises distenv's own exports (`distenv.master`), and remember what was
    decided (`distenv.state`);
@@ -45,7 +46,14 @@ from distenv.bootstrap.store import master_address
 from distenv.bootstrap.teardown import register as end_groups_at_exit
 from distenv.deadline import Deadline
 from distenv.detection.pipeline import Detection, locate
-from distenv.device import choose_backend, pci_address, rank_backend, rank_device
+from distenv.device import (
+    choose_backend,
+    device_name,
+    pci_address,
+    rank_backend,
+    rank_device,
+    set_current_device,
+)
 from distenv.errors import ConfigurationError, DistEnvError, InitError
 from distenv.exits import one_line, rank_of
 from distenv.master import SCOPE_VAR
@@ -168,12 +176,10 @@ def _prepare(
     _apply_start_method(start_method)
     device = rank_device(info)
     if set_device and device is not None:
-        import torch
-
         # Before init_process_group: NCCL binds its communicator to the current device, and a
         # rank left on cuda:0 puts its context (and, before device_id existed, its
         # communicator) on another rank's GPU.
-        torch.cuda.set_device(device)
+        set_current_device(device)
     _bind_cpus(info, mode, settings, device)
     exported = info.to_env()
     os.environ.update(exported)
@@ -355,8 +361,9 @@ def init_dist(
 
     Args:
         launcher: ``auto`` or a launcher name (see `distenv.detection.pipeline.explain`).
-        backend: The process-group backend; by default ``nccl`` when CUDA is usable and this rank
-            has a device, else ``gloo``. Any torch spelling wins as given
+        backend: The process-group backend; by default ``nccl`` when CUDA (or ROCm, whose nccl
+            is RCCL) is usable and this rank has a device, ``xccl`` on an XPU build of torch
+            >= 2.8 with a device, else ``gloo``. Any torch spelling wins as given
             (``"cpu:gloo,cuda:nccl"``, ``"mpi"``).
         timeout: torch's process-group timeout (seconds or a timedelta); torch's default if None.
         rendezvous_timeout: How long a rank may take to reach rank 0's store (seconds or a
@@ -364,7 +371,8 @@ def init_dist(
         start_method: The multiprocessing start method to set when none is set yet; DataLoader
             workers use it (``spawn``: clean workers that need a picklable dataset and a
             ``__main__`` guard). None leaves it alone.
-        set_device: Whether to call ``torch.cuda.set_device`` (before the group exists) and pass
+        set_device: Whether to call ``torch.cuda.set_device`` (``torch.xpu.set_device`` on XPU
+            builds) before the group exists and pass
             ``device_id`` to init_process_group.
         allow_gpu_sharing: Whether ranks may share a physical GPU; stored for the cross-rank
             check (`gpu_sharing_allowed`).
@@ -452,7 +460,7 @@ def init_dist(
             info.num_nodes or 0,
             master_address(info),
             chosen,
-            "cpu" if device is None else f"cuda:{device}",
+            device_name(device),
         )
     if seed is not None:
         seed_everything(seed)

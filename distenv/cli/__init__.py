@@ -19,7 +19,13 @@ from distenv.cli.topology import add_topology_options, show_topology
 from distenv.cli.why import add_why_parser
 from distenv.containers import container
 from distenv.detection.pipeline import Detection, locate
-from distenv.device import rank_backend, rank_device_reason, visible_device_count
+from distenv.device import (
+    VENDOR_VISIBILITY_VARIABLES,
+    device_name,
+    rank_backend,
+    rank_device_reason,
+    visible_device_count,
+)
 from distenv.errors import DistEnvError, MasterResolutionError
 from distenv.hints import reword
 from distenv.local.options import add_run_parser
@@ -72,10 +78,14 @@ def _device_fields(info: RankInfo, check: bool) -> tuple[dict[str, object], str 
     """Return the device fields of `distenv info` and why that device; torch only if `check`.
 
     The device rule is init_dist's (`distenv.device`); asking it imports torch, seconds on a
-    login node, so `distenv info` does only with --device.
+    login node, so `distenv info` does only with --device. AMD's and Intel's visibility
+    variables are shown where they are set.
     """
     visible_env = os.environ.get("CUDA_VISIBLE_DEVICES")
     fields: dict[str, object] = {"cuda_visible_devices": visible_env}
+    for name in VENDOR_VISIBILITY_VARIABLES:
+        if name in os.environ:
+            fields[name.lower()] = os.environ[name]
     if not check:
         return fields, None
     device, why = rank_device_reason(info, visible_env)
@@ -123,6 +133,11 @@ def _cmd_info(args: argparse.Namespace) -> int:
     rows = [(name, shown(name, value)) for name, value in info.to_dict().items()]
     visible_env = device["cuda_visible_devices"]
     rows.append(("cuda_visible_devices", "unset" if visible_env is None else repr(visible_env)))
+    rows += [
+        (name.lower(), repr(device[name.lower()]))
+        for name in VENDOR_VISIBILITY_VARIABLES
+        if name.lower() in device
+    ]
     rows.append(
         ("container", "none" if inside is None else f"{inside.runtime.label} ({inside.evidence})")
     )
@@ -130,7 +145,7 @@ def _cmd_info(args: argparse.Namespace) -> int:
         rows.append(("device", "not checked: pass --device (imports torch)"))
     else:
         index = device["device"]
-        rows.append(("device", "cpu" if index is None else f"cuda:{index}"))
+        rows.append(("device", device_name(index if isinstance(index, int) else None)))
         rows += [(name, str(device[name])) for name in ("visible_devices", "backend")]
     width = max(len(name) for name, _ in rows)
     for name, value in rows:

@@ -17,6 +17,7 @@ from distenv.placement.binding import MODES, OFF, bind, cores_of, far_from
 from distenv.placement.cpus import format_cpus
 from distenv.placement.topology import Accelerator, Topology, read_topology
 from distenv.settings import CPU_BINDING_VAR
+from distenv.visibility import VARIABLES, Platform, visible_devices
 
 __all__ = [
     "Placement",
@@ -29,13 +30,8 @@ __all__ = [
     "threads_each",
 ]
 
-#: The variables that narrow which accelerators a process sees, per maker, outermost first (HIP's
-#: indices count within ROCr's list). A value of ``card.tile`` (Level Zero) names its card.
-VISIBILITY = {
-    "nvidia": ("CUDA_VISIBLE_DEVICES",),
-    "amd": ("ROCR_VISIBLE_DEVICES", "HIP_VISIBLE_DEVICES"),
-    "intel": ("ZE_AFFINITY_MASK",),
-}
+#: The device runtime (`distenv.visibility.Platform`) of each accelerator maker's devices.
+PLATFORMS: dict[str, Platform] = {"nvidia": "cuda", "amd": "rocm", "intel": "xpu"}
 SPELLINGS = f"one of {', '.join(MODES)} or {OFF}"
 
 
@@ -78,25 +74,25 @@ def chosen_mode(who: str, argument: str | None, setting: str | None) -> str | No
 
 
 def _visible(found: Sequence[Accelerator], env: Mapping[str, str]) -> list[Accelerator] | None:
-    """Return the accelerators `env` lets a process see, in its order; None if a value names
-    devices by something other than an index (UUIDs, MIG instances): sysfs cannot tell which."""
-    visible = list(found)
-    for name in VISIBILITY.get(found[0].vendor, ()) if found else ():
-        value = env.get(name)
-        if value is None:
-            continue
-        narrowed = []
-        for item in value.split(","):
-            card = item.strip().partition(".")[0]
-            if not card.isdigit() and not (card.startswith("-") and card[1:].isdigit()):
-                if card:
-                    return None
-                break
-            index = int(card)
-            if not 0 <= index < len(visible):
-                break  # as CUDA does: the list ends at the first index that is not a device
-            narrowed.append(visible[index])
-        visible = narrowed
+    """Return the accelerators `env` lets a process see, in its order (`distenv.visibility`);
+    None if a value names devices by something other than an index (UUIDs, MIG instances) or
+    cannot be read: sysfs cannot tell which."""
+    if not found:
+        return []
+    try:
+        names = visible_devices(PLATFORMS[found[0].vendor], env)
+    except ConfigurationError:
+        return None
+    if names is None:
+        return list(found)
+    visible = []
+    for name in names:
+        card = name.partition("+")[0].partition(".")[0]  # a Level Zero tile is on its card
+        if not card.isdigit():
+            return None
+        if int(card) >= len(found):
+            break  # as CUDA does: the list ends at the first index that is not a device
+        visible.append(found[int(card)])
     return visible
 
 
@@ -215,7 +211,7 @@ def place_ranks(
     devices = rank_devices(topology, env, count)
     note = None
     if devices is None and own is None:
-        names = ", ".join(VISIBILITY.get(topology.accelerators[0].vendor, ()))
+        names = ", ".join(VARIABLES[PLATFORMS[topology.accelerators[0].vendor]])
         note = (
             f"{names} names devices by UUID or MIG instance, which sysfs cannot map to PCI "
             "devices: the ranks are placed as if they had no accelerator"

@@ -63,7 +63,8 @@ MARKER = "rank_check"
 MEET_S = 60.0
 REPORTED = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "GROUP_RANK", "DISTENV_SCOPE",
             "GLOO_SOCKET_IFNAME",
-            "SLURM_JOB_ID", "SLURM_ARRAY_JOB_ID", "SLURM_ARRAY_TASK_ID")  # fmt: skip
+            "SLURM_JOB_ID", "SLURM_ARRAY_JOB_ID", "SLURM_ARRAY_TASK_ID",
+            "ROCR_VISIBLE_DEVICES", "HIP_VISIBLE_DEVICES", "ZE_AFFINITY_MASK")  # fmt: skip
 
 
 def visible_count(value: str | None) -> int:
