@@ -26,7 +26,8 @@ from distenv.failure import Report
 from distenv.local.autopsy import summary, suspects
 from distenv.local.card import card, rank_ranges
 from distenv.local.dumps import crash_frames, main_stack
-from distenv.local.witness import LAST_LINES, End
+from distenv.local.ends import End
+from distenv.local.witness import LAST_LINES
 from distenv.ranklog import read_identity
 
 __all__ = ["Records", "add_why_parser", "why"]

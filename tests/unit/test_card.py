@@ -12,8 +12,8 @@ import pytest
 from distenv.local import reporting
 from distenv.local.card import how, rank_ranges
 from distenv.local.dumps import crash_frames
+from distenv.local.ends import End
 from distenv.local.reporting import REPORT_FD_VAR, Report, classify, read_report, user_frames
-from distenv.local.witness import End
 from distenv.processes import oom_killed_by_kernel_log, oom_kills
 
 
