@@ -14,6 +14,7 @@ from __future__ import annotations
 import contextlib
 import re
 import socket
+import traceback
 from collections.abc import Callable, Iterator, Sequence
 from typing import TYPE_CHECKING, Any, TypeVar
 
@@ -86,6 +87,25 @@ class Session:
             master_from=detection.master_from,
             leaders=settings.node_leaders,
         )
+
+    def release(self, failure: BaseException) -> None:
+        """Let go of rank 0's store after a failed bootstrap, so that its port is free at once.
+
+        torch's store has no close: its server stops when the last reference goes. The
+        `failure` the caller is about to raise holds, through its traceback (and the tracebacks
+        chained to it), the finished frames of every phase, whose locals reach the store: their
+        locals are cleared, so that the store goes now and an `init_dist` retried in the same
+        process can listen on the port again, instead of when the garbage collector next runs.
+        """
+        channel, self.channel, self.store = self.channel, None, None
+        if channel is not None:
+            channel.close()
+        seen: set[int] = set()
+        exc: BaseException | None = failure
+        while exc is not None and id(exc) not in seen:
+            seen.add(id(exc))
+            traceback.clear_frames(exc.__traceback__)
+            exc = exc.__cause__ or exc.__context__
 
     @property
     def master(self) -> str:
