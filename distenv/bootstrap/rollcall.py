@@ -25,10 +25,10 @@ from __future__ import annotations
 import contextlib
 import gc
 import os
-import socket
 from collections.abc import Iterator
 from typing import Any
 
+from distenv._hosts import this_host
 from distenv.bootstrap.channel import Channel, late
 from distenv.bootstrap.flat import FLAT, publish
 from distenv.bootstrap.nodes import open_channel
@@ -198,7 +198,7 @@ def make_checkin(
         local_rank=info.local_rank,
         local_world_size=info.local_world_size,
         node_rank=info.node_rank,
-        hostname=socket.gethostname(),
+        hostname=this_host(),
         pid=os.getpid(),
         launcher=info.launcher,
         master=session.master,

@@ -13,11 +13,11 @@ from __future__ import annotations
 
 import contextlib
 import re
-import socket
 import traceback
 from collections.abc import Callable, Iterator, Sequence
 from typing import TYPE_CHECKING, Any, TypeVar
 
+from distenv._hosts import this_host
 from distenv.bootstrap.protocol import STATE, STATES, UP, prefix, scope_key
 from distenv.bootstrap.records import NetRecord, matches
 from distenv.bootstrap.scope import ScopeCheck, claim_scope, job_scope
@@ -145,7 +145,7 @@ class Session:
         while the bootstrap's connection may be held by a wait in the store
         (`distenv.bootstrap.store.wait_value`).
         """
-        value = f"{state}@{socket.gethostname()}" + (f"#{token}" if token else "")
+        value = f"{state}@{this_host()}" + (f"#{token}" if token else "")
         key = self._state_key(self.info.rank)
         if not wait:
             self.store.set(key, value)

@@ -508,3 +508,51 @@ def test_a_verdict_without_problems_is_checked_without_importing_the_problems_mo
     )
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip() == "False"
+
+
+KERNEL_NAMES = [
+    "gpu001",
+    "my node",
+    "nœud",
+    "",
+    "-lead.",
+    ".dot",
+    "a@b#c\td%25",
+    "100%",
+    "x" * 64,
+    "ü" * 32,
+    "bad\udcffbyte",  # a byte that is not UTF-8, as Python decodes it (surrogateescape)
+]
+
+
+@pytest.mark.parametrize("name", KERNEL_NAMES)
+def test_any_kernel_host_name_round_trips_through_a_checkin(name: str) -> None:
+    """Every host name the kernel accepts is recorded losslessly (#44 item 8): its record form
+    matches the schema, survives a check-in's JSON and decodes back to the kernel's name."""
+    from urllib.parse import unquote
+
+    from distenv._hosts import record_host
+
+    recorded = record_host(name)
+    assert recorded.isascii()
+    assert recorded.isprintable()
+    assert not set(recorded) & set("@#\t\n ")  # the state records' and messages' separators
+    parsed = parse_checkin("checkin/1", checkin(hostname=recorded).to_json())
+    assert parsed.hostname == recorded
+    assert unquote(recorded, errors="surrogateescape") == name or (name, recorded) == ("", "%")
+    assert (recorded == name) == ("%" not in recorded)
+
+
+@given(st.lists(st.text(max_size=20), min_size=2, max_size=2, unique=True))
+def test_distinct_host_names_stay_distinct(names: list[str]) -> None:
+    """No host name passes for another once recorded."""
+    from distenv._hosts import record_host
+
+    assert record_host(names[0]) != record_host(names[1])
+
+
+def test_plain_host_names_are_recorded_as_they_are() -> None:
+    from distenv._hosts import record_host
+
+    for name in ("gpu001", "node-1.cluster.example", "_x", "A9"):
+        assert record_host(name) == name
