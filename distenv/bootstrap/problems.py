@@ -25,6 +25,8 @@ from distenv.bootstrap.records import (
 
 __all__ = [
     "CODES",
+    "COLLISION_HINT",
+    "SAME_IDENTITY",
     "ClaimedTwice",
     "Disagreement",
     "ForeignCheckIn",
@@ -51,6 +53,16 @@ __all__ = [
     "shared_local_ranks",
 ]
 
+
+#: What two processes claiming one rank's key are, when each was given it honestly: two jobs
+#: that no part of their identity tells apart (docs/security.md), or one launch that gave two
+#: processes the same rank.
+SAME_IDENTITY = "two jobs with the same identity on one store (or two processes given one rank)"
+#: The fix for `SAME_IDENTITY`.
+COLLISION_HINT = (
+    "give each job its own run id (TORCHELASTIC_RUN_ID, i.e. torchrun --rdzv-id; distenv run "
+    "--run-id; DISTENV_RUN_ID) or its own MASTER_PORT"
+)
 
 # Foreign record keys a problem names; the rest are counted.
 MAX_FOREIGN_SHOWN = 4
@@ -183,7 +195,9 @@ class ClaimedTwice(NamedTuple):
 
     def describe(self, timeout: float) -> str:
         who = ", ".join(f"pid {p} on {h!r}" for p, h in zip(self.pids, self.hosts, strict=True))
-        return f"rank {self.rank} was claimed by {len(self.pids)} processes ({who})"
+        return (
+            f"rank {self.rank} was claimed by {len(self.pids)} processes ({who}): {SAME_IDENTITY}"
+        )
 
     @classmethod
     def parse(cls, fields: "Fields", world: int) -> "ClaimedTwice":

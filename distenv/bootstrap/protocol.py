@@ -22,6 +22,7 @@ __all__ = [
     "BATCHES",
     "CHECKIN",
     "CLOSED",
+    "COLLIDED",
     "COUNT",
     "CUT",
     "DOCTOR",
@@ -33,6 +34,7 @@ __all__ = [
     "PLACE",
     "READ",
     "ROLLCALL",
+    "SEEN",
     "STATE",
     "STATES",
     "UP",
@@ -50,6 +52,9 @@ ROLLCALL, DOCTOR, PG, UP = "rollcall", "doctor", "pg", "up"
 #: What rank 0 writes under an absent rank's check-in key when it stops waiting (never a record:
 #: JSON).
 CLOSED = b"closed"
+#: What rank 0 writes under a rank's group-up acknowledgement instead of its token when a second
+#: process of this job's identity claimed a key after the verdict (docs/security.md).
+COLLIDED = b"collided"
 #: What rank 0 adds to the count of checked-in ranks when it stops waiting: a leader whose own
 #: addition returns at least this came too late, and knows it (the flat roll call's `CLOSED`).
 CUT = 1 << 40
@@ -90,7 +95,12 @@ EXTRA = Key(
     "extra/", "n", ROLLCALL, "a rank that found its rank's key taken", "rank 0", "CheckIn JSON"
 )
 EXTRAS = Key(
-    "extras", "", ROLLCALL, "the ranks that write an extra claim (add 1)", "rank 0", "counter"
+    "extras",
+    "",
+    ROLLCALL,
+    "the ranks that write an extra claim (add 1)",
+    "rank 0, again before it acknowledges the group",
+    "counter",
 )
 WRITTEN = Key(
     "written",
@@ -139,10 +149,20 @@ ACK = Key(
     UP,
     "rank 0",
     "that rank (or leader)",
-    "its token, or its node's tokens (UpBatch.echo)",
+    "its token, or its node's tokens (UpBatch.echo), or COLLIDED",
+)
+SEEN = Key(
+    "seen",
+    "",
+    UP,
+    "the readers of a COLLIDED acknowledgement (add 1)",
+    "rank 0, before it may exit",
+    "counter",
 )
 #: Every key under a phase's prefix (the claim's lies under the root: `scope_key`).
-KEYS = (CHECKIN, EXTRA, EXTRAS, WRITTEN, BATCHES, PLACE, VERDICT, READ, STATE, COUNT, ACK)
+KEYS = (
+    CHECKIN, EXTRA, EXTRAS, WRITTEN, BATCHES, PLACE, VERDICT, READ, STATE, COUNT, ACK, SEEN
+)  # fmt: skip
 
 
 def scope_key(restart: str) -> str:

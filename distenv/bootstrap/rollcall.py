@@ -30,7 +30,7 @@ from typing import Any
 
 from distenv._hosts import this_host
 from distenv.bootstrap.channel import Channel, late
-from distenv.bootstrap.flat import FLAT, publish
+from distenv.bootstrap.flat import FLAT, linger, publish
 from distenv.bootstrap.nodes import open_channel
 from distenv.bootstrap.paths import judged, network_exports, probed_backends
 from distenv.bootstrap.protocol import CLOSED, READ, Message
@@ -40,10 +40,11 @@ from distenv.bootstrap.scope import ScopeCheck
 from distenv.bootstrap.session import Bootstrap, Session
 from distenv.bootstrap.store import wait_count
 from distenv.bootstrap.verdict import Verdict, fill_layout
+from distenv.deadline import Deadline
 from distenv.device import device_identity
 from distenv.errors import DistEnvError, RendezvousError, RendezvousTimeoutError
 from distenv.rankinfo import RankInfo
-from distenv.timing import VERDICT_GRACE_S
+from distenv.timing import COLLISION_LINGER_S, VERDICT_GRACE_S
 
 __all__ = [
     "fill_layout",
@@ -141,6 +142,7 @@ def roll_call(
             verdict = judged(verdict, checkin)
         readable = channel.place_readers(verdict)
         published = publish(store, info, verdict, checkin, timeout, readable)
+        published_at = Deadline.after(COLLISION_LINGER_S)
         place = verdict.place_of(checkin.hostname)
         own = "" if place is None else place.to_json(verdict.scope)
         channel.hand_on(boot, Message.VERDICT.encode(published, own))
@@ -148,6 +150,8 @@ def roll_call(
             # Rank 0 may exit next (a negative verdict, `distenv doctor`), and its store with
             # it: let the others read first.
             wait_count(store, READ.name, readers, boot.waits.within(VERDICT_GRACE_S))
+        if verdict.collided:
+            linger(boot, published_at)
     else:
         verdict, raw, place_raw = channel.await_verdict(boot, store, checkin, scope_check, held)
         channel.hand_on(boot, Message.VERDICT.encode(raw.decode(), (place_raw or b"").decode()))
@@ -177,11 +181,15 @@ def _collector_held() -> Iterator[None]:
 
 def _negative(info: RankInfo, verdict: Verdict, timeout: float) -> DistEnvError:
     """Return the error of a negative verdict."""
+    from distenv.bootstrap.problems import COLLISION_HINT
+
     error = RendezvousTimeoutError if verdict.missing else RendezvousError
     return error(
         info.launcher,
         "roll call failed: " + "; ".join(verdict.describe(timeout)),
-        hint="run `distenv doctor` under the same launcher for a per-rank table",
+        hint=COLLISION_HINT
+        if verdict.collided
+        else "run `distenv doctor` under the same launcher for a per-rank table",
     )
 
 

@@ -218,6 +218,19 @@ class Session:
         except RuntimeError as exc:
             raise self.lost(during, exc) from None
 
+    def collided(self, what: str) -> RendezvousError:
+        """Return the error of a rank that met another process of this job's identity: `what`
+        it found (`distenv.bootstrap.problems.SAME_IDENTITY`)."""
+        from distenv.bootstrap.problems import COLLISION_HINT, SAME_IDENTITY
+
+        info = self.info
+        return RendezvousError(
+            info.launcher,
+            f"rank {info.rank} of {info.world_size}: {SAME_IDENTITY}, {self.scope!r} at "
+            f"{self.master}: {what}; this job does not train",
+            hint=COLLISION_HINT,
+        )
+
     def lost(self, during: str, exc: BaseException) -> RendezvousError:
         """Return the error of a rank whose connection to rank 0's store broke `during` a phase."""
         info = self.info

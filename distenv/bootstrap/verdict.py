@@ -196,6 +196,13 @@ class Verdict(NamedTuple):
         return None
 
     @property
+    def collided(self) -> bool:
+        """Whether a problem is that two processes claimed one rank (`problems.SAME_IDENTITY`)."""
+        return bool(self.problems) and any(
+            isinstance(p, _problems().ClaimedTwice) for p in self.problems
+        )
+
+    @property
     def missing(self) -> bool:
         """Whether a problem is that ranks never arrived (a timeout, not a misconfiguration)."""
         if not self.problems:

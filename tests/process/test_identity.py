@@ -9,11 +9,15 @@ port fail on every rank, naming the collision, and never all-reduce together.
 from __future__ import annotations
 
 import os
+import queue
+import random
 import subprocess
 import sys
+import threading
 import time
 from urllib.parse import unquote
 
+from distenv.bootstrap.problems import SAME_IDENTITY
 from tests.process.test_rollcall_processes import finish
 from tests.support.spawn import REPO, contract_env, free_port
 
@@ -89,3 +93,114 @@ def test_host_names_with_a_space_or_a_non_ascii_letter_train() -> None:
         recorded = out.split(f"HOST {rank} ", 1)[1].split()[0]
         assert recorded != name, out
         assert unquote(recorded) == name, out
+
+
+# Rounds of the collision test, and each round's bound: from the first rank 0's start to every
+# rank's line (the losing rank 0's peek, the verdict, the winner's linger; generous for load).
+ROUNDS = 3
+ROUND_S = 30.0
+
+
+def _lines(proc: subprocess.Popen[str]) -> queue.Queue[str]:
+    """Return a queue that receives each line `proc` prints (a reader thread, which closes the
+    pipe at its end)."""
+    lines: queue.Queue[str] = queue.Queue()
+
+    def read() -> None:
+        assert proc.stdout is not None
+        with proc.stdout:
+            for line in proc.stdout:
+                lines.put(line.rstrip("\n"))
+
+    threading.Thread(target=read, daemon=True).start()
+    return lines
+
+
+def _next(lines: queue.Queue[str], deadline: float) -> str:
+    """Return the next line a rank printed that the test reads (READY, SUM, ERROR)."""
+    while True:
+        line = lines.get(timeout=max(deadline - time.monotonic(), 0.1))
+        if line.startswith(("READY", "SUM", "ERROR")):
+            return line
+
+
+def test_two_jobs_of_one_identity_never_train_together() -> None:
+    """Two 2-rank jobs with one identity (TORCHELASTIC_RUN_ID=none, one size, one
+    MASTER_ADDR:MASTER_PORT), in 3 rounds: the rank 0s start together (either first), the
+    rank 1s once the second rank 0 has answered (in either order). No rank ever all-reduces,
+    every rank fails naming the collision and the fix within the round's bound, none survives.
+
+    Job A's ranks reduce 1, job B's 100: a group of both would print 101.
+    """
+    jobs = {"A": 1, "B": 100}
+    procs = {}
+    for job in jobs:
+        for rank in range(2):
+            env = contract_env(rank, 2, 1, extra={"TORCHELASTIC_RUN_ID": "none"})
+            procs[job, rank] = subprocess.Popen(
+                [sys.executable, str(SCRIPTS / "twin_rank.py")],
+                env={**env, "PYTHONFAULTHANDLER": "1"},
+                cwd=REPO,
+                stdin=subprocess.PIPE,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.STDOUT,
+                text=True,
+            )
+    lines = {key: _lines(proc) for key, proc in procs.items()}
+    try:
+        for key in procs:
+            assert _next(lines[key], time.monotonic() + 180) == "READY", key
+
+        def go(key: tuple[str, int], port: int) -> None:
+            stdin = procs[key].stdin
+            assert stdin is not None
+            stdin.write(f"GO {port} {jobs[key[0]]}\n")
+            stdin.flush()
+
+        for _ in range(ROUNDS):
+            port = free_port()
+            began = time.monotonic()
+            deadline = began + ROUND_S
+            firsts = random.sample(list(jobs), 2)
+            go((firsts[0], 0), port)
+            time.sleep(random.uniform(0, 0.2))
+            go((firsts[1], 0), port)
+            # The rank 0 that found the port taken answers first: then both are in.
+            said = {}
+            while not said:
+                for job in jobs:
+                    try:
+                        said[job, 0] = _next(lines[job, 0], time.monotonic() + 0.05)
+                    except queue.Empty:
+                        assert time.monotonic() < deadline, "no rank 0 answered"
+                    if said:
+                        break
+            for job in random.sample(list(jobs), 2):
+                go((job, 1), port)
+                time.sleep(random.uniform(0, 0.2))
+            for key in procs:
+                if key not in said:
+                    said[key] = _next(lines[key], deadline)
+            assert time.monotonic() - began < ROUND_S
+            for key, line in said.items():
+                assert line.startswith("ERROR RendezvousError: "), (key, said)
+                assert SAME_IDENTITY in line, (key, said)
+                assert "TORCHELASTIC_RUN_ID" in line, (key, said)
+                assert "MASTER_PORT" in line, (key, said)
+    finally:
+        for proc in procs.values():
+            assert proc.stdin is not None
+            proc.stdin.close()
+        ends = time.monotonic() + 60
+        codes = []
+        for proc in procs.values():
+            try:
+                codes.append(proc.wait(timeout=max(ends - time.monotonic(), 0.1)))
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                codes.append(proc.wait())
+        for proc in procs.values():
+            assert proc.stdout is not None
+            while not proc.stdout.closed and time.monotonic() < ends:
+                time.sleep(0.05)  # the reader reaches the end of the pipe, and closes it
+    assert codes == [0] * len(procs)  # each rank ended its rounds and exited by itself
