@@ -109,7 +109,7 @@ class StoreChannel(Channel):
                         listener, checkin = offer(prediction, checkin, None)
                     session.claim(checkin.hostname, checkin.net)
                 else:
-                    scope_check = session.check(boot.waits.within(boot.timeout))
+                    scope_check = session.check(boot.waits.within(boot.timeout), phase)
                     scope_check.poll()  # another job's store: refused before writing anything
                     if prediction is not None:
                         # Rank 0's node's addresses are in its claim: dial them before checking

@@ -35,6 +35,7 @@ __all__ = [
     "READ",
     "ROLLCALL",
     "SEEN",
+    "SIZES",
     "STATE",
     "STATES",
     "UP",
@@ -124,6 +125,14 @@ PLACE = Key(
 VERDICT = Key(
     "verdict", "", ROLLCALL, "rank 0 (compare_set)", "every rank (or leader) but 0", "Verdict JSON"
 )
+SIZES = Key(
+    "sizes",
+    "",
+    ROLLCALL,
+    "a rank of this job's identity started for another world size (append), under rank 0's scope",
+    "rank 0, once the count reaches CUT",
+    "lines of <world size>@<host>; the writer adds CUT to rank 0's written count",
+)
 READ = Key(
     "read",
     "",
@@ -161,7 +170,8 @@ SEEN = Key(
 )
 #: Every key under a phase's prefix (the claim's lies under the root: `scope_key`).
 KEYS = (
-    CHECKIN, EXTRA, EXTRAS, WRITTEN, BATCHES, PLACE, VERDICT, READ, STATE, COUNT, ACK, SEEN
+    CHECKIN, EXTRA, EXTRAS, WRITTEN, BATCHES, PLACE, VERDICT, SIZES, READ, STATE, COUNT, ACK,
+    SEEN,
 )  # fmt: skip
 
 

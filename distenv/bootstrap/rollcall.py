@@ -181,15 +181,16 @@ def _collector_held() -> Iterator[None]:
 
 def _negative(info: RankInfo, verdict: Verdict, timeout: float) -> DistEnvError:
     """Return the error of a negative verdict."""
-    from distenv.bootstrap.problems import COLLISION_HINT
+    from distenv.bootstrap import problems
 
     error = RendezvousTimeoutError if verdict.missing else RendezvousError
+    hint = "run `distenv doctor` under the same launcher for a per-rank table"
+    if any(isinstance(p, problems.OtherSize) for p in verdict.problems):
+        hint = problems.SIZE_HINT
+    elif verdict.collided:
+        hint = problems.COLLISION_HINT
     return error(
-        info.launcher,
-        "roll call failed: " + "; ".join(verdict.describe(timeout)),
-        hint=COLLISION_HINT
-        if verdict.collided
-        else "run `distenv doctor` under the same launcher for a per-rank table",
+        info.launcher, "roll call failed: " + "; ".join(verdict.describe(timeout)), hint=hint
     )
 
 

@@ -18,7 +18,7 @@ from collections.abc import Callable, Iterator, Sequence
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from distenv._hosts import this_host
-from distenv.bootstrap.protocol import STATE, STATES, UP, prefix, scope_key
+from distenv.bootstrap.protocol import ROLLCALL, STATE, STATES, UP, prefix, scope_key
 from distenv.bootstrap.records import NetRecord, matches
 from distenv.bootstrap.scope import ScopeCheck, claim_scope, job_scope
 from distenv.bootstrap.store import first_line, master_address, peek, read_many
@@ -129,9 +129,17 @@ class Session:
         """
         claim_scope(self.store, self.info, self.scope, scope_key(self.restart), hostname, net)
 
-    def check(self, deadline: Deadline) -> ScopeCheck:
-        """Return the check that the store is this job's (every rank but 0), ending at `deadline`."""
-        return ScopeCheck(self.store, self.info, self.scope, scope_key(self.restart), deadline)
+    def check(self, deadline: Deadline, phase: str = ROLLCALL) -> ScopeCheck:
+        """Return the check that the store is this job's (every rank but 0), ending at `deadline`;
+        a rank of another world size says so in rank 0's `phase`."""
+        return ScopeCheck(
+            self.store,
+            self.info,
+            self.scope,
+            scope_key(self.restart),
+            deadline,
+            resized=lambda scope: prefix(scope, phase, self.restart),
+        )
 
     def _state_key(self, rank: int) -> str:
         return f"{self.keys(UP)}/{STATE.of(rank)}"

@@ -197,9 +197,10 @@ class Verdict(NamedTuple):
 
     @property
     def collided(self) -> bool:
-        """Whether a problem is that two processes claimed one rank (`problems.SAME_IDENTITY`)."""
+        """Whether a problem is that two processes of this job's identity met: two claimed one
+        rank (`problems.SAME_IDENTITY`), or ranks were started for another world size."""
         return bool(self.problems) and any(
-            isinstance(p, _problems().ClaimedTwice) for p in self.problems
+            isinstance(p, (_problems().ClaimedTwice, _problems().OtherSize)) for p in self.problems
         )
 
     @property

@@ -18,10 +18,13 @@ import time
 from urllib.parse import unquote
 
 from distenv.bootstrap.problems import SAME_IDENTITY
+from tests.conftest import scrubbed_environ
 from tests.process.test_rollcall_processes import finish
+from tests.support.integration.faults import survivors
 from tests.support.spawn import REPO, contract_env, free_port
 
 SCRIPTS = REPO / "tests" / "support" / "scripts"
+RUN = [sys.executable, "-m", "distenv", "run"]
 
 
 def _rank(script: str, env: dict[str, str], *args: str) -> subprocess.Popen[str]:
@@ -204,3 +207,66 @@ def test_two_jobs_of_one_identity_never_train_together() -> None:
             while not proc.stdout.closed and time.monotonic() < ends:
                 time.sleep(0.05)  # the reader reaches the end of the pipe, and closes it
     assert codes == [0] * len(procs)  # each rank ended its rounds and exited by itself
+
+
+def test_nodes_of_one_run_id_with_different_sizes_name_the_mismatch() -> None:
+    """`distenv run --nnodes 2` with one --run-id, `-n 2` on node 0 and `-n 3` on node 1 (worlds
+    of 4 and 6): every rank of both nodes fails naming a size mismatch, which node said which
+    size, and the fix, well within the 120 s rendezvous timeout; no rank survives (#43 item 3)."""
+    port, tag = str(free_port()), f"size-mismatch-{os.getpid()}"
+    env = {**scrubbed_environ(), "DISTENV_TIMEOUT": "120"}
+    began = time.monotonic()
+    nodes = [
+        subprocess.Popen(
+            [
+                *RUN,
+                "-n",
+                size,
+                "--nnodes",
+                "2",
+                "--node-rank",
+                str(node),
+                "--master-addr",
+                "127.0.0.1",
+                "--master-port",
+                port,
+                "--run-id",
+                "exp1",
+                str(SCRIPTS / "host_rank.py"),
+                tag,
+            ],
+            env=env,
+            cwd=REPO,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+        )
+        for node, size in enumerate(("2", "3"))
+    ]
+    results = finish(nodes, 180)
+    elapsed = time.monotonic() - began
+    logs = []
+    for code, out in results:
+        assert code == 1, out
+        log = out.split("log:", 1)[1].split()[0]
+        with open(log, encoding="utf-8") as file:
+            logs.append(file.read())
+    node0, node1 = logs
+    for rank in (0, 1):
+        assert (
+            f"[rank {rank}] ERROR RendezvousError: pytorch: roll call failed: a size mismatch: "
+            "rank 0 was started for a world of 4 ranks, ranks of the same job identity for 6 on "
+        ) in node0, node0
+    for rank in (3, 4, 5):
+        assert (
+            f"[rank {rank}] ERROR RendezvousError: pytorch: rank {rank} of 6: a size mismatch: "
+            f"rank 0's store at 127.0.0.1:{port} holds this job ('pytorch/exp1/-') started for a "
+            "world of 4 ranks, this rank's node for 6"
+        ) in node1, node1
+    for log in logs:
+        assert "the same -n/--nproc-per-node and --nnodes on each" in log, log
+        assert "SUM" not in log, log
+    # Interpreter starts and `import torch` on two nodes' ranks (seconds on 2 loaded cores), then
+    # one round trip and rank 0's linger; the timeout (120 s) is far away.
+    assert elapsed < 60, elapsed
+    assert survivors(tag) == []

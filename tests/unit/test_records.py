@@ -22,6 +22,7 @@ from distenv.bootstrap.problems import (
     LocalLayout,
     Missing,
     MixedLayout,
+    OtherSize,
     Placement,
     SharedGpu,
     SharedLocalRank,
@@ -227,10 +228,11 @@ def test_verdicts_round_trip_and_render_the_same_on_every_rank() -> None:
         MixedLayout("node_rank", (0, 1), 2, ("gpu000",), (2, 3), 2, ("gpu001",)),
         LocalLayout("gpu001", None, 2, (2, 3), (0, 3), (4,)),
         SilentNodes(1, (2,), (1,), (2,)),
+        OtherSize(4, (6,), ("gpu001",)),
     )
     kinds = {type(p) for p in problems}
     assert {Disagreement, ClaimedTwice, Missing, Placement, SharedGpu, ForeignCheckIn} <= kinds
-    assert {MixedLayout, LocalLayout, ForeignCount, SilentNodes} <= kinds
+    assert {MixedLayout, LocalLayout, ForeignCount, SilentNodes, OtherSize} <= kinds
     published = Verdict(False, problems, (), SCOPE).to_json()
     parsed, placed = parse_verdict("verdict", published, scope=SCOPE, world_size=4)
     assert not placed
@@ -556,3 +558,52 @@ def test_plain_host_names_are_recorded_as_they_are() -> None:
 
     for name in ("gpu001", "node-1.cluster.example", "_x", "A9"):
         assert record_host(name) == name
+
+
+OTHER = {"code": "other_size", "world_size": 4, "sizes": [6], "hosts": ["gpu001"]}
+
+
+@pytest.mark.parametrize(
+    ("problem", "why"),
+    [
+        ({**OTHER, "world_size": 5}, "'world_size'"),
+        ({**OTHER, "sizes": [0]}, "sizes are not world sizes"),
+        ({**OTHER, "sizes": ["EVIL TEXT"]}, "sizes are not world sizes"),
+        ({**OTHER, "hosts": ["EVIL TEXT"]}, "'hosts'"),
+        ({**OTHER, "hosts": []}, "differ in length"),
+    ],
+)
+def test_forged_size_mismatches_are_refused(problem: dict[str, Any], why: str) -> None:
+    """A size mismatch in a verdict names rank 0's own world and valid sizes and hosts only."""
+    verdict = {"scope": SCOPE, "ok": False, "problems": [problem], "placed": False}
+    with pytest.raises(ForeignRecordError) as info:
+        parse_verdict("verdict", json.dumps(verdict), scope=SCOPE, world_size=4)
+    assert why in info.value.why
+    assert "EVIL" not in str(info.value)
+    parsed, _ = parse_verdict(
+        "verdict", json.dumps({**verdict, "problems": [OTHER]}), scope=SCOPE, world_size=4
+    )
+    assert parsed.describe(30) == [
+        "a size mismatch: rank 0 was started for a world of 4 ranks, ranks of the same job "
+        "identity for 6 on 'gpu001'"
+    ]
+
+
+@pytest.mark.parametrize(
+    ("theirs", "ours", "sizes"),
+    [
+        ("pytorch/exp1/-/n4", "pytorch/exp1/-/n6", (4, 6)),
+        ("slurm/42/0/n8", "slurm/42/0/n16", (8, 16)),
+        ("pytorch/exp1/-/n4", "pytorch/exp2/-/n6", None),  # another job
+        ("pytorch/exp1/-/n4", "pytorch/exp1/-/n4", None),  # the same
+        ("mpi/-/n4/" + "ab" * 16, "mpi/-/n6/" + "cd" * 16, None),  # MPI tokens: two jobs
+        ("sha256-" + "0" * 40, "pytorch/exp1/-/n6", None),
+    ],
+)
+def test_other_size_tells_one_identity_of_two_sizes(
+    theirs: str, ours: str, sizes: tuple[int, int] | None
+) -> None:
+    """Only scopes that differ in their world size alone are a size mismatch."""
+    from distenv.bootstrap.scope import other_size
+
+    assert other_size(theirs, ours) == sizes
