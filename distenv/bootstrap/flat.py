@@ -278,7 +278,7 @@ def second_rank0(session: Session, checkin: CheckIn, phase: str) -> DistEnvError
     """
 
     def peek_and_claim() -> bool:
-        session.store = session._connection(COLLISION_PEEK_S)
+        session.store = session.connection(COLLISION_PEEK_S)
         # The other rank 0 claims its scope as soon as it listens.
         claimed = wait_value(session.store, scope_key(session.restart), peeks)
         if claimed is None or parse_scope(scope_key(session.restart), claimed) != session.scope:

@@ -160,13 +160,13 @@ class Session:
             return
 
         def write() -> None:
-            (self._connection(wait) if aside else self.store).set(key, value)
+            (self.connection(wait) if aside else self.store).set(key, value)
 
         # Rank 0's store may be gone or stuck: the others' deadline names this rank anyway.
         with contextlib.suppress(TimeoutError, RuntimeError):
             bounded(write, Deadline.after(wait), TimeoutError)
 
-    def _connection(self, timeout: float) -> Any:
+    def connection(self, timeout: float) -> Any:
         """Return a new client connection to rank 0's store (its requests time out after
         `timeout`)."""
         import datetime
