@@ -87,7 +87,7 @@ class StoreChannel(Channel):
             # The port is taken (the one plain DistEnvError naming MASTER_PORT that rank 0's
             # store raises): by another rank 0 of this job's identity, perhaps.
             if type(exc) is DistEnvError and exc.variable == "MASTER_PORT" and info.rank == 0:
-                raise second_rank0(session, checkin, phase) or exc from None
+                raise second_rank0(boot, checkin, phase, exc) from None
             raise
 
         def stalled() -> DistEnvError:
@@ -267,18 +267,24 @@ def check_in(store: Any, checkin: CheckIn) -> bytes | None:
     return held
 
 
-def second_rank0(session: Session, checkin: CheckIn, phase: str) -> DistEnvError | None:
+def second_rank0(
+    boot: Bootstrap, checkin: CheckIn, phase: str, taken: DistEnvError
+) -> DistEnvError:
     """Return the error of a rank 0 whose port another rank 0 of this identity holds, after
-    claiming its rank there; None where the port holds no store of this job's scope.
+    claiming its rank there; `taken`, the port's own error, where the port holds no store of
+    this job's scope.
 
     Its check-in, filed beside the other rank 0's (`check_in`), is what tells that one's job:
     two claims of rank 0 in the roll call, or an extra claim found before the group is
-    acknowledged. Bounded by `COLLISION_PEEK_S`: a port held by anything else answers late or
-    never, and the port's own error is then the one to raise.
+    acknowledged. Bounded by `COLLISION_PEEK_S` (and the bootstrap's deadline): a port held by
+    anything else answers late or never, and the port's own error is then the one to raise.
     """
+    session = boot.session
+    peeks = boot.waits.within(COLLISION_PEEK_S)
+    boot.enter("a look at the holder of the port", boot.deadline, lambda: taken)
 
     def peek_and_claim() -> bool:
-        session.store = session.connection(COLLISION_PEEK_S)
+        session.store = session.connection(max(peeks.left(), 0.1))
         # The other rank 0 claims its scope as soon as it listens.
         claimed = wait_value(session.store, scope_key(session.restart), peeks)
         if claimed is None or parse_scope(scope_key(session.restart), claimed) != session.scope:
@@ -286,7 +292,6 @@ def second_rank0(session: Session, checkin: CheckIn, phase: str) -> DistEnvError
         check_in(session.scoped(phase), checkin)
         return True
 
-    peeks = Deadline.after(COLLISION_PEEK_S)
     try:
         ours = bounded(peek_and_claim, peeks, TimeoutError)
     except (TimeoutError, RuntimeError, ForeignRecordError):
@@ -294,7 +299,7 @@ def second_rank0(session: Session, checkin: CheckIn, phase: str) -> DistEnvError
     finally:
         session.store = None
     if not ours:
-        return None
+        return taken
     return session.collided(
         "another rank 0 of this identity holds its port; this one claimed rank 0 in that "
         "roll call too, so that neither job trains"
