@@ -204,14 +204,13 @@ class FlatChannel(StoreChannel):
                 hint=FOREIGN_HINT,
             )
         if int(store.add(f"{session.keys(ROLLCALL)}/{EXTRAS.name}", 0)):
-            lingers = Deadline.after(COLLISION_LINGER_S)
             # A positive verdict counted no extra claim: one filed since is a second process of
             # this identity (a rank that lost its key, a rank 0 that found the port taken).
             write_many(
                 store, [(f"{keys}/{ACK.of(rank)}", COLLIDED.decode()) for rank in range(1, world)]
             )
             wait_count(store, f"{keys}/{SEEN.name}", world - 1, boot.waits.within(VERDICT_GRACE_S))
-            linger(boot, lingers)
+            linger(boot, Deadline.after(COLLISION_LINGER_S))
             raise session.collided(
                 "a process of this identity claimed a rank in the roll call after the verdict"
             )

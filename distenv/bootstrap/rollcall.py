@@ -142,7 +142,6 @@ def roll_call(
             verdict = judged(verdict, checkin)
         readable = channel.place_readers(verdict)
         published = publish(store, info, verdict, checkin, timeout, readable)
-        published_at = Deadline.after(COLLISION_LINGER_S)
         place = verdict.place_of(checkin.hostname)
         own = "" if place is None else place.to_json(verdict.scope)
         channel.hand_on(boot, Message.VERDICT.encode(published, own))
@@ -151,7 +150,7 @@ def roll_call(
             # it: let the others read first.
             wait_count(store, READ.name, readers, boot.waits.within(VERDICT_GRACE_S))
         if verdict.collided:
-            linger(boot, published_at)
+            linger(boot, Deadline.after(COLLISION_LINGER_S))
     else:
         verdict, raw, place_raw = channel.await_verdict(boot, store, checkin, scope_check, held)
         channel.hand_on(boot, Message.VERDICT.encode(raw.decode(), (place_raw or b"").decode()))

@@ -211,8 +211,8 @@ def test_two_jobs_of_one_identity_never_train_together() -> None:
 
 def test_nodes_of_one_run_id_with_different_sizes_name_the_mismatch() -> None:
     """`distenv run --nnodes 2` with one --run-id, `-n 2` on node 0 and `-n 3` on node 1 (worlds
-    of 4 and 6): every rank of both nodes fails naming a size mismatch, which node said which
-    size, and the fix, well within the 120 s rendezvous timeout; no rank survives (#43 item 3)."""
+    of 4 and 6): both nodes fail naming a size mismatch, which side said which size, and the
+    fix, well within the 120 s rendezvous timeout; no rank trains or survives (#43 item 3)."""
     port, tag = str(free_port()), f"size-mismatch-{os.getpid()}"
     env = {**scrubbed_environ(), "DISTENV_TIMEOUT": "120"}
     began = time.monotonic()
@@ -251,18 +251,20 @@ def test_nodes_of_one_run_id_with_different_sizes_name_the_mismatch() -> None:
         log = out.split("log:", 1)[1].split()[0]
         with open(log, encoding="utf-8") as file:
             logs.append(file.read())
-    node0, node1 = logs
-    for rank in (0, 1):
-        assert (
-            f"[rank {rank}] ERROR RendezvousError: pytorch: roll call failed: a size mismatch: "
-            "rank 0 was started for a world of 4 ranks, ranks of the same job identity for 6 on "
-        ) in node0, node0
-    for rank in (3, 4, 5):
-        assert (
-            f"[rank {rank}] ERROR RendezvousError: pytorch: rank {rank} of 6: a size mismatch: "
-            f"rank 0's store at 127.0.0.1:{port} holds this job ('pytorch/exp1/-') started for a "
-            "world of 4 ranks, this rank's node for 6"
-        ) in node1, node1
+    said = {
+        0: "roll call failed: a size mismatch: rank 0 was started for a world of 4 ranks, ranks "
+        "of the same job identity for 6 on ",
+        1: f"a size mismatch: rank 0's store at 127.0.0.1:{port} holds this job "
+        "('pytorch/exp1/-') started for a world of 4 ranks, this rank's node for 6",
+    }
+    for node, log in enumerate(logs):
+        assert said[node] in log, log
+        # distenv run stops a node's other ranks once one fails: each names the mismatch, or
+        # was stopped after the first that did (before it got so far, or while rank 0 lingers).
+        errors = [line for line in log.splitlines() if " ERROR " in line]
+        assert errors, log
+        for line in errors:
+            assert said[node] in line or "interrupted by SIGTERM" in line, log
     for log in logs:
         assert "the same -n/--nproc-per-node and --nnodes on each" in log, log
         assert "SUM" not in log, log
