@@ -20,7 +20,6 @@ import os
 import random
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -71,8 +70,10 @@ def launch(
         argv += worker
     elif launcher == "torchrun":
         torchrun = str(Path(sys.executable).with_name("torchrun"))
+        from distenv.master import free_port
+
         # An explicit free port: `--master-port 0` makes the workers wait forever (torch 2.13).
-        port = str(free_port())
+        port = str(free_port("127.0.0.1"))
         argv = [torchrun, "--nproc-per-node", str(nprocs), "--master-port", port, *worker[1:]]
     elif launcher == "distenv-run":
         argv = [sys.executable, "-m", "distenv", "run", "-n", str(nprocs), *worker[1:]]
@@ -111,12 +112,6 @@ def launch(
         raise SystemExit(f"bench_bootstrap: {len(ranks)} phase traces of {nprocs} ranks")
     record["phases"] = {r["rank"]: _trace_probes.phases(r["events"]) for r in ranks}
     return record
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 def find_slurm_conf(given: str | None) -> str | None:

@@ -43,7 +43,6 @@ from __future__ import annotations
 import collections
 import contextlib
 import cProfile
-import datetime
 import gc
 import io
 import multiprocessing
@@ -51,7 +50,6 @@ import os
 import pstats
 import random
 import resource
-import socket
 import sys
 import time
 from collections.abc import Iterator, Sequence
@@ -175,29 +173,19 @@ def _info(rank: int, n: int, port: int) -> Any:
 
 
 def _host_store() -> tuple[Any, int]:
-    """Start the store as distenv's rank 0 does for a literal MASTER_ADDR: an IPv4 socket.
+    """Start the store as distenv's rank 0 does for a literal MASTER_ADDR: its own code, which
+    listens on the address family MASTER_ADDR resolves to (an IPv4 socket here).
 
     torch's libuv server names each accepted peer with ``getnameinfo`` in its loop thread
     (``formatSockAddr``, pytorch/pytorch#159007); on its own dual-stack socket a loopback peer
     is ``::ffff:127.0.0.1``, which /etc/hosts does not name, so each accept asked DNS here
-    (up to 1 s each). distenv listens on the address family MASTER_ADDR resolves to.
+    (up to 1 s each).
     """
-    from torch._C._distributed_c10d import TCPStore
+    from distenv.bootstrap.store import host_store
+    from distenv.master import free_port
 
-    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    sock.bind(("127.0.0.1", 0))
-    sock.listen(socket.SOMAXCONN)
-    port = sock.getsockname()[1]
-    store = TCPStore(
-        "127.0.0.1",
-        port,
-        1,
-        is_master=True,
-        timeout=datetime.timedelta(seconds=600),
-        wait_for_workers=False,
-        master_listen_fd=sock.detach(),
-    )
+    port = free_port("127.0.0.1")
+    store = host_store("bench", "127.0.0.1", port, timeout=600)
     assert getattr(store, "libuvBackend", False), "the benchmark measures torch's libuv store"
     return store, port
 

@@ -29,7 +29,6 @@ from __future__ import annotations
 import datetime
 import os
 import random
-import socket
 import sys
 import tempfile
 import time
@@ -179,12 +178,11 @@ def rollcall(sizes: list[int], repeats: int) -> dict[str, Any]:
 
     from distenv import timing
     from distenv.bootstrap import store as store_module
+    from distenv.master import free_port
     from distenv.rankinfo import RankInfo
 
     rng = random.Random(SEED)
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port = sock.getsockname()[1]
+    port = free_port("127.0.0.1")
     timeout = datetime.timedelta(seconds=60)
     master = TCPStore("127.0.0.1", port, 1, is_master=True, timeout=timeout, wait_for_workers=False)
     client = TCPStore("127.0.0.1", port, 1, is_master=False, timeout=timeout)

@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Run every benchmark and regenerate docs/benchmarks.md (+ plots and raw JSON in docs/benchmarks/).
+# Run every benchmark and regenerate docs/benchmarks.md (+ plots and raw JSON in docs/benchmarks/)
+# from its template, docs/benchmarks.md.in. The lab-only tools in benchmarks/lab/ are run by hand.
 #
 #   bash benchmarks/run.sh            # the full run (~20 min on a 2-core machine)
 #   bash benchmarks/run.sh --quick    # fewer repetitions, to try changes (do not publish)

@@ -3,7 +3,12 @@
     python benchmarks/run_all.py [--quick] [--only import,bootstrap,bootstrap_per_core,...]
 
 Meant for the bench venv (.venv-bench: torch plus mmengine, lightning-fabric, submitit,
-matplotlib); `bash benchmarks/run.sh` creates it and calls this.
+matplotlib); `bash benchmarks/run.sh` creates it and calls this. The page's words are its
+template, docs/benchmarks.md.in; report.py fills in the numbers.
+
+Lab-only tools are not run here: benchmarks/lab/ holds the release comparison (bench_versions.py)
+and the fault, network and restart matrices, each run by hand as the page it feeds says
+(docs/security.md, faults.md, network.md, restarts.md).
 """
 
 from __future__ import annotations
@@ -41,6 +46,7 @@ BENCHMARKS: dict[str, tuple[str, list[str], list[str]]] = {
         ["--sizes", "2,4,8,16,32", "--repeats", "2"],
         ["--sizes", "2,4,8", "--repeats", "1", "--rollcall-sizes", "64,256,1024"],
     ),
+    "placement": ("bench_placement.py", ["--repeats", "200"], ["--repeats", "20"]),
     "rendezvous_scale": (
         "bench_rendezvous_scale.py",
         ["--sizes", "4096,16384,131072", "--repeats", "3"],

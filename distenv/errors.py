@@ -8,6 +8,26 @@ about which variable, what it held, and what to do::
 The attributes (`source`, `variable`, `value`, `hint`) carry the same facts for programs. `source`
 is the launcher backend that found the problem (``slurm``, ``mpi``, ...) or the component
 (``init``, ``run``, ``launch``, ``rendezvous``, ...); `launcher` is its older, read-only alias.
+
+The tree, which a caller catches at the level it can act on (checked against the classes by
+``tests/unit/test_errors.py``)::
+
+    DistEnvError                        anything distenv refuses, with source, variable, value, hint
+    ├── MissingVariableError            a variable the launcher needs is unset
+    ├── InvalidVariableError            a variable's value cannot be right
+    ├── InconsistentEnvironmentError    variables contradict each other
+    ├── NotLaunchedError                the batch script, not one of the job's tasks
+    ├── StrippedEnvironmentError        a launcher started it, but its variables were removed
+    ├── LauncherNotFoundError           the named launcher is unknown or absent
+    ├── LauncherMismatchError           the named launcher describes an outer layer
+    ├── ConfigurationError              an argument or DISTENV_* setting is invalid
+    ├── MasterResolutionError           no master address or port
+    ├── InitError                       torch.distributed could not start as asked
+    ├── RendezvousError                 the ranks met but do not add up
+    │   ├── RendezvousTimeoutError      not every rank arrived in time
+    │   └── StoreTakenError             the master's port holds another job's store
+    ├── RequeueError                    the job could not be requeued
+    └── WorkerFailedError               a worker of `distenv.launch` failed
 """
 
 from __future__ import annotations

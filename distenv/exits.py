@@ -8,6 +8,8 @@ error that leaves a public call also a `SystemExit` whose code is one line::
 
     rank 2: train.py:12: distenv.errors.NotLaunchedError: slurm: ... Hint: ...
 
+Its hint's example command quotes the job's own script and size (`distenv.hints`).
+
 Python prints a `SystemExit`'s text code to stderr, with no traceback, and exits 1; the error is
 still an instance of its own class, so ``except DistEnvError`` (or ``except Exception``, or
 ``pytest.raises``) catches it as before. No global ``sys.excepthook`` is installed, which would
@@ -36,8 +38,9 @@ from types import FrameType
 from typing import Any, ParamSpec, TypeVar, cast
 
 from distenv.errors import DistEnvError, NotLaunchedError
+from distenv.hints import reword
 
-__all__ = ["DEBUG_VAR", "ExitStatus", "OneLine", "line", "one_line"]
+__all__ = ["DEBUG_VAR", "ExitStatus", "OneLine", "line", "one_line", "rank_of"]
 
 #: Set to 1 for the plain exception and distenv's whole traceback.
 DEBUG_VAR = "DISTENV_DEBUG"
@@ -71,6 +74,7 @@ class ExitStatus:
 
     _exit: int = 0  # from sys.exit(), main thread
     _read: int | None = None  # a OneLine's code, read as Python exits with it
+    _ending: BaseException | None = None  # that OneLine
 
     @classmethod
     def watch(cls) -> None:
@@ -91,6 +95,14 @@ class ExitStatus:
         if last is not None and not hasattr(sys, "ps1"):  # at a prompt it is the last error shown
             return -signal.SIGINT if isinstance(last, KeyboardInterrupt) else 1
         return cls._exit if cls._read is None else cls._read
+
+    @classmethod
+    def error(cls) -> BaseException | None:
+        """Return the exception this process is ending with: uncaught, or a refusal's `OneLine`."""
+        last = getattr(sys, "last_value", None)
+        if last is not None and not hasattr(sys, "ps1"):
+            return cast(BaseException, last)
+        return cls._ending if cls._read is not None else None
 
     @classmethod
     def describe(cls) -> str:
@@ -130,6 +142,7 @@ class OneLine(SystemExit):
         line = _SYSTEM_EXIT_CODE.__get__(self)
         if threading.current_thread() is threading.main_thread():
             ExitStatus._read = code_of(line)
+            ExitStatus._ending = self
         return line
 
     @code.setter
@@ -167,7 +180,8 @@ def _converted(error: DistEnvError, code: str) -> DistEnvError:
     return converted
 
 
-def _rank(env: Mapping[str, str]) -> int | None:
+def rank_of(env: Mapping[str, str]) -> int | None:
+    """Return the global rank a launcher put in `env` (`RANK_VARS`), None where none did."""
     for name in RANK_VARS:
         value = env.get(name, "")
         # At most 9 digits: int() of over 4300 raises, here while a real error is being told.
@@ -223,10 +237,14 @@ def one_line(function: Callable[P, R]) -> Callable[P, R]:
         try:
             return function(*args, **kwargs)
         except DistEnvError as error:
-            if isinstance(error, OneLine) or _plain_wanted(os.environ):
+            if isinstance(error, OneLine):
+                raise
+            # Its example command in the job's own words: the script and the world's size.
+            reword(error, sys.argv, os.environ)
+            if _plain_wanted(os.environ):
                 raise
             # A process refused as not launched (a batch script) is no rank of anything.
-            rank = None if isinstance(error, NotLaunchedError) else _rank(os.environ)
+            rank = None if isinstance(error, NotLaunchedError) else rank_of(os.environ)
             converted = _converted(error, line(error, _caller(), rank))
             # Chained to the original: code that catches and prints it still sees where it came from.
             raise converted from error

@@ -23,11 +23,13 @@ if TYPE_CHECKING:
 
 __all__ = [
     "AGENT_STORE_VAR",
+    "CPU_BINDING_VAR",
     "DEBUG_VAR",
     "DEFAULT_RENDEZVOUS_TIMEOUT",
     "HANG_VAR",
     "LEADERS_VAR",
     "LEADER_MODES",
+    "LOG_DIR_VAR",
     "MAX_SECONDS",
     "OMP_VAR",
     "PLUGINS_VAR",
@@ -41,6 +43,7 @@ __all__ = [
 
 TIMEOUT_VAR = "DISTENV_TIMEOUT"
 HANG_VAR = "DISTENV_HANG_TIMEOUT"
+LOG_DIR_VAR = "DISTENV_LOG_DIR"
 PLUGINS_VAR = "DISTENV_PLUGINS"
 # torchrun's agent hosts the store on MASTER_PORT itself when this is "True" (torch compares it to
 # str(True): torch/distributed/rendezvous.py, _create_c10d_store); workers then only connect.
@@ -48,6 +51,7 @@ AGENT_STORE_VAR = "TORCHELASTIC_USE_AGENT_STORE"
 RESTART_VAR = "TORCHELASTIC_RESTART_COUNT"
 OMP_VAR = "OMP_NUM_THREADS"
 LEADERS_VAR = "DISTENV_NODE_LEADERS"
+CPU_BINDING_VAR = "DISTENV_CPU_BINDING"
 #: The values ``DISTENV_NODE_LEADERS`` takes (`distenv.bootstrap.leaders`).
 LEADER_MODES = ("auto", "on", "off")
 
@@ -76,9 +80,17 @@ SETTINGS = (
         HANG_VAR,
         "distenv run",
         "no",
-        "seconds a rank may make no progress before distenv run dumps every rank's stacks, names "
-        "the rank whose stack differs and stops the job (exit status 124); --hang-timeout wins "
-        "(docs: failures)",
+        "seconds a rank may make no progress before every rank's stacks are compared, the rank "
+        "whose stack differs is named and the job ends with status 124 (distenv run, or "
+        "init_dist under any launcher); --hang-timeout and hang_timeout= win (docs: failures)",
+    ),
+    Var(
+        LOG_DIR_VAR,
+        "init_dist",
+        "no",
+        "a folder (shared by the job's nodes) where each rank keeps its output in rank-N.log and "
+        "its failure in rank-N.report and rank-N.fault (the hang autopsy's stacks too); "
+        "`distenv why DIR` reads them; the log_dir= argument wins (docs: failures)",
     ),
     Var(
         PLUGINS_VAR,
@@ -113,10 +125,19 @@ SETTINGS = (
         "roll call in worlds of 256 ranks or more; on: in every world; off: never (docs: scale)",
     ),
     Var(
-        OMP_VAR,
-        "distenv run, launch()",
+        CPU_BINDING_VAR,
+        "init_dist, setup, distenv run",
         "no",
-        "set to 1 for each rank when a node runs several, unless you set it (as torchrun does)",
+        "bind each local rank's CPUs: node, socket, exclusive, core-complex (torchrun's "
+        "--numa-binding) or auto; none (the default) binds nothing; the cpu_binding= argument "
+        "and --numa-binding win (docs: placement)",
+    ),
+    Var(
+        OMP_VAR,
+        "distenv run, launch(), cpu binding",
+        "no",
+        "unless you set it: the cores each rank is bound to, or, unbound with several ranks on a "
+        "node, the cores they may use shared among them (at least 1)",
     ),
 )
 
@@ -168,6 +189,8 @@ class Settings(NamedTuple):
         omp_num_threads: ``OMP_NUM_THREADS`` as written, or None.
         node_leaders: ``DISTENV_NODE_LEADERS`` as written (`LEADER_MODES`), ``"auto"`` when unset.
         hang_timeout: ``DISTENV_HANG_TIMEOUT`` as written, or None.
+        log_dir: ``DISTENV_LOG_DIR`` as written, or None.
+        cpu_binding: ``DISTENV_CPU_BINDING`` as written, or None.
     """
 
     timeout: str | None = None
@@ -177,6 +200,8 @@ class Settings(NamedTuple):
     omp_num_threads: str | None = None
     node_leaders: str = "auto"
     hang_timeout: str | None = None
+    log_dir: str | None = None
+    cpu_binding: str | None = None
 
     @classmethod
     def read(cls, env: Mapping[str, str]) -> Settings:
@@ -191,6 +216,8 @@ class Settings(NamedTuple):
             omp_num_threads=reader.get(OMP_VAR),
             node_leaders=(reader.get(LEADERS_VAR) or "auto").strip().lower(),
             hang_timeout=reader.get(HANG_VAR),
+            log_dir=reader.get(LOG_DIR_VAR),
+            cpu_binding=reader.get(CPU_BINDING_VAR),
         )
 
     def rendezvous_seconds(
@@ -213,8 +240,9 @@ class Settings(NamedTuple):
             f"export {TIMEOUT_VAR}=600, or unset it for {default:g} s",
         )
 
-    def hang_seconds(self, argument: float | None) -> float | None:
-        """Return the hang timeout: `argument` (``--hang-timeout``), else ``$DISTENV_HANG_TIMEOUT``.
+    def hang_seconds(self, argument: float | None, who: str = "distenv run") -> float | None:
+        """Return the hang timeout: `argument` (``--hang-timeout``, ``hang_timeout=``), else
+        ``$DISTENV_HANG_TIMEOUT``; `who` reads it (the refusal names it).
 
         Raises:
             ConfigurationError: If ``$DISTENV_HANG_TIMEOUT`` applies and is not a number of
@@ -223,7 +251,7 @@ class Settings(NamedTuple):
         if argument is not None or self.hang_timeout is None:
             return argument
         hint = f"export {HANG_VAR}=300 (longer than your slowest step), or unset it"
-        return _read_seconds("distenv run", HANG_VAR, self.hang_timeout, hint)
+        return _read_seconds(who, HANG_VAR, self.hang_timeout, hint)
 
 
 def _read_seconds(launcher: str, name: str, text: str, hint: str) -> float:

@@ -5,6 +5,12 @@ table built from the same data the code uses (a launcher's ``variables``, `RankI
 ``distenv`` argument parser, ...), so the documentation cannot drift from the parser. An unknown
 marker is an error, which fails ``mkdocs build --strict``.
 
+The sections a reader of the repository needs (the CLI's help, the refused torchrun options, the
+launchers' variables, the MPI libraries, the settings, the detection order) are also committed
+into the Markdown, between the marker and ``<!-- end: KIND -->``, so that docs/ read on a code
+host shows them. The site renders them afresh; ``python docs/sections.py`` rewrites them after a
+change, and tests/meta/test_docs.py fails while a committed section differs from its rendering.
+
 Pure Python: importing this module needs distenv, not mkdocs (tests/meta/test_docs.py imports it).
 """
 
@@ -21,8 +27,10 @@ if TYPE_CHECKING:
 
 __all__ = [
     "MARKER",
+    "SECTION",
     "expand_markers",
     "on_page_markdown",
+    "render",
     "render_cli_help",
     "render_detection_order",
     "render_env_exports",
@@ -219,7 +227,7 @@ def render_cli_help(name: str) -> str:
 
 def render_refused_flags() -> str:
     """Return the table of torchrun options ``distenv run`` refuses, with what to do instead."""
-    from distenv.local.run import REFUSED_FLAGS
+    from distenv.local.options import REFUSED_FLAGS
 
     rows = ["| torchrun option | instead |", "|---|---|"]
     for flag in REFUSED_FLAGS:
@@ -281,7 +289,7 @@ def _measured(data: dict[str, Any]) -> str:
 
 
 def render_fault_matrix(path: str) -> str:
-    """Return the fault matrix table from benchmarks/fault_matrix.py's JSON (repository path)."""
+    """Return the fault matrix table from benchmarks/lab/fault_matrix.py's JSON (repository path)."""
     data = _results(path)
     rows = [
         f"{_measured(data)}, one run of each fault, {data['total_s']:g} s in all.",
@@ -304,7 +312,7 @@ def render_fault_matrix(path: str) -> str:
 
 
 def render_network_matrix(path: str) -> str:
-    """Return the network matrix, bare torch against distenv, from benchmarks/network_matrix.py's
+    """Return the network matrix, bare torch against distenv, from benchmarks/lab/network_matrix.py's
     JSON (repository path)."""
     data = _results(path)
     rows = [
@@ -354,7 +362,7 @@ def render_restart_kinds() -> str:
 
 
 def render_restart_matrix(path: str) -> str:
-    """Return the restart matrix, distenv against torchrun, from benchmarks/restart_matrix.py's
+    """Return the restart matrix, distenv against torchrun, from benchmarks/lab/restart_matrix.py's
     JSON (repository path)."""
     data = _results(path)
     rows = [
@@ -404,23 +412,35 @@ RENDERERS: dict[str, Callable[[str], str]] = {
 }
 
 
+#: A committed section: the marker, its rendering as committed, the end marker.
+SECTION = re.compile(
+    r"(?P<marker><!--\s*(?P<kind>[a-z-]+)(?::\s*(?P<arg>[^<>]*?))?\s*-->)\n"
+    r"(?P<body>.*?)<!--\s*end:\s*(?P=kind)\s*-->",
+    re.DOTALL,
+)
+
+
+def render(kind: str, arg: str, marker: str) -> str:
+    """Return the Markdown of `marker` (of `kind`, with `arg`); refuse an unknown kind."""
+    renderer = RENDERERS.get(kind)
+    if renderer is None:
+        raise ValueError(f"unknown docs marker {marker!r} (known: {', '.join(RENDERERS)})")
+    return renderer(arg)
+
+
 def expand_markers(markdown: str) -> str:
     """Replace every ``<!-- kind: arg -->`` marker of `markdown` with its rendered Markdown.
+
+    A committed section (the marker, its rendering, ``<!-- end: kind -->``) is rendered afresh.
 
     Raises:
         ValueError: For a marker this hook does not know, so that a typo fails the build.
     """
+    markdown = SECTION.sub(
+        lambda m: render(m.group("kind"), m.group("arg") or "", m.group("marker")), markdown
+    )
 
-    def replace(match: re.Match[str]) -> str:
-        kind, arg = match.group(1), match.group(2) or ""
-        renderer = RENDERERS.get(kind)
-        if renderer is None:
-            raise ValueError(
-                f"unknown docs marker {match.group(0)!r} (known: {', '.join(RENDERERS)})"
-            )
-        return renderer(arg)
-
-    return MARKER.sub(replace, markdown)
+    return MARKER.sub(lambda m: render(m.group(1), m.group(2) or "", m.group(0)), markdown)
 
 
 def on_page_markdown(markdown: str, page: Any, config: Any, files: Any, **kwargs: Any) -> str:

@@ -23,6 +23,7 @@ from distenv.bootstrap.flat import channel_of
 from distenv.bootstrap.protocol import PG
 from distenv.bootstrap.session import Bootstrap
 from distenv.bootstrap.store import first_line
+from distenv.device import set_current_device
 from distenv.errors import DistEnvError, InitError, RendezvousTimeoutError
 from distenv.timing import FAILED_MARK_S, MIN_CONNECT_S
 
@@ -71,8 +72,8 @@ def join_group(
     restore = getattr(dist.distributed_c10d, "_set_pg_timeout", None)
 
     def init() -> None:
-        if device is not None and torch.cuda.is_available():
-            torch.cuda.set_device(device)  # the current device is per thread
+        if device is not None:
+            set_current_device(device)  # the current device is per thread
         # gloo's connect phase honours the timeout: give it the time left, when torch lets us
         # give collectives the user's afterwards.
         connect = datetime.timedelta(seconds=max(boot.waits.left(), MIN_CONNECT_S))

@@ -2,12 +2,13 @@
 
 This module only orchestrates; each step's rules live in the module named. Both functions run the
 same steps, in this order, and are the only functions of distenv that change the process
-(os.environ, the multiprocessing start method, the current CUDA device):
+(os.environ, the multiprocessing start method, the current CUDA or XPU device):
 
 1. read the runtime settings (`distenv.settings`), then detect and resolve the `RankInfo`
    (`distenv.detection.pipeline.locate`);
 2. set the multiprocessing start method (``spawn`` unless one is set already);
-3. select and set this rank's CUDA device, before any process group exists (`distenv.device`);
+3. select and set this rank's device (CUDA, ROCm or XPU), before any process group exists
+   (`distenv.device`);
 4. export torchrun's ``env://`` contract into os.environ, tagged with ``DISTENV_SCOPE`` so that
    later detection recognises distenv's own exports (`distenv.master`), and remember what was
    decided (`distenv.state`);
@@ -22,7 +23,9 @@ and `init_dist` goes on to
    reached, then create the process group with the same store and check that every rank came
    up (`distenv.bootstrap.group`); a node layout the roll call filled is exported and remembered;
 6. log one summary line on rank 0 (logger ``distenv``, INFO);
-7. seed every generator, if asked (`distenv.seeding`).
+7. seed every generator, if asked (`distenv.seeding`);
+8. with a hang timeout, start the in-process hang autopsy over the job's store
+   (`distenv.bootstrap.hang`), unless ``distenv run``'s rank wrapper watches the rank already.
 
 torch is imported inside the functions: importing this module stays cheap.
 """
@@ -35,22 +38,29 @@ from typing import TYPE_CHECKING
 
 from distenv import state
 from distenv.bootstrap.group import join_group
+from distenv.bootstrap.hang import arm as arm_hang_autopsy
+from distenv.bootstrap.prepare import check_start_method, locate_rank, prepare
 from distenv.bootstrap.protocol import ROLLCALL
 from distenv.bootstrap.rollcall import fill_layout, make_checkin, meet, network_exports
 from distenv.bootstrap.session import Bootstrap, Session
 from distenv.bootstrap.store import master_address
 from distenv.bootstrap.teardown import register as end_groups_at_exit
-from distenv.deadline import Deadline
-from distenv.detection.pipeline import Detection, locate
-from distenv.device import choose_backend, rank_backend, rank_device
-from distenv.errors import ConfigurationError, InitError
-from distenv.exits import one_line
-from distenv.master import SCOPE_VAR
+from distenv.device import (
+    choose_backend,
+    device_name,
+    rank_backend,
+)
+from distenv.errors import ConfigurationError, DistEnvError, InitError
+from distenv.exits import one_line, rank_of
 from distenv.rankinfo import RankInfo
+from distenv.ranklog import folder as log_folder
+from distenv.ranklog import start as start_log
 from distenv.seeding import check_seed, seed_everything
 from distenv.settings import Settings, seconds
 
 if TYPE_CHECKING:
+    from pathlib import Path
+
     from distenv.settings import Timeout
 
 __all__ = ["init_dist", "setup"]
@@ -58,73 +68,11 @@ __all__ = ["init_dist", "setup"]
 logger = logging.getLogger("distenv")
 
 
-def _check_start_method(start_method: str | None) -> None:
-    import multiprocessing  # here: it costs milliseconds that `import distenv` should not pay
-
-    if start_method is not None and start_method not in multiprocessing.get_all_start_methods():
-        raise ConfigurationError(
-            "init",
-            f"start_method={start_method!r} is not available here",
-            hint=f"use one of {', '.join(multiprocessing.get_all_start_methods())}, or None",
-        )
-
-
-def _apply_start_method(start_method: str | None) -> None:
-    """Set the default start method unless the program chose one already.
-
-    DataLoader workers (``num_workers > 0``) use this default. Under ``spawn`` they start clean
-    interpreters: no copy of a CUDA context or of the process group's threads (``fork`` after
-    either can deadlock), at the price of a slower start, a dataset that must pickle, and a main
-    module that must be guarded by ``if __name__ == "__main__":``.
-    """
-    if start_method is None:
-        return
-    import multiprocessing
-
-    current = multiprocessing.get_start_method(allow_none=True)
-    if current is None:
-        multiprocessing.set_start_method(start_method)
-    elif current != start_method:
-        logger.debug("keeping multiprocessing start method %r (set before distenv)", current)
-
-
-def _locate(
-    launcher: str, master_addr_format: str | None, deadline: Deadline | None = None
-) -> tuple[Detection, RankInfo]:
-    # An MPI job with no master asks rank 0 over MPI: within the bootstrap's deadline.
-    detection = locate(launcher, master_addr_format=master_addr_format, deadline=deadline)
-    return detection, state.kept(detection.info)
-
-
-def _prepare(
-    detection: Detection,
-    info: RankInfo,
-    *,
-    start_method: str | None,
-    set_device: bool,
-    allow_gpu_sharing: bool,
-) -> int | None:
-    """Run the steps `setup` and `init_dist` share; return the selected CUDA device index."""
-    _apply_start_method(start_method)
-    device = rank_device(info)
-    if set_device and device is not None:
-        import torch
-
-        # Before init_process_group: NCCL binds its communicator to the current device, and a
-        # rank left on cuda:0 puts its context (and, before device_id existed, its
-        # communicator) on another rank's GPU.
-        torch.cuda.set_device(device)
-    exported = info.to_env()
-    os.environ.update(exported)
-    for name in ("GROUP_RANK", "GROUP_WORLD_SIZE", "LOCAL_WORLD_SIZE"):
-        if name not in exported:  # the node layout is unknown until the roll call
-            os.environ.pop(name, None)
-    os.environ[SCOPE_VAR] = detection.job_tag
-    state.remember(state.State(info, detection.job_tag, device, allow_gpu_sharing))
-    # Whoever creates the process group (init_dist, or the framework after setup), it ends
-    # before the interpreter finalises (distenv.bootstrap.teardown).
-    end_groups_at_exit()
-    return device
+def _keep_log(logs: Path | None, rank: int | None, local_rank: int | None) -> None:
+    """Start the rank's log in `logs`, if any; its record is written before the teardown's end."""
+    if logs is not None and rank is not None:
+        end_groups_at_exit()  # first: the log's handler, registered after it, runs before it
+        start_log(logs, rank, local_rank)
 
 
 @one_line
@@ -135,6 +83,7 @@ def setup(
     set_device: bool = True,
     allow_gpu_sharing: bool = False,
     master_addr_format: str | None = None,
+    cpu_binding: str | None = None,
 ) -> RankInfo:
     """Prepare this process for a framework that creates the process group itself.
 
@@ -154,6 +103,10 @@ def setup(
         master_addr_format: Maps the launcher's default master host to the address to use,
             e.g. ``"{host}-ib"`` (overrides ``$DISTENV_MASTER_ADDR_FORMAT``; explicit
             MASTER_ADDR still wins).
+        cpu_binding: Bind this rank's CPUs near its accelerator: ``node``, ``socket``,
+            ``exclusive``, ``core-complex`` (torchrun's ``--numa-binding``), ``auto`` or
+            ``none``; default ``$DISTENV_CPU_BINDING``, else none. Never narrows a binding the
+            launcher set (docs/placement.md).
 
     Returns:
         This rank's resolved `RankInfo`. Where the launcher names no node layout (an MPI
@@ -166,14 +119,15 @@ def setup(
     Raises:
         DistEnvError: If detection or resolution fails, or an argument is invalid.
     """
-    _check_start_method(start_method)
-    detection, info = _locate(launcher, master_addr_format)
-    _prepare(
+    check_start_method(start_method)
+    detection, info = locate_rank(launcher, master_addr_format)
+    prepare(
         detection,
         info,
         start_method=start_method,
         set_device=set_device,
         allow_gpu_sharing=allow_gpu_sharing,
+        cpu_binding=cpu_binding,
     )
     return info
 
@@ -229,10 +183,25 @@ def _placed(info: RankInfo, known: RankInfo) -> RankInfo:
     return known
 
 
-def _reuse(info: RankInfo) -> RankInfo:
-    """Return the RankInfo of the group that exists, or raise if it is another world."""
+def _reuse(info: RankInfo, backend: str | None) -> RankInfo:
+    """Return the RankInfo of the group that exists, or raise if it is another world.
+
+    A `backend` asked for explicitly must be the group's: keeping gloo where ``mpi`` was asked
+    for would run every collective on another transport without a word.
+    """
     import torch.distributed as dist
 
+    current = str(dist.get_backend())
+    if backend is not None and backend.strip().lower() != current.lower():
+        raise ConfigurationError(
+            info.launcher,
+            f"torch.distributed is already initialised with backend {current!r}, but "
+            f"init_dist was now asked for backend={backend!r}",
+            hint=f"call init_dist once, with backend={backend.strip()!r} (or call "
+            "torch.distributed.destroy_process_group() first)",
+            variable="backend",
+            value=backend,
+        )
     rank, size = dist.get_rank(), dist.get_world_size()
     if (rank, size) != (info.rank, info.world_size):
         raise InitError(
@@ -257,6 +226,9 @@ def init_dist(
     allow_gpu_sharing: bool = False,
     seed: int | None = None,
     master_addr_format: str | None = None,
+    hang_timeout: Timeout | None = None,
+    cpu_binding: str | None = None,
+    log_dir: str | os.PathLike[str] | None = None,
 ) -> RankInfo:
     """Initialise torch.distributed for this process, whatever launcher started it.
 
@@ -266,15 +238,17 @@ def init_dist(
     `distenv.get_logger`, to see it), and seeds the generators if `seed` is given. With no
     launcher (``none``) it makes a 1-rank group on 127.0.0.1 and a free port.
 
-    Calling it again for the same rank and world returns the same `RankInfo` and creates nothing.
+    Calling it again for the same rank and world returns the same `RankInfo` and creates nothing;
+    a `backend` named again must be the group's.
     At exit the group ends before the interpreter finalises, within 5 s (`distenv.bootstrap.teardown`):
     ``destroy_process_group()`` is optional, and `atexit` handlers that need the group must be
     registered after this call.
 
     Args:
         launcher: ``auto`` or a launcher name (see `distenv.detection.pipeline.explain`).
-        backend: The process-group backend; by default ``nccl`` when CUDA is usable and this rank
-            has a device, else ``gloo``. Any torch spelling wins as given
+        backend: The process-group backend; by default ``nccl`` when CUDA (or ROCm, whose nccl
+            is RCCL) is usable and this rank has a device, ``xccl`` on an XPU build of torch
+            >= 2.8 with a device, else ``gloo``. Any torch spelling wins as given
             (``"cpu:gloo,cuda:nccl"``, ``"mpi"``).
         timeout: torch's process-group timeout (seconds or a timedelta); torch's default if None.
         rendezvous_timeout: How long a rank may take to reach rank 0's store (seconds or a
@@ -282,7 +256,8 @@ def init_dist(
         start_method: The multiprocessing start method to set when none is set yet; DataLoader
             workers use it (``spawn``: clean workers that need a picklable dataset and a
             ``__main__`` guard). None leaves it alone.
-        set_device: Whether to call ``torch.cuda.set_device`` (before the group exists) and pass
+        set_device: Whether to call ``torch.cuda.set_device`` (``torch.xpu.set_device`` on XPU
+            builds) before the group exists and pass
             ``device_id`` to init_process_group.
         allow_gpu_sharing: Whether ranks may share a physical GPU; stored for the cross-rank
             check (`gpu_sharing_allowed`).
@@ -290,14 +265,29 @@ def init_dist(
         master_addr_format: Maps the launcher's default master host to the address to use,
             e.g. ``"{host}-ib"`` (overrides ``$DISTENV_MASTER_ADDR_FORMAT``; explicit
             MASTER_ADDR still wins).
+        hang_timeout: Seconds (or a timedelta) a rank may make no progress once the group is
+            up; default ``$DISTENV_HANG_TIMEOUT``, else never. When one rank made none for
+            that long, every rank posts its stack to the job's store, rank 0 prints one card
+            naming the rank whose stack differs, and every rank ends with status 124
+            (docs/failures.md). Under ``distenv run --hang-timeout`` its own autopsy runs
+            instead.
+        cpu_binding: Bind this rank's CPUs near its accelerator before the group exists:
+            ``node``, ``socket``, ``exclusive``, ``core-complex`` (torchrun's
+            ``--numa-binding``), ``auto`` or ``none``; default ``$DISTENV_CPU_BINDING``, else
+            none. Never narrows a binding the launcher set (docs/placement.md).
+        log_dir: A folder where this rank keeps its output (``rank-N.log``) and the record of
+            its failure (``rank-N.report``, ``rank-N.fault``) for ``distenv why``; default
+            ``$DISTENV_LOG_DIR``, else none (`distenv.ranklog`).
 
     Returns:
         This rank's resolved `RankInfo`.
 
     Raises:
-        ConfigurationError: If an argument or DISTENV_TIMEOUT is invalid.
         RendezvousTimeoutError: If this rank cannot reach rank 0's store within the rendezvous
             timeout, or not every rank checks in.
+        ConfigurationError: If an argument, DISTENV_TIMEOUT, DISTENV_HANG_TIMEOUT,
+            DISTENV_CPU_BINDING or DISTENV_LOG_DIR is invalid, or `backend` is not the backend of
+            the group that exists.
         InitError: If torch.distributed is already initialised for another world, or torch
             refuses the group.
         DistEnvError: If detection or resolution fails, or rank 0's port is taken.
@@ -305,15 +295,26 @@ def init_dist(
     settings = Settings.read(os.environ)
     pg_seconds = None if timeout is None else seconds(timeout, "timeout")
     rendezvous_seconds = settings.rendezvous_seconds(rendezvous_timeout)
+    hang = (
+        settings.hang_seconds(None, who="init")
+        if hang_timeout is None
+        else seconds(hang_timeout, "hang_timeout")
+    )
     deadline = Bootstrap.deadline_for(rendezvous_seconds)
-    _check_start_method(start_method)
+    check_start_method(start_method)
     if backend is not None:
         choose_backend(cuda_available=False, has_device=False, explicit=backend)
     if seed is not None:
         check_seed(seed)
 
+    logs = log_folder(log_dir, settings.log_dir)
     # Detection first: a misconfigured job is refused before paying for `import torch`.
-    detection, info = _locate(launcher, master_addr_format, deadline)
+    try:
+        detection, info = locate_rank(launcher, master_addr_format, deadline)
+    except DistEnvError:
+        _keep_log(logs, rank_of(os.environ), None)  # the refusal is the rank's record, if known
+        raise
+    _keep_log(logs, info.rank, info.local_rank)
     import torch.distributed as dist
 
     if not dist.is_available():
@@ -323,13 +324,14 @@ def init_dist(
             hint="install a torch wheel from pytorch.org (every official build includes it)",
         )
     if dist.is_initialized():
-        return _reuse(info)
-    device = _prepare(
+        return _reuse(info, backend)
+    device = prepare(
         detection,
         info,
         start_method=start_method,
         set_device=set_device,
         allow_gpu_sharing=allow_gpu_sharing,
+        cpu_binding=cpu_binding,
     )
     chosen = rank_backend(device, backend)
     boot = Bootstrap(Session.of(detection, info, settings), rendezvous_seconds, deadline)
@@ -343,8 +345,10 @@ def init_dist(
             info.num_nodes or 0,
             master_address(info),
             chosen,
-            "cpu" if device is None else f"cuda:{device}",
+            device_name(device),
         )
     if seed is not None:
         seed_everything(seed)
+    if hang is not None:
+        arm_hang_autopsy(boot.session, hang, None if logs is None else str(logs))
     return info

@@ -7,7 +7,8 @@ against this module). The bootstrap's modules and the scale benchmark
 (``benchmarks/bench_rendezvous_scale.py``) take every key's name from here.
 
 ``distenv doctor`` holds its roll call under the phase ``doctor``; ``pg`` is torch's own
-(``init_process_group``'s keys). Where node leaders batch the bootstrap, a member speaks to its
+(``init_process_group``'s keys); ``hang`` holds the in-process hang autopsy's keys
+(`distenv.bootstrap.hang`), written only once the job hangs. Where node leaders batch the bootstrap, a member speaks to its
 leader over the node's Unix socket (`distenv.bootstrap.leaders`) in lines of tab-separated
 fields, each a `Message`. Pure: no torch, no store, no socket.
 """
@@ -19,15 +20,22 @@ from typing import NamedTuple
 
 __all__ = [
     "ACK",
+    "ALARM",
+    "ALARM_EXIT",
+    "ALARM_HUNG",
     "BATCHES",
+    "CARD",
     "CHECKIN",
     "CLOSED",
     "COLLIDED",
     "COUNT",
     "CUT",
     "DOCTOR",
+    "ENDED",
     "EXTRA",
     "EXTRAS",
+    "HANG",
+    "HUNG",
     "KEYS",
     "KEY_ROOT",
     "PG",
@@ -36,6 +44,7 @@ __all__ = [
     "ROLLCALL",
     "SEEN",
     "SIZES",
+    "STACK",
     "STATE",
     "STATES",
     "UP",
@@ -49,7 +58,7 @@ __all__ = [
 
 KEY_ROOT = "distenv"
 #: The phases, each with its own keys (`prefix`).
-ROLLCALL, DOCTOR, PG, UP = "rollcall", "doctor", "pg", "up"
+ROLLCALL, DOCTOR, PG, UP, HANG = "rollcall", "doctor", "pg", "up", "hang"
 #: What rank 0 writes under an absent rank's check-in key when it stops waiting (never a record:
 #: JSON).
 CLOSED = b"closed"
@@ -168,11 +177,69 @@ SEEN = Key(
     "rank 0, before it may exit",
     "counter",
 )
+HUNG = Key(
+    "hung",
+    "",
+    HANG,
+    "the first rank whose watchdog found it stuck (compare_set)",
+    "every rank's hang thread",
+    "Hung JSON",
+)
+ALARM = Key(
+    "alarm/",
+    "rank",
+    HANG,
+    "the rank that wrote hung (multi_set); that rank itself at its exit",
+    "that rank's hang thread (wait)",
+    "hung (ALARM_HUNG), or exit (ALARM_EXIT)",
+)
+STACK = Key(
+    "stack/",
+    "rank",
+    HANG,
+    "that rank, once alarmed",
+    "the collector: rank 0, else the lowest rank that posted",
+    "JSON: its host, its main thread's stack in faulthandler's format",
+)
+CARD = Key(
+    "card",
+    "",
+    HANG,
+    "the collector (compare_set), as it prints the card",
+    "every rank that answered, before it ends with status 124",
+    "the collector's rank, a space, the count of ranks that answered",
+)
+ENDED = Key(
+    "ended",
+    "",
+    HANG,
+    "every rank that answered (add 1), once its output is closed",
+    "every rank that answered, before it ends (all ended, or 2 s)",
+    "counter",
+)
+#: What a rank's `ALARM` key holds: the job hung, or the rank is exiting (its hang thread ends).
+ALARM_HUNG, ALARM_EXIT = b"hung", b"exit"
 #: Every key under a phase's prefix (the claim's lies under the root: `scope_key`).
 KEYS = (
-    CHECKIN, EXTRA, EXTRAS, WRITTEN, BATCHES, PLACE, VERDICT, SIZES, READ, STATE, COUNT, ACK,
+    CHECKIN,
+    EXTRA,
+    EXTRAS,
+    WRITTEN,
+    BATCHES,
+    PLACE,
+    VERDICT,
+    SIZES,
+    READ,
+    STATE,
+    COUNT,
+    ACK,
     SEEN,
-)  # fmt: skip
+    HUNG,
+    ALARM,
+    STACK,
+    CARD,
+    ENDED,
+)
 
 
 def scope_key(restart: str) -> str:

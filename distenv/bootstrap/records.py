@@ -51,7 +51,9 @@ PATTERNS = {
     "launcher": r"[a-z][a-z0-9_-]{0,31}",
     "backend": r"[A-Za-z0-9:,_-]{1,64}",
     "torch_version": r"[0-9]{1,4}\.[0-9]{1,4}(?:\.[0-9]{1,4})?[A-Za-z0-9.+_-]{0,48}",
-    "device": r"(?:GPU|MIG)-[0-9A-Fa-f-]{1,64}|[0-9a-f]{4,8}:[0-9a-f]{2}:[0-9a-f]{2}",
+    # distenv.device.identity_of: a UUID, a PCI address, or the visible value that picked it.
+    "device": r"(?:GPU|MIG|XPU)-[0-9A-Fa-f-]{1,64}|[0-9a-f]{4,8}:[0-9a-f]{2}:[0-9a-f]{2}"
+    r"|(?:cuda|rocm|xpu):[0-9A-Za-z.+-]{1,128}",
     # scope_tag(launcher, job, step): see distenv.master.RUN_ID_PATTERN for the run ids inside.
     "scope": r"[A-Za-z0-9][A-Za-z0-9._:/@+\[\]-]{0,299}",
     "record_key": r"(?:checkin|extra|batches)/[0-9]{1,8}",

@@ -1,4 +1,5 @@
-"""The ``distenv`` command: info, export, template, run (distenv.local.run) and doctor (distenv.cli.doctor)."""
+"""The ``distenv`` command: info, export, template, run (`distenv.local.run`,
+`distenv.local.options`), doctor (`distenv.cli.doctor`) and why (`distenv.cli.why`)."""
 
 from __future__ import annotations
 
@@ -13,12 +14,22 @@ from typing import TYPE_CHECKING
 from distenv import __version__
 from distenv.args import add_launcher_option
 from distenv.cli import templates
-from distenv.cli.doctor import add_doctor_parser, write_considered
+from distenv.cli.doctor import add_doctor_parser, add_verbose_option, write_considered
+from distenv.cli.topology import add_topology_options, show_topology
+from distenv.cli.why import add_why_parser
 from distenv.containers import container
 from distenv.detection.pipeline import Detection, locate
-from distenv.device import rank_backend, rank_device_reason, visible_device_count
+from distenv.device import (
+    VENDOR_VISIBILITY_VARIABLES,
+    device_name,
+    rank_backend,
+    rank_device_reason,
+    visible_device_count,
+)
 from distenv.errors import DistEnvError, MasterResolutionError
-from distenv.local.run import add_run_parser
+from distenv.hints import reword
+from distenv.local.options import add_run_parser
+from distenv.local.run import run
 from distenv.master import SCOPE_VAR
 from distenv.rankinfo import RankInfo
 from distenv.settings import Settings
@@ -67,10 +78,14 @@ def _device_fields(info: RankInfo, check: bool) -> tuple[dict[str, object], str 
     """Return the device fields of `distenv info` and why that device; torch only if `check`.
 
     The device rule is init_dist's (`distenv.device`); asking it imports torch, seconds on a
-    login node, so `distenv info` does only with --device.
+    login node, so `distenv info` does only with --device. AMD's and Intel's visibility
+    variables are shown where they are set.
     """
     visible_env = os.environ.get("CUDA_VISIBLE_DEVICES")
     fields: dict[str, object] = {"cuda_visible_devices": visible_env}
+    for name in VENDOR_VISIBILITY_VARIABLES:
+        if name in os.environ:
+            fields[name.lower()] = os.environ[name]
     if not check:
         return fields, None
     device, why = rank_device_reason(info, visible_env)
@@ -81,6 +96,8 @@ def _device_fields(info: RankInfo, check: bool) -> tuple[dict[str, object], str 
 
 
 def _cmd_info(args: argparse.Namespace) -> int:
+    if args.topology or args.sysfs:
+        return show_topology(args)
     # What init_dist and doctor would refuse, info refuses too: it says what they will see.
     Settings.read(os.environ).rendezvous_seconds(None)
     resolved = not args.no_resolve
@@ -116,6 +133,11 @@ def _cmd_info(args: argparse.Namespace) -> int:
     rows = [(name, shown(name, value)) for name, value in info.to_dict().items()]
     visible_env = device["cuda_visible_devices"]
     rows.append(("cuda_visible_devices", "unset" if visible_env is None else repr(visible_env)))
+    rows += [
+        (name.lower(), repr(device[name.lower()]))
+        for name in VENDOR_VISIBILITY_VARIABLES
+        if name.lower() in device
+    ]
     rows.append(
         ("container", "none" if inside is None else f"{inside.runtime.label} ({inside.evidence})")
     )
@@ -123,7 +145,7 @@ def _cmd_info(args: argparse.Namespace) -> int:
         rows.append(("device", "not checked: pass --device (imports torch)"))
     else:
         index = device["device"]
-        rows.append(("device", "cpu" if index is None else f"cuda:{index}"))
+        rows.append(("device", device_name(index if isinstance(index, int) else None)))
         rows += [(name, str(device[name])) for name in ("visible_devices", "backend")]
     width = max(len(name) for name, _ in rows)
     for name, value in rows:
@@ -132,7 +154,7 @@ def _cmd_info(args: argparse.Namespace) -> int:
         _write_network(network)
     print("\nhow it was chosen:")
     device_row = () if why is None else (("device", why),)
-    write_considered((*detection.considered, *device_row), sys.stdout)
+    write_considered((*detection.considered, *device_row), sys.stdout, verbose=args.verbose)
     return 0
 
 
@@ -255,6 +277,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="also show the CUDA device init_dist would select, the visible device count, the "
         "backend and why (imports torch: seconds on some login nodes)",
     )
+    add_verbose_option(info)
     how = info.add_mutually_exclusive_group()
     _add_mpi_option(how)
     how.add_argument(
@@ -262,6 +285,7 @@ def build_parser() -> argparse.ArgumentParser:
         action="store_true",
         help="read the environment only: pick no free port either (the master may be null)",
     )
+    add_topology_options(info)
     info.set_defaults(func=_cmd_info)
 
     export = sub.add_parser("export", help="print `export VAR=value` lines for eval")
@@ -285,8 +309,9 @@ def build_parser() -> argparse.ArgumentParser:
     )
     template.set_defaults(func=_cmd_template)
 
-    add_run_parser(sub)
+    add_run_parser(sub).set_defaults(func=run)
     add_doctor_parser(sub)
+    add_why_parser(sub)
     return parser
 
 
@@ -303,6 +328,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.command != "run":
             sys.stdout.flush()  # a closed pipe shows here, not in the interpreter's exit
     except DistEnvError as exc:
+        reword(exc, (), os.environ)  # the job's size in an mpirun example; no script to quote
         print(f"distenv: {exc}", file=sys.stderr)
         return 1
     except BrokenPipeError:

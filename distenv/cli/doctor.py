@@ -22,15 +22,22 @@ from distenv.bootstrap.rollcall import fill_layout, make_checkin, meet
 from distenv.bootstrap.session import Bootstrap, Session
 from distenv.bootstrap.verdict import Verdict
 from distenv.containers import SHM, container, shm_bytes
+from distenv.detection.choice import ABSENT
 from distenv.detection.pipeline import locate
 from distenv.device import rank_backend, rank_device, rank_device_reason
 from distenv.errors import DistEnvError
+from distenv.placement.apply import far_socket
+from distenv.placement.topology import read_topology
 from distenv.rankinfo import RankInfo
 from distenv.settings import Settings
 
-__all__ = ["add_doctor_parser", "doctor", "write_considered"]
+__all__ = ["add_doctor_parser", "add_verbose_option", "doctor", "write_considered"]
 
+#: How long doctor waits for every rank unless told: shorter than init_dist's 300 s, because
+#: doctor is run by hand and waited for, and a rank that is missing is what it looks for; its
+#: ranks import no training code. ``$DISTENV_TIMEOUT`` and ``--timeout`` set it as for init_dist.
 DEFAULT_TIMEOUT = 60.0
+NOT_DETECTED = "not detected"
 MIB = 1 << 20
 #: The /dev/shm below which doctor warns: NCCL's troubleshooting page asks containers for
 #: ``--shm-size=1g`` (its shared-memory transport), and DataLoader workers pass every batch
@@ -38,18 +45,32 @@ MIB = 1 << 20
 SHM_NEEDED = 1024 * MIB
 
 
-def write_considered(rows: Sequence[tuple[str, str]], out: TextIO) -> None:
-    """Write detection's (launcher, verdict) rows, the verdicts aligned past the longest name."""
-    width = max((len(name) for name, _ in rows), default=0)
+def write_considered(
+    rows: Sequence[tuple[str, str]], out: TextIO, *, verbose: bool = False
+) -> None:
+    """Write detection's (launcher, verdict) rows, the verdicts aligned past the longest name.
+
+    Unless `verbose`, the launchers none of whose variables are set share one line where the
+    first of them stood: on a laptop they are 16 of 17 rows, and say one thing.
+    """
+    absent = [name for name, verdict in rows if verdict == ABSENT] if not verbose else []
+    if len(absent) > 1:
+        first = next(i for i, (_, verdict) in enumerate(rows) if verdict == ABSENT)
+        kept = [row for row in rows if row[1] != ABSENT]
+        summary = (f"{NOT_DETECTED}:", f"{', '.join(absent)} (no variables; --verbose lists each)")
+        rows = [*kept[:first], summary, *kept[first:]]
+    width = max((len(name) for name, _ in rows if name != f"{NOT_DETECTED}:"), default=0)
     for name, verdict in rows:
         out.write(f"  {name:<{width}} {verdict}\n")
 
 
-def _explanation(considered: tuple[tuple[str, str], ...], out: TextIO) -> None:
+def _explanation(
+    considered: tuple[tuple[str, str], ...], out: TextIO, *, verbose: bool = False
+) -> None:
     if not considered:
         return
     out.write("how the launcher was chosen:\n")
-    write_considered(considered, out)
+    write_considered(considered, out, verbose=verbose)
 
 
 def _table(info: RankInfo, verdict: Verdict, out: TextIO) -> None:
@@ -83,24 +104,29 @@ def _table(info: RankInfo, verdict: Verdict, out: TextIO) -> None:
         out.write("\n")
 
 
-def _checkin(session: Session) -> tuple[CheckIn, str]:
+def _checkin(session: Session) -> tuple[CheckIn, str, int | None]:
     # The same device and backend rule as init_dist's, never a copy of it.
     device = rank_device(session.info)
     backend = rank_backend(device)
-    return make_checkin(
-        session, backend, device, allow_gpu_sharing=state.gpu_sharing_allowed()
-    ), backend
+    checkin = make_checkin(session, backend, device, allow_gpu_sharing=state.gpu_sharing_allowed())
+    return checkin, backend, device
 
 
 def doctor(
-    launcher: str = "auto", *, timeout: float | None = None, out: TextIO = sys.stdout
+    launcher: str = "auto",
+    *,
+    timeout: float | None = None,
+    out: TextIO = sys.stdout,
+    verbose: bool = False,
 ) -> int:
     """Check this job's start-up on every rank; print the report on rank 0; return the exit status.
 
     Args:
         launcher: ``auto`` or a launcher name.
-        timeout: Seconds to wait for every rank; default ``$DISTENV_TIMEOUT``, else 60.
+        timeout: Seconds to wait for every rank; default ``$DISTENV_TIMEOUT``, else 60
+            (`DEFAULT_TIMEOUT`: why it is not init_dist's 300).
         out: Where rank 0 writes the report.
+        verbose: Whether to list each launcher not detected on its own line.
 
     Returns:
         0 when every rank checked in and nothing is wrong, else 1.
@@ -112,12 +138,15 @@ def doctor(
         detection = locate(launcher, deadline=deadline)
         info = detection.info
     except DistEnvError as exc:
-        _explanation(exc.considered, out)
+        _explanation(exc.considered, out, verbose=verbose)
         out.write(f"verdict: FAIL: {exc}\n")
         return 1
 
     session = Session.of(detection, info, settings)
-    checkin, backend = _checkin(session)
+    checkin, backend, device = _checkin(session)
+    far = far_socket(read_topology(), os.environ, device)
+    if far is not None:  # each rank names itself: its affinity is its own to read
+        sys.stderr.write(f"distenv doctor: warning: rank {info.rank}: {far}\n")
     if info.world_size == 1:
         verdict = Verdict(True, (), (checkin,), session.scope)
     else:
@@ -137,7 +166,7 @@ def doctor(
         f"nodes={'-' if info.num_nodes is None else info.num_nodes} master={checkin.master} backend={backend} "
         f"torch={checkin.torch_version}\n"
     )
-    _explanation(detection.considered, out)
+    _explanation(detection.considered, out, verbose=verbose)
     # Why rank 0 got its device (each rank's own is in the table), e.g. a CPU-only torch build.
     out.write(
         f"rank 0's device: {rank_device_reason(info, os.environ.get('CUDA_VISIBLE_DEVICES'))[1]}\n"
@@ -202,6 +231,21 @@ def add_doctor_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) 
         "--timeout",
         type=float,
         default=None,
-        help=f"seconds to wait for every rank (default: $DISTENV_TIMEOUT or {DEFAULT_TIMEOUT:g})",
+        help=f"seconds to wait for every rank (default: $DISTENV_TIMEOUT, else "
+        f"{DEFAULT_TIMEOUT:g}: shorter than init_dist's 300 s, because doctor is waited for "
+        "by hand and a missing rank is what it looks for)",
     )
-    parser.set_defaults(func=lambda args: doctor(args.launcher, timeout=args.timeout))
+    add_verbose_option(parser)
+    parser.set_defaults(
+        func=lambda args: doctor(args.launcher, timeout=args.timeout, verbose=args.verbose)
+    )
+
+
+def add_verbose_option(parser: argparse.ArgumentParser) -> None:
+    """Add ``-v/--verbose``: every launcher not detected on its own line (`write_considered`)."""
+    parser.add_argument(
+        "-v",
+        "--verbose",
+        action="store_true",
+        help="list each launcher not detected on its own line (default: one line names them)",
+    )

@@ -36,6 +36,10 @@ from distenv.rankinfo import RankInfo
 
 __all__ = ["Choice", "choose"]
 
+#: The verdict on a launcher none of whose variables is set (`distenv info` and `doctor` show
+#: all such launchers on one line unless --verbose).
+ABSENT = "not detected: no variables"
+
 
 class Choice(NamedTuple):
     """Which launcher describes this process, and what it found.
@@ -121,9 +125,7 @@ def choose(
     notes: list[tuple[str, str]] = [
         (
             c.name,
-            f"detected ({_seen(c.launcher, env)})"
-            if c in detected
-            else "not detected: no variables",
+            f"detected ({_seen(c.launcher, env)})" if c in detected else ABSENT,
         )
         for c in candidates
     ]

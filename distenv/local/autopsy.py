@@ -13,9 +13,7 @@ When a rank's watchdog says it made no progress for the hang timeout (`distenv.l
 
 `Autopsy` is the supervisor's part: it asks the ranks for their dumps (when a watchdog says its
 rank is stuck, or on SIGUSR1), waits for them (`DUMP_WAIT` at most) and makes the lines. The
-stacks compared are the main threads' (`distenv.local.dumps.main_stack`), frame by frame. The
-largest group is the majority; a rank in a smaller group is one that diverged. Where
-the groups are equal, none is called the majority.
+stacks are grouped by `distenv.stacks`, which the in-process autopsy of ``init_dist`` shares.
 """
 
 from __future__ import annotations
@@ -26,83 +24,25 @@ import time
 from collections.abc import Mapping, Sequence
 
 from distenv.deadline import Deadline
-from distenv.local.card import rank_ranges
-from distenv.local.dumps import Frame, main_stack, shown
-from distenv.local.reporting import users_file
 from distenv.local.watchdog import DUMP_SIGNAL
 from distenv.local.witness import Witness
+from distenv.stacks import (
+    DUMP_WAIT,
+    HANG_STATUS,
+    clip,
+    describe,
+    group,
+    main_stack,
+    rank_ranges,
+    summary,
+    suspects,
+)
 
 __all__ = ["DUMP_WAIT", "HANG_STATUS", "Autopsy", "describe", "group", "summary", "suspects"]
-
-#: The exit status of a job distenv run stopped because it hung: timeout(1)'s.
-HANG_STATUS = 124
-#: The longest wait for the ranks' stack dumps once they were asked for one.
-DUMP_WAIT = 3.0
-#: The most groups of stacks a card lists.
-MAX_GROUPS = 4
-#: The longest text of a line's value.
-WIDTH = 200
 
 
 def _ranks(ranks: Sequence[int]) -> str:
     return f"rank{'s' * (len(ranks) > 1)} {rank_ranges(ranks)}"
-
-
-def _clip(text: str) -> str:
-    shown_text = "".join(c if c.isprintable() else repr(c)[1:-1] for c in text)
-    return shown_text if len(shown_text) <= WIDTH else shown_text[: WIDTH - 3] + "..."
-
-
-def describe(stack: Sequence[Frame]) -> str:
-    """Return where a stack waits: ``waiting in all_reduce at train.py:88 in train: ...``."""
-    if not stack:
-        return "no Python stack was written"
-    user = next((i for i, (name, _, _) in enumerate(stack) if users_file(name)), None)
-    if user is None:
-        return f"in {shown(stack[0])}"
-    if user == 0:
-        return f"at {shown(stack[0])}"
-    return f"waiting in {stack[0][2]} at {shown(stack[user])}"
-
-
-def group(stacks: Mapping[int, tuple[Frame, ...]]) -> list[tuple[list[int], tuple[Frame, ...]]]:
-    """Return the ranks of each distinct stack, the largest group first (then the lowest rank)."""
-    groups: dict[tuple[Frame, ...], list[int]] = {}
-    for rank in sorted(stacks):
-        groups.setdefault(stacks[rank], []).append(rank)
-    return sorted(((r, s) for s, r in groups.items()), key=lambda g: (-len(g[0]), g[0][0]))
-
-
-def suspects(stacks: Mapping[int, tuple[Frame, ...]]) -> str:
-    """Return the card's first words: the rank(s) whose stack differs from the majority's."""
-    groups = group(stacks)
-    if len(groups) == 1:
-        return f"every rank's stack is the same ({_ranks(groups[0][0])})"
-    if not groups or len(groups[0][0]) == len(groups[1][0]):
-        return "no stack is the majority's: each group is shown"
-    odd = sorted(r for ranks, _ in groups[1:] for r in ranks)
-    if len(odd) == 1:
-        return f"rank {odd[0]}'s stack differs from the other ranks'"
-    return f"the stacks of {_ranks(odd)} differ from the other ranks'"
-
-
-def summary(stacks: Mapping[int, tuple[Frame, ...]], missing: Sequence[int]) -> list[str]:
-    """Return the grouped lines: ``differs:`` for each minority group, ``others:`` the majority."""
-    groups = group(stacks)
-    majority = bool(groups) and (len(groups) == 1 or len(groups[0][0]) > len(groups[1][0]))
-    lines = []
-    for ranks, stack in groups[1 if majority else 0 : MAX_GROUPS]:
-        label = "differs:" if majority else "stack:"
-        lines.append(f"  {label:<8} {_clip(f'{_ranks(ranks)} {describe(stack)}')}")
-    if len(groups) > MAX_GROUPS:
-        rest = [r for ranks, _ in groups[MAX_GROUPS:] for r in ranks]
-        lines.append(f"  {'':<8} and {len(groups) - MAX_GROUPS} more stacks: {_ranks(rest)}")
-    if majority:
-        label = "others:" if len(groups) > 1 else "all:"
-        lines.append(f"  {label:<8} {_clip(f'{_ranks(groups[0][0])} {describe(groups[0][1])}')}")
-    if missing:
-        lines.append(f"  {'':<8} {_ranks(missing)}: no dump (ended, or not a Python rank)")
-    return lines
 
 
 class Autopsy:
@@ -168,7 +108,7 @@ class Autopsy:
         self.card = [
             f"distenv run: the job hung: {suspects(stacks)}",
             f"  first:   rank {rank} made no progress for {self.hang_timeout or 0:g} s, since "
-            f"{clock}, at {_clip(frame)}",
+            f"{clock}, at {clip(frame)}",
             *summary(stacks, missing),
             folder,
         ]

@@ -18,14 +18,17 @@ survivor whose collective broke because of it fails later, and is counted among 
 from __future__ import annotations
 
 import time
+from collections import Counter
 from collections.abc import Iterable, Sequence
+from typing import Protocol
 
 from distenv.exits import DEBUG_VAR
-from distenv.local.reporting import PEER_WORDS
+from distenv.failure import PEER_WORDS
 from distenv.local.stopping import describe_exit
 from distenv.local.witness import CONSEQUENCES, End, Witness
+from distenv.stacks import rank_ranges
 
-__all__ = ["card", "elsewhere_card", "log_line", "rank_ranges"]
+__all__ = ["Seen", "card", "elsewhere_card", "log_line", "rank_ranges"]
 
 #: The longest text of one card line's value.
 WIDTH = 160
@@ -33,19 +36,20 @@ WIDTH = 160
 _CRASHES = {"SIGSEGV", "SIGBUS", "SIGILL", "SIGFPE", "SIGABRT"}
 
 
-def rank_ranges(ranks: Iterable[int]) -> str:
-    """Return ``0-1,3`` for ranks 0, 1 and 3."""
-    ordered = sorted(set(ranks))
-    parts: list[str] = []
-    start = prev = None
-    for rank in [*ordered, None]:
-        if start is not None and (rank is None or prev is None or rank != prev + 1):
-            parts.append(str(start) if start == prev else f"{start}-{prev}")
-            start = None
-        if rank is not None and start is None:
-            start = rank
-        prev = rank
-    return ",".join(parts)
+class Seen(Protocol):
+    """What a card is made of: how the ranks ended, and what was held back of the console.
+
+    A node's `Witness` under ``distenv run``; the records of a log folder for ``distenv why``.
+    """
+
+    started_at: float
+    stop_at: float | None
+    held: Counter[str]
+    held_ranks: set[int]
+
+    def ends(self, *, everyone: bool = False) -> list[End]:
+        """Return how each rank that failed (or, `everyone`, ended) ended, the cause first."""
+        ...
 
 
 def _ranks(ranks: Iterable[int]) -> str:
@@ -73,7 +77,7 @@ def _what(end: End) -> str:
     return _clean(what, 60)
 
 
-def how(end: End) -> str:
+def how(end: End, stopper: str = "distenv run") -> str:
     """Return ``raised ValueError: bad batch (exit status 1)`` or ``was killed by SIGSEGV``."""
     if end.report is not None:
         what = _clean(end.report.what, 120)
@@ -89,11 +93,11 @@ def how(end: End) -> str:
     if said.endswith(tuple(_CRASHES)):
         return f"{said} (a crash in native code)"
     if said.endswith("SIGKILL"):
-        return f"{said}, sent from outside distenv run (the OOM killer was not seen)"
+        return f"{said}, sent from outside {stopper} (the OOM killer was not seen)"
     return said
 
 
-def _others(cause: End, others: Sequence[End], stop_at: float | None) -> str:
+def _others(cause: End, others: Sequence[End], stop_at: float | None, stopper: str) -> str:
     """Return what the other local ranks did after `cause` failed."""
     parts = []
     peer = [e for e in others if e.report is not None and e.report.peer and not e.stopped]
@@ -112,13 +116,11 @@ def _others(cause: End, others: Sequence[End], stop_at: float | None) -> str:
     stopped = [e.rank for e in others if e.stopped and e not in broke + earlier]
     if stopped:
         when = "" if stop_at is None else f" {max(0.0, stop_at - cause.at):.1f} s"
-        parts.append(
-            f"{_ranks(stopped)} stopped by distenv run{when} after rank {cause.rank} failed"
-        )
+        parts.append(f"{_ranks(stopped)} stopped by {stopper}{when} after rank {cause.rank} failed")
     return "; ".join(parts) if parts else "no other rank ran here"
 
 
-def _held(witness: Witness) -> str | None:
+def _held(witness: Seen) -> str | None:
     held = witness.held
     if not held["lines"]:
         return None
@@ -129,21 +131,30 @@ def _held(witness: Witness) -> str | None:
 
 
 def card(
-    witness: Witness, cause: End, world_size: int, host: str, ranks: Sequence[int]
+    witness: Seen,
+    cause: End,
+    world_size: int,
+    host: str,
+    log: str,
+    *,
+    title: str = "distenv run",
+    stopper: str = "distenv run",
 ) -> list[str]:
     """Return the card's lines for `cause`, the job's first failure, which happened on this node.
 
     Args:
-        witness: This node's witness, once every local rank has ended.
+        witness: This node's witness once every local rank has ended, or a log folder's records.
         cause: The failure the card is about.
         world_size: The job's number of ranks.
-        host: This node's host name.
-        ranks: The global ranks of this node.
+        host: The host name of `cause`.
+        log: The card's last line: where the whole output is (`log_line`).
+        title: Who prints the card (its first word).
+        stopper: Who stopped the ranks that ended after `cause` failed.
     """
     started = max(0.0, cause.at - witness.started_at)
     clock = time.strftime("%H:%M:%S", time.localtime(cause.at))
     lines = [
-        f"distenv run: rank {cause.rank} failed first: {how(cause)}",
+        f"{title}: rank {cause.rank} failed first: {how(cause, stopper)}",
         f"  rank:    {cause.rank} of {world_size}, local rank {cause.local_rank} on {_clean(host, 80)}, "
         f"pid {cause.pid}, at {clock}, {started:.1f} s after the start",
     ]
@@ -158,8 +169,8 @@ def card(
     for i, text in enumerate(cause.last):
         lines.append(f"  {'output:' if i == 0 else '':<8} {_clean(text)}")
     others = [e for e in witness.ends(everyone=True) if e.rank != cause.rank]
-    lines.append(f"  others:  {_others(cause, others, witness.stop_at)}")
-    return [*lines, log_line(witness)]
+    lines.append(f"  others:  {_others(cause, others, witness.stop_at, stopper)}")
+    return [*lines, log]
 
 
 def elsewhere_card(witness: Witness, first: str | None) -> list[str]:

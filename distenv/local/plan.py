@@ -9,8 +9,8 @@ node with torchrun's environment contract; this module decides for both what tho
 - `local_ranks`: one `RankInfo` per rank of this node;
 - `run_id`: the run's identity, which its ranks receive as ``DISTENV_RUN_ID`` and use as their
   rendezvous scope;
-- `child_env`: a rank's environment (inherited, minus stale launcher state, plus its contract),
-  and `thread_env`: ``OMP_NUM_THREADS=1`` for several ranks per node, as torchrun does.
+- `child_env`: a rank's environment (inherited, minus stale launcher state, plus its contract);
+  its CPUs and ``OMP_NUM_THREADS`` are `distenv.local.cpus`'s.
 """
 
 from __future__ import annotations
@@ -38,7 +38,6 @@ from distenv.master import (
 )
 from distenv.processes import PROC
 from distenv.rankinfo import RankInfo
-from distenv.settings import OMP_VAR, Settings
 from distenv.variables import decimal
 
 __all__ = [
@@ -52,7 +51,6 @@ __all__ = [
     "plan_node",
     "run_id",
     "scheduler_layout",
-    "thread_env",
     "unrunnable",
 ]
 
@@ -299,18 +297,6 @@ def local_ranks(launcher: str, plan: NodePlan, nproc: int) -> list[RankInfo]:
         )
         for local_rank in range(nproc)
     ]
-
-
-def thread_env(who: str, nproc: int, settings: Settings) -> dict[str, str]:
-    """Return ``OMP_NUM_THREADS=1`` for several ranks per node unless the user chose (as torchrun)."""
-    if nproc <= 1 or settings.omp_num_threads is not None:
-        return {}
-    # N ranks each starting one OpenMP thread per core would fight over the cores.
-    tell(
-        f"distenv {who}: setting {OMP_VAR}=1 for each of the {nproc} ranks to avoid "
-        "oversubscribing the CPUs; set it yourself to tune"
-    )
-    return {OMP_VAR: "1"}
 
 
 def nproc_per_node(who: str, spec: str) -> int:

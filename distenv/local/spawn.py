@@ -35,13 +35,13 @@ from typing import Any, Generic, ParamSpec, TypeVar, overload
 
 from distenv.errors import ConfigurationError, WorkerFailedError, quoted
 from distenv.exits import one_line
+from distenv.local.cpus import thread_env
 from distenv.local.plan import (
     LaunchOptions,
     child_env,
     is_stale,
     local_ranks,
     plan_node,
-    thread_env,
 )
 from distenv.local.stopping import DEFAULT_GRACE_PERIOD, StopPolicy, describe_exit
 from distenv.processes import parent_death_signal
@@ -153,9 +153,10 @@ def _worker(
         import torch
         import torch.distributed as dist
 
-        if Settings.read(env).omp_num_threads == "1":
+        threads = Settings.read(env).omp_num_threads or ""
+        if threads.isdigit() and int(threads) > 0:
             # torch may have read the inherited value when the main module was re-imported.
-            torch.set_num_threads(1)
+            torch.set_num_threads(int(threads))
         try:
             result = fn(*args, **kwargs)
         finally:

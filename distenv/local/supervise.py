@@ -24,11 +24,11 @@ from typing import Any
 
 from distenv.deadline import Deadline
 from distenv.exits import DEBUG_VAR
+from distenv.failure import Report
 from distenv.local.autopsy import HANG_STATUS, Autopsy
 from distenv.local.card import card, elsewhere_card, log_line
 from distenv.local.group_killer import GroupKiller
 from distenv.local.output import copy_output, drain, tell
-from distenv.local.reporting import Report
 from distenv.local.stopping import KILL_WAIT, StopPolicy, exit_status
 from distenv.local.witness import RunDir, Witness
 from distenv.processes import Adopter, live_groups, with_parent_death
@@ -60,7 +60,10 @@ class Child:
         env: Its complete environment.
         show_output: Whether its stdout/stderr reach the launcher's; else they go to /dev/null.
         prefix_output: Whether each of its lines is prefixed with ``[rank N] ``.
+        hidden_streams: Its descriptors (1, 2) kept off the console, in the logs only
+            (``--redirects``).
         pass_fds: Descriptors it inherits (the pipe of its failure report).
+        cpus: The CPUs it is bound to as it starts (``--numa-binding``), or None.
     """
 
     rank: int
@@ -68,7 +71,9 @@ class Child:
     env: dict[str, str]
     show_output: bool = True
     prefix_output: bool = False
+    hidden_streams: frozenset[int] = frozenset()
     pass_fds: tuple[int, ...] = ()
+    cpus: frozenset[int] | None = None
     process: subprocess.Popen[bytes] | None = field(default=None, repr=False)
 
 
@@ -116,6 +121,7 @@ class Supervisor:
         self.witness = Witness(
             self.run_dir,
             [(c.rank, i, c.show_output) for i, c in enumerate(self.children)],
+            hidden={c.rank: c.hidden_streams for c in self.children},
             prefix=prefix,
             hold=not debug,
             hang_timeout=hang_timeout,
@@ -212,6 +218,11 @@ class Supervisor:
             start_new_session=True,
             pass_fds=(*child.pass_fds, *fds),
         )
+        if child.cpus:
+            # Now, while the parent-death wrapper still starts (it execs the rank in place): the
+            # rank's interpreter and every thread and process it starts inherit the binding.
+            with contextlib.suppress(OSError):  # it already ended: its status tells
+                os.sched_setaffinity(child.process.pid, child.cpus)
         self._group_killer.watch(child.process.pid)
         self.witness.started(child.rank, child.process)
 
@@ -409,9 +420,8 @@ class Supervisor:
         ends = self.witness.ends()
         found = [e for e in ends if e.rank == rank] if rank is not None else []
         cause = found[0] if found else (self.witness.cause() if rank is None else None)
-        ranks = [c.rank for c in self.children]
         lines = (
-            card(self.witness, cause, self.world_size, self.host, ranks)
+            card(self.witness, cause, self.world_size, self.host, log_line(self.witness))
             if cause is not None
             else elsewhere_card(self.witness, first)
         )

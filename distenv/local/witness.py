@@ -22,15 +22,17 @@ from __future__ import annotations
 
 import collections
 import contextlib
+import dataclasses
 import os
 import re
 import shutil
 import signal
+import socket
 import subprocess
 import tempfile
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO
@@ -44,6 +46,7 @@ from distenv.local.reporting import (
 )
 from distenv.local.watchdog import HANG_VAR, parse_stuck
 from distenv.processes import oom_killed_by_kernel_log, oom_kills
+from distenv.ranklog import BoundedLog, identity, paths, write_record
 
 __all__ = ["CONSEQUENCES", "End", "RunDir", "Witness"]
 
@@ -72,18 +75,30 @@ _DUMP_LIMIT = 1 << 20
 
 
 class RunDir:
-    """A private folder (mode 0700) for one ``distenv run``: the output log and the fault files.
+    """The folder of one ``distenv run``: the output log and the fault files.
 
-    Kept when the job failed (the card names it), removed when it succeeded.
+    By default a private one (mode 0700), kept when the job failed (the card names it), removed
+    when it succeeded. With ``--log-dir DIR``, DIR (created), always kept, where each rank also
+    keeps the log folder of `distenv.ranklog`: ``rank-N.log``, ``rank-N.report`` and
+    ``rank-N.fault``, which ``distenv why DIR`` reads.
+
+    Args:
+        path: The folder ``--log-dir`` names, if given.
     """
 
-    def __init__(self) -> None:
-        self.path = Path(tempfile.mkdtemp(prefix="distenv-run-"))
+    def __init__(self, path: Path | None = None) -> None:
+        self.kept = path is not None
+        if path is None:
+            self.path = Path(tempfile.mkdtemp(prefix="distenv-run-"))
+        else:
+            path.mkdir(parents=True, exist_ok=True)
+            self.path = path
         self.log = self.path / "output.log"
 
     def remove(self) -> None:
-        """Remove the folder and what it holds."""
-        shutil.rmtree(self.path, ignore_errors=True)
+        """Remove the folder and what it holds (never a folder ``--log-dir`` named)."""
+        if not self.kept:
+            shutil.rmtree(self.path, ignore_errors=True)
 
 
 @dataclass
@@ -153,6 +168,8 @@ class _Rank:
     prefix: bytes
     report_fds: tuple[int, int]
     fault_fd: int
+    hidden: frozenset[int] = frozenset()
+    log: BoundedLog | None = None
     process: subprocess.Popen[bytes] | None = None
     report: Report | None = None
     end: End | None = None
@@ -169,6 +186,7 @@ class Witness:
     Args:
         run_dir: The run's private folder.
         ranks: ``(rank, local_rank, shown)`` of each local rank.
+        hidden: The descriptors of each rank kept off the console (``--redirects``).
         prefix: Whether shown lines are prefixed ``[rank N] `` (``--prefix-output``).
         hold: Whether consequences are held back (False with ``DISTENV_DEBUG=1``).
         hang_timeout: Seconds without progress after which a rank's watchdog says it is stuck
@@ -180,6 +198,7 @@ class Witness:
         run_dir: RunDir,
         ranks: Sequence[tuple[int, int, bool]],
         *,
+        hidden: Mapping[int, frozenset[int]] | None = None,
         prefix: bool = False,
         hold: bool = True,
         hang_timeout: float | None = None,
@@ -205,7 +224,14 @@ class Witness:
             )
             label = f"[rank {rank}] ".encode()
             self._ranks[rank] = _Rank(
-                rank, local_rank, shown, label if prefix else b"", (read, write), fault
+                rank,
+                local_rank,
+                shown,
+                label if prefix else b"",
+                (read, write),
+                fault,
+                (hidden or {}).get(rank, frozenset()),
+                BoundedLog(paths(run_dir.path, rank)[0]) if run_dir.kept else None,
             )
 
     # -- the supervisor's side -------------------------------------------------------------------
@@ -220,8 +246,14 @@ class Witness:
         return env, (write, state.fault_fd)
 
     def started(self, rank: int, process: subprocess.Popen[bytes]) -> None:
-        """Note the process of a rank that has started."""
-        self._ranks[rank].process = process
+        """Note the process of a rank that has started (named in its fault file, for why)."""
+        state = self._ranks[rank]
+        state.process = process
+        if self.run_dir.kept:
+            who = identity(rank, state.local_rank, self.started_at, process.pid)
+            with contextlib.suppress(OSError):
+                # Read past it: a dump or a crash is what the rank writes after it.
+                state.dumped = os.write(state.fault_fd, who.encode())
 
     def stopping(self) -> None:
         """Note that distenv run began stopping the ranks (later ends are its doing)."""
@@ -267,7 +299,8 @@ class Witness:
                     # after the report, or its end, though written before (another pipe).
                     if fd == 1 or state.report is None:
                         state.last.append(data.rstrip(b"\n"))
-                    return state.prefix + data if state.shown else None
+                    shown = state.shown and fd not in state.hidden
+                    return state.prefix + data if shown else None
             deadline = time.monotonic() + CAUSE_WAIT
             while time.monotonic() < deadline and not self._failed_yet():
                 time.sleep(_WAIT_STEP)
@@ -347,6 +380,8 @@ class Witness:
                 for fd in (*state.report_fds, state.fault_fd):
                     with contextlib.suppress(OSError):
                         os.close(fd)
+                if state.log is not None:
+                    state.log.close()
             if self._log is not None:
                 self._log.close()
                 self._log = None
@@ -354,6 +389,8 @@ class Witness:
     # -- inside the lock ---------------------------------------------------------------------------
 
     def _write_log(self, state: _Rank, data: bytes) -> None:
+        if state.log is not None and self._log is not None:
+            state.log.write(data)
         if self._log is None or self._logged > LOG_LIMIT:
             return
         line = f"[rank {state.rank}] ".encode() + data + (b"" if data.endswith(b"\n") else b"\n")
@@ -390,6 +427,20 @@ class Witness:
                 if returncode is not None:
                     state.end = self._end(state, returncode)
 
+    def _record(self, state: _Rank, returncode: int, pid: int) -> None:
+        """Write the rank's record into the log folder, as a rank of `distenv.ranklog` does."""
+        report = state.report
+        if report is not None:
+            report = dataclasses.replace(
+                report,
+                host=socket.gethostname(),
+                pid=pid,
+                local_rank=state.local_rank,
+                started=self.started_at,
+            )
+        if report is not None or returncode == 0:
+            write_record(paths(self.run_dir.path, state.rank)[1], report)
+
     def _end(self, state: _Rank, returncode: int) -> End:
         now = time.time()
         # A rank that raised before the stop failed on its own, even if it exited after it.
@@ -399,6 +450,8 @@ class Witness:
         pid = state.process.pid
         end = End(state.rank, state.local_rank, pid, returncode, now, state.report)
         end.stopped = stopped
+        if self.run_dir.kept:
+            self._record(state, returncode, pid)
         end.last = tuple(state.last)
         if state.report is not None:
             end.at = state.report.at

@@ -54,7 +54,16 @@ fi
 # Default: one rank per slot.
 NP=${NP:-$(awk '{ n += $2 } END { print n + 0 }' <<<"$PAIRS")}
 
+# Each rank keeps its output, and why it failed, in DISTENV_LOG_DIR (a folder every node sees);
+# when the step fails, `distenv why` prints which rank failed first, how and where (docs: failures).
+export DISTENV_LOG_DIR=${DISTENV_LOG_DIR:-$PWD/distenv-logs/${SLURM_JOB_ID:-$(date +%Y%m%d-%H%M%S)-$$}}
+status=0
+
 # Open MPI as root or on a laptop may also need --allow-run-as-root / --oversubscribe; set them in
 # MPIRUN_ARGS rather than editing this line.
 # shellcheck disable=SC2086  # MPIRUN_ARGS is a list of options on purpose
-"$MPIRUN" ${MPIRUN_ARGS:-} "$HOSTFILE_OPTION" "$HOSTS" -n "$NP" python "$TRAIN" --launcher "$LAUNCHER" "$@"
+"$MPIRUN" ${MPIRUN_ARGS:-} "$HOSTFILE_OPTION" "$HOSTS" -n "$NP" python "$TRAIN" --launcher "$LAUNCHER" "$@" || status=$?
+if ((status != 0)); then
+    python -m distenv why "$DISTENV_LOG_DIR" >&2 || true
+fi
+exit "$status"

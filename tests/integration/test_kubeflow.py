@@ -20,7 +20,14 @@ from tests.support.envs.kubeflow import (
     TRAINJOB_2X2_NODE1,
     two_pods,
 )
-from tests.support.integration.helpers import PYTHON, Harness, Result, rank_check, wait_all
+from tests.support.integration.helpers import (
+    PYTHON,
+    RANK_CHECK,
+    Harness,
+    Result,
+    rank_check,
+    wait_all,
+)
 
 DISTENV_RUN = [PYTHON, "-m", "distenv", "run"]
 
@@ -78,7 +85,8 @@ def test_a_directly_started_process_in_a_two_process_pod_is_refused(harness: Har
     for result in results:
         assert result.returncode == 1, result.text
         assert "$PET_NPROC_PER_NODE is '2' ($WORLD_SIZE=4)" in result.text, result.text
-        assert "distenv run --nproc-per-node 2 train.py" in result.text, result.text
+        # The hint's example command runs the job's own script (distenv.hints).
+        assert f"distenv run --nproc-per-node 2 {RANK_CHECK}" in result.text, result.text
 
 
 def test_distenv_run_with_another_count_than_nproc_per_node_is_refused(harness: Harness) -> None:

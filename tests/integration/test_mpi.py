@@ -100,6 +100,29 @@ def test_one_machine_without_mpi4py_takes_loopback_and_a_port_from_the_launch(
         assert PORT_LOW <= port < PORT_HIGH, result.text
 
 
+def test_a_hint_under_mpirun_quotes_the_job_s_own_script(harness: Harness, tmp_path: Path) -> None:
+    """`mpirun -np 2 python main_tv.py` and `mpiexec.hydra -n 2 python main_tv.py` whose script
+    names the wrong launcher: every rank's line tells it to run `main_tv.py` under srun, not the
+    generic `train.py` (#43 item 5)."""
+    (tmp_path / "main_tv.py").write_text("import distenv\ndistenv.init_dist(launcher='slurm')\n")
+    extra = {"PYTHONPATH": str(REPO)}
+    launches = [
+        harness.start(
+            [*argv[:-1], "2", PYTHON, "main_tv.py"],
+            env=harness.env(**options, extra=extra),
+            cwd=tmp_path,
+        )
+        for argv, options in ENGINES.values()
+    ]
+    for result in wait_all(launches):
+        assert result.returncode not in (0, None), result.text
+        lines = [line for line in result.stderr.splitlines() if "LauncherNotFoundError" in line]
+        assert sorted(line.split(":")[0] for line in lines) == ["rank 0", "rank 1"], result.text
+        for line in lines:
+            assert "whose script runs `srun python main_tv.py ...`" in line, line
+            assert "train.py" not in line, line
+
+
 @pytest.mark.slurm
 def test_mpi_launchers_inside_salloc(harness: Harness) -> None:
     """mpirun / mpiexec.hydra inside `salloc -N 2` (run on the submit host): 2 ranks per node.

@@ -8,7 +8,7 @@ is refused naming the node. `distenv run --nnodes` runs per node namespace where
 another name on each node; a path the user chose is never probed or changed, and where it cannot
 work the error names the peer's address. The lab's own behaviour is pinned in
 tests/process/test_netlab.py; bare torch against distenv on the whole matrix runs in
-benchmarks/network_matrix.py.
+benchmarks/lab/network_matrix.py.
 """
 
 from __future__ import annotations
@@ -118,7 +118,7 @@ def test_every_routable_topology_passes_and_the_unroutable_ones_are_refused(
 ) -> None:
     """Three nodes, `distenv run -n 1 --nnodes 3 --node-rank N --master-addr M` on each, with
     MASTER_ADDR as a user of each cluster would give it and no interface variable (bare torch
-    fails all but the control: benchmarks/network_matrix.py).
+    fails all but the control: benchmarks/lab/network_matrix.py).
 
     A routable topology: every rank finishes the all_reduce (1 + 2 + 3), and exactly the nodes
     whose gloo default cannot be reached export the interface toward the master, each its own

@@ -12,6 +12,8 @@ import uuid
 
 import pytest
 
+from distenv.errors import ConfigurationError
+from distenv.visibility import check_rocm_indices
 from tests.support.integration.faults import survivors
 from tests.support.integration.helpers import (
     FOUR_NODES,
@@ -126,7 +128,10 @@ def test_fake_gpus_bind_one_device_per_task_or_local_rank(harness: Harness) -> N
     """Per-task GPUs: each task sees one device and uses index 0; per-node: index == local rank.
 
     The device index is `distenv.device.select_device` with the number of CUDA_VISIBLE_DEVICES
-    entries as the visible count (there is no real GPU); init_dist falls back to gloo.
+    entries as the visible count (there is no real GPU); init_dist falls back to gloo. Slurm
+    (gres.conf without Flags=) writes the same global index into ROCR_VISIBLE_DEVICES and
+    ZE_AFFINITY_MASK: on a ROCm build every task but GPU 0's would see no GPU through HIP, and
+    is refused (`distenv.visibility.check_rocm_indices`).
     """
     per_task, per_node, multi_per_task = wait_all(
         [
@@ -145,6 +150,16 @@ def test_fake_gpus_bind_one_device_per_task_or_local_rank(harness: Harness) -> N
     # Fake GPUs keep their global index (no cgroup renumbering): one distinct device per task.
     assert sorted(r["cuda_visible_devices"] for r in recs) == ["0", "1", "2", "3"], recs
     assert [r["device"] for r in recs] == [0, 0, 0, 0]
+    for r in recs:
+        env = {k: v for k, v in r["env"].items() if v is not None}
+        assert env["ROCR_VISIBLE_DEVICES"] == env["ZE_AFFINITY_MASK"] == r["cuda_visible_devices"]
+        env["CUDA_VISIBLE_DEVICES"] = r["cuda_visible_devices"]
+        check_rocm_indices("cuda", env)  # a CUDA build reads none of it
+        if r["cuda_visible_devices"] == "0":
+            check_rocm_indices("rocm", env)
+        else:
+            with pytest.raises(ConfigurationError, match="Flags=amd_gpu_env"):
+                check_rocm_indices("rocm", env)
     recs = check_world(per_node, launcher="slurm", layouts=ONE_NODE)
     assert {r["cuda_visible_devices"] for r in recs} == {"0,1,2,3"}
     assert [r["device"] for r in recs] == [0, 1, 2, 3]

@@ -26,6 +26,7 @@ from distenv import detect
 from distenv.master import free_port
 from tests.conftest import scrubbed_environ
 from tests.support.envs import flux, lsf, pbs
+from tests.support.integration.faults import survivors
 from tests.support.integration.helpers import (
     OMPI,
     ONE_NODE,
@@ -41,6 +42,7 @@ from tests.support.integration.helpers import (
     wait_all,
 )
 
+CARD_RANK = REPO / "tests" / "support" / "scripts" / "card_rank.py"
 TEMPLATES = sorted(p for p in SCRIPTS.rglob("*") if p.is_file())
 SUMMARY = re.compile(r"^train: launcher=slurm world_size=4 .*weights_identical=True$", re.M)
 
@@ -59,15 +61,18 @@ def test_slurm_templates_submitted_unmodified(harness: Harness) -> None:
     GPUs (device == local rank); the requeue templates run examples/train.py through a requeue in
     test_preemption.py;
     mpi/mpirun_hostfile.sh: mpirun from a batch script over a hostfile written from the allocation
-    (MPICH's mpiexec.hydra: its own test below).
+    (MPICH's mpiexec.hydra: its own test below); multi_node once more with a step whose rank 2
+    raises: the job fails and its stderr holds `distenv why`'s card naming rank 1.
     """
-    check = {"TRAIN": str(RANK_CHECK)}
+    # The templates keep the ranks' logs in $PWD/distenv-logs (the repository here) unless told.
+    check = {"TRAIN": str(RANK_CHECK), "DISTENV_LOG_DIR": str(harness.outdir("logs"))}
     slurm = SCRIPTS / "slurm"
+    failing_out = harness.outdir("failing-out")
     launches = [
         harness.sbatch(slurm / "single_node.sbatch", cluster="one",
                        export={**check, "LAUNCHER": "auto"}, label="single"),
         harness.sbatch(slurm / "single_node.sbatch", cluster="one", label="train",
-                       export={"TRAIN": str(REPO / "examples" / "train.py")},
+                       export={**check, "TRAIN": str(REPO / "examples" / "train.py")},
                        args=["--steps", "5"]),
         # multi: 2 fake GPUs and 4 CPUs per node.
         harness.sbatch(slurm / "multi_node.sbatch", cluster="multi",
@@ -79,8 +84,28 @@ def test_slurm_templates_submitted_unmodified(harness: Harness) -> None:
                        options=["-N", "2", "--ntasks-per-node", "2"],
                        export={**check, "MPIRUN": "mpirun.openmpi"},
                        env=harness.env("multi", ompi=True), label="mpirun"),
+        # A failing step, one rank per node: rank 1 raises at step 3; the template prints
+        # `distenv why`'s card.
+        harness.sbatch(slurm / "multi_node.sbatch", cluster="multi",
+                       options=["--ntasks-per-node=1"], label="failing",
+                       export={"TRAIN": str(CARD_RANK), "DISTENV_TIMEOUT": "60",
+                               "DISTENV_LOG_DIR": str(harness.outdir("failing-logs"))},
+                       args=[str(failing_out), "--fail", "1:3:raise"]),
     ]  # fmt: skip
-    single, train, multi, torchrun, mpirun = wait_all(launches)
+    single, train, multi, torchrun, mpirun, failing = wait_all(launches)
+
+    assert failing.returncode != 0, failing.text
+    assert not survivors(str(failing_out)), failing.text
+    errors = "".join(body for name, body in failing.files.items() if name.endswith(".err"))
+    card = errors[errors.index("distenv why: ") :].splitlines()
+    assert card[0] == (
+        "distenv why: rank 1 failed first: raised ValueError: bad batch at step 3 (exit status 1)"
+    ), failing.text
+    assert re.match(r"  rank:    1 of 2, local rank 0 on \S+, pid \d+, at ", card[1]), failing.text
+    assert card[2].startswith("  where:   card_rank.py:"), failing.text
+    assert "in inject: raise ValueError" in card[2], failing.text
+    assert "  output:  rank 1 at step 3" in card, failing.text
+    assert card[-1].startswith("  logs:    "), failing.text
 
     recs = check_world(single, launcher="slurm", layouts=ONE_NODE)
     assert sorted(r["cuda_visible_devices"] for r in recs) == ["0", "1", "2", "3"], recs
@@ -108,7 +133,8 @@ def test_mpirun_hostfile_template_under_sbatch_with_mpich(harness: Harness) -> N
     hostfile is written in Hydra's syntax (it refused Open MPI's), 2 nodes x 2 ranks."""
     hydra = harness.sbatch(SCRIPTS / "mpi" / "mpirun_hostfile.sh", cluster="multi",
                            options=["-N", "2", "--ntasks-per-node", "2"],
-                           export={"TRAIN": str(RANK_CHECK), "MPIRUN": "mpiexec.hydra"},
+                           export={"TRAIN": str(RANK_CHECK), "MPIRUN": "mpiexec.hydra",
+                                   "DISTENV_LOG_DIR": str(harness.outdir("hydra-logs"))},
                            env=harness.env("multi", mpich=True), label="hydra").wait()  # fmt: skip
     recs = check_world(hydra, launcher="mpi", layouts=TWO_BY_TWO)
     assert len({r["hostname"] for r in recs}) == 2
@@ -133,7 +159,8 @@ def test_mpirun_hostfile_template_with_open_mpi_and_mpich(harness: Harness) -> N
         for label, text in (("slots", f"{host} slots=3\n"), ("colon", f"# ranks\n{host}:3\n")):
             hostfile = harness.outdir(f"hostfile-{engine}-{label}") / "hosts.txt"
             hostfile.write_text(text)
-            extra = {**variables, "TRAIN": str(RANK_CHECK), "HOSTFILE": str(hostfile)}
+            extra = {**variables, "TRAIN": str(RANK_CHECK), "HOSTFILE": str(hostfile),
+                     "DISTENV_LOG_DIR": str(hostfile.parent / "logs")}  # fmt: skip
             env = harness.env(**options, extra=extra)
             launches.append(
                 harness.start(["bash", SCRIPTS / "mpi" / "mpirun_hostfile.sh"], env=env)

@@ -8,6 +8,7 @@ process. Competitors are not installed in the project venv; the scripts say so a
 from __future__ import annotations
 
 import json
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -97,7 +98,7 @@ def test_scaling_benchmark_runs_the_roll_call() -> None:
 
 def test_fault_matrix_records_the_silent_listener() -> None:
     """The fault matrix's smoke run: one fault, timed, its rank exits and message recorded."""
-    data = smoke("fault_matrix.py", timeout=120)
+    data = smoke("lab/fault_matrix.py", timeout=120)
     rec = data["faults"]["silent-master-port"]
     assert rec["launcher_exit"] == 1
     assert rec["measured_s"] is not None
@@ -112,7 +113,7 @@ def test_network_matrix_passes_the_control_bare_and_with_distenv() -> None:
     all_reduce bare and through distenv, every rank exits 0 with no error, and no namespace is left."""
     from tests.support import netlab
 
-    data = smoke("network_matrix.py", timeout=120)
+    data = smoke("lab/network_matrix.py", timeout=120)
     control = data["topologies"]["control"]
     assert control["nodes"] == 3
     for mode in ("bare", "distenv"):
@@ -129,7 +130,7 @@ def test_network_matrix_passes_the_control_bare_and_with_distenv() -> None:
 def test_restart_matrix_restarts_one_failure_with_nothing_miscounted() -> None:
     """The restart matrix's smoke run: one injected failure of 2 ranks under distenv run
     --max-restarts, restarted once, every attempt counted right, no orphan, its recovery timed."""
-    data = smoke("restart_matrix.py", timeout=120)
+    data = smoke("lab/restart_matrix.py", timeout=120)
     rec = data["launchers"]["distenv"]
     assert rec["passed"] is True, rec["stderr_tail"]
     assert rec["attempts"] == 2
@@ -142,12 +143,37 @@ def test_restart_matrix_restarts_one_failure_with_nothing_miscounted() -> None:
     assert recovery["restart_s"] > 0
 
 
+def test_exit_race_benchmark_runs_the_bare_torch_control() -> None:
+    """The exit race's smoke run: one job of 4 bare-torch ranks under test_teardown.py's forcing,
+    each rank ending 0 or aborted at exit (SIGABRT) and nothing else, every exit counted."""
+    data = smoke("lab/exit_race.py", timeout=600)
+    [job] = data["jobs"]
+    assert len(job["codes"]) == len(job["aborted"]) == data["exits"] == 4
+    for code, aborted in zip(job["codes"], job["aborted"], strict=True):
+        assert code in (0, -signal.SIGABRT), job
+        assert aborted or code == 0, job
+    assert data["aborted_exits"] == sum(job["aborted"])
+    first = data["first_abort_exit"]
+    assert first == (job["aborted"].index(True) + 1 if any(job["aborted"]) else None)
+
+
 def test_preempt_benchmark_times_the_step_with_and_without_the_check() -> None:
     """Two ranks run train.py's step plain and with `stop_requested()`; no stop is ever seen."""
     data = smoke("bench_preempt.py")
     assert set(data["methods"]) == {"plain", "check", "check_10"}
     assert all(m["p50"] > 0 for m in data["methods"].values())
     assert data["methods"]["plain"]["overhead_vs_plain"] == 0
+
+
+def test_watchdog_benchmark_times_both_watchdogs_and_counts_no_process() -> None:
+    """The watchdog benchmark runs plain, distenv run's and init_dist's watchdog: one thread in a
+    rank under distenv run, two with init_dist's in-process autopsy, no child process."""
+    data = smoke("bench_watchdog.py", timeout=300)
+    assert data["benchmark"] == "watchdog"
+    assert set(data["steps_per_s"]) == {"plain", "run", "init"}
+    assert data["threads"] == {"plain": 0, "run": 1, "init": 2}
+    assert data["children"] == 0
+    assert 0 < data["sample_s"] < 0.01
 
 
 def test_the_security_page_states_the_versions_benchmark_as_recorded() -> None:
@@ -195,3 +221,30 @@ def test_rendezvous_scale_benchmark_counts_fewer_requests_per_node_with_leaders(
     assert leaders["store"]["per_node"]["requests"] < flat["store"]["per_node"]["requests"]
     assert leaders["store"]["bytes_out"] < flat["store"]["bytes_out"]
     assert set(data["targets"]) == {"flat", "leaders"}
+
+
+def test_placement_benchmark_reads_every_layout_without_a_process() -> None:
+    """The cost per rank of CPU binding: this machine and three recorded nodes are read and
+    planned, with no process started (docs/placement.md reports the full run's times)."""
+    data = smoke("bench_placement.py")
+    assert data["benchmark"] == "placement"
+    assert data["processes"] == 0
+    assert set(data["cases"]) == {"live", "dgx-h100", "frontier", "aurora-pvc"}
+    assert data["cases"]["dgx-h100"]["cpus"] == 224
+    assert data["cases"]["frontier"]["accelerators"] == 8
+    assert all(case["ms"]["median"] > 0 for case in data["cases"].values())
+
+
+def test_the_placement_page_states_the_benchmark_as_recorded() -> None:
+    """docs/placement.md's cost table is docs/benchmarks/placement.json's cases, rounded."""
+    repo = Path(__file__).resolve().parents[2]
+    result = json.loads((repo / "docs" / "benchmarks" / "placement.json").read_text())
+    page = (repo / "docs" / "placement.md").read_text()
+    assert result["processes"] == 0
+    assert f"{result['repeats']} repeats" in page
+    for name, case in result["cases"].items():
+        expected = (
+            f"| {name} | {case['cpus']} | {case['accelerators']} | {case['ranks']} | "
+            f"{case['ms']['median']:.2f} ms | {case['ms']['p95']:.1f} ms |"
+        )
+        assert expected in page, expected

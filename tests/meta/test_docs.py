@@ -18,8 +18,8 @@ from tests.support import docblocks
 DOCS = Path(__file__).resolve().parents[2] / "docs"
 
 
-def _load_hooks() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("distenv_docs_hooks", DOCS / "hooks.py")
+def _load(name: str, module_name: str) -> ModuleType:
+    spec = importlib.util.spec_from_file_location(module_name, DOCS / name)
     assert spec is not None
     assert spec.loader is not None
     module = importlib.util.module_from_spec(spec)
@@ -28,7 +28,8 @@ def _load_hooks() -> ModuleType:
     return module
 
 
-hooks = _load_hooks()
+hooks = _load("hooks.py", "distenv_docs_hooks")
+sections = _load("sections.py", "distenv_docs_sections")
 
 
 def _page(name: str) -> str:
@@ -126,6 +127,42 @@ def test_every_marker_in_the_docs_expands() -> None:
         assert "<!-- env-" not in hooks.expand_markers(text), page
 
 
+def test_committed_sections_are_what_the_site_renders() -> None:
+    """The sections committed into the pages (CLI help, refused flags, variable tables, ...) are
+    their current rendering: after a change, `python docs/sections.py` rewrites them (#43 item 6)."""
+    stale = [
+        str(page.relative_to(DOCS))
+        for page in sorted(DOCS.rglob("*.md"))
+        if sections.with_sections(text := page.read_text(encoding="utf-8")) != text
+    ]
+    assert stale == [], "run `python docs/sections.py` to rewrite their committed sections"
+
+
+def test_a_committed_section_renders_afresh_on_the_site() -> None:
+    """The site shows the rendering, not what was committed: a stale section still builds right;
+    a marker alone gains its section from `with_sections`."""
+    fresh = hooks.expand_markers("<!-- run-refused-flags -->")
+    stale = "<!-- run-refused-flags -->\n| stale |\n<!-- end: run-refused-flags -->"
+    assert hooks.expand_markers(stale) == fresh
+    assert sections.with_sections(stale) == sections.with_sections("<!-- run-refused-flags -->")
+    assert sections.with_sections("<!-- layers -->") == "<!-- layers -->"  # a site-only section
+    # A code host splits a table row at a code span's pipe: committed, it is escaped.
+    assert sections.for_code_hosts("| `a | b` | c |\n`x | y`") == "| `a \\| b` | c |\n`x | y`"
+
+
+def test_pages_with_site_only_sections_say_where_the_site_is() -> None:
+    """A page read in the repository that lacks a section the site renders (`:::` API entries,
+    a marker not committed) says so at its top, with the one command that builds the site."""
+    invisible = {"run", "not-run", "backed-by", "end", *sections.COMMITTED}
+    for page in sorted(DOCS.rglob("*.md")):
+        text = page.read_text(encoding="utf-8")
+        site_only = re.search(r"(?m)^::: ", text) or any(
+            m.group(1) not in invisible for m in hooks.MARKER.finditer(text)
+        )
+        top = "\n".join(text.splitlines()[:6])
+        assert not site_only or sections.SITE_NOTE in top, page
+
+
 def test_port_formula_page_matches_constants() -> None:
     """The port documentation states the constants the code uses."""
     page = _page("master.md")
@@ -201,10 +238,25 @@ LISTED = sorted(p for p in DOCS.rglob("*.md") if "how it was chosen:" in p.read_
 
 @pytest.mark.parametrize("page", LISTED, ids=[str(p.relative_to(DOCS)) for p in LISTED])
 def test_every_how_it_was_chosen_sample_lists_every_launcher_in_order(page: Path) -> None:
-    """A `distenv info` sample shows one line per launcher in detection order: a launcher added
-    later without a regenerated sample would be missing from what the page says was printed."""
+    """A `distenv info` sample names every launcher once, those detected on their own lines and
+    the others on the `not detected:` line, each in detection order: a launcher added later
+    without a regenerated sample would be missing from what the page says was printed."""
     for block in page.read_text("utf-8").split("how it was chosen:\n")[1:]:
         lines = block.split("\n\n", 1)[0].split("```", 1)[0].splitlines()
-        parts = [line.split() for line in lines]
-        considered = [p[0] for p in parts if len(p) > 1 and p[1] in ("detected", "not")]
-        assert considered == list(DETECTION_ORDER), (page.name, considered)
+        detected = [p[0] for p in map(str.split, lines) if len(p) > 1 and p[1] == "detected"]
+        [absent] = [line for line in lines if line.startswith("  not detected: ")]
+        names = absent.removeprefix("  not detected: ").split(" (", 1)[0].split(", ")
+        for group in (detected, names):
+            assert group == sorted(group, key=DETECTION_ORDER.index), (page.name, group)
+        assert sorted([*detected, *names]) == sorted(DETECTION_ORDER), (page.name, lines)
+
+
+def test_benchmarks_page_is_its_template_filled_from_the_committed_results(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """docs/benchmarks.md is benchmarks/report.py's rendering of docs/benchmarks.md.in with the
+    JSON results in docs/benchmarks/: the page's words and its numbers cannot drift apart."""
+    monkeypatch.syspath_prepend(str(DOCS.parent / "benchmarks"))
+    report = importlib.import_module("report")
+    page = report.Page(report.TEMPLATE.read_text(encoding="utf-8"), DOCS / "benchmarks")
+    assert page.render() == _page("benchmarks.md")

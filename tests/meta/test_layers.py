@@ -48,7 +48,12 @@ def test_every_module_is_in_exactly_one_layer() -> None:
     assert len(named) == len(set(named)), sorted(m for m in named if named.count(m) > 1)
     assert set(named) == _modules()
     inner = {c["containers"][0]: c["layers"] for c in layered if "containers" in c}  # type: ignore[index]
-    assert set(inner) == {"distenv.bootstrap", "distenv.detection", "distenv.local"}
+    assert set(inner) == {
+        "distenv.bootstrap",
+        "distenv.detection",
+        "distenv.local",
+        "distenv.placement",
+    }
     for package, layers in inner.items():
         modules = [f"{package}.{m}" for m in _named(layers)]  # type: ignore[arg-type]
         assert len(modules) == len(set(modules)), package

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from distenv.cli import main
+from distenv.cli import build_parser, main
 from distenv.containers import container
 from tests.conftest import scrubbed_environ
 from tests.support.envs import flux, mpi, slurm, torchrun
@@ -411,3 +411,110 @@ def test_cli_page_samples_are_what_the_commands_print() -> None:
     [mapped] = _page_sample("distenv info --json", "master.md")
     formatted = {**env, "DISTENV_MASTER_ADDR_FORMAT": "{host}-ib"}
     assert json.loads(mapped) == printed(formatted)
+
+
+def _builtin_names() -> list[str]:
+    """Return every built-in launcher but none, in detection order: what a laptop lacks."""
+    from distenv.launchers.registry import BUILTINS
+
+    return [launcher.name for launcher in BUILTINS if launcher.name != "none"]
+
+
+def test_launchers_not_detected_share_one_line_unless_verbose(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """On a laptop `info` names the 16 launchers not detected on one line, not 16 (#43 item 6);
+    --verbose lists each (doctor shares the writer: its sample's test below runs it)."""
+    names = _builtin_names()
+    summary = f"  not detected: {', '.join(names)} (no variables; --verbose lists each)"
+    assert main(["info"]) == 0
+    out = capsys.readouterr().out.splitlines()
+    assert [line for line in out if "not detected" in line] == [summary], out
+    assert "  none chosen: no launcher detected, running as a single process" in out
+    assert main(["info", "--verbose"]) == 0
+    verbose = capsys.readouterr().out.splitlines()
+    absent = [line.split()[0] for line in verbose if line.endswith("not detected: no variables")]
+    assert absent == names, verbose
+    assert build_parser().parse_args(["doctor", "-v"]).verbose
+
+
+#: The pages' `distenv info` samples and the recorded environment each was printed for.
+INFO_SAMPLES = [
+    ("index.md", "$ srun -N 2 --ntasks-per-node 2 distenv info", slurm.SRUN_2N_4T[3]),
+    ("start/slurm.md", "$ srun --mpi=pmix -n 4 distenv info", slurm.SRUN_PMIX_4[1]),
+    ("start/lsf.md", "launcher              lsf", None),
+    (
+        "start/mpi.md",
+        "$ sbatch -N 2 --ntasks-per-node 2 --wrap 'mpirun -np 4",
+        mpi.OMPI_IN_SBATCH[3],
+    ),
+]
+
+
+@pytest.mark.parametrize(("page", "first", "env"), INFO_SAMPLES, ids=[s[0] for s in INFO_SAMPLES])
+def test_info_samples_are_what_info_prints(
+    page: str,
+    first: str,
+    env: dict[str, str] | None,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """The pages' `distenv info` samples are its output for their recorded environment, on a
+    bare node (container none); a sample that elides the table with `...` is checked from `how
+    it was chosen:` on."""
+    from tests.support.envs import lsf
+
+    lines = (Path(__file__).resolve().parents[2] / "docs" / page).read_text().splitlines()
+    start = next(i for i, line in enumerate(lines) if line.startswith(first))
+    start += 0 if first.startswith("launcher") else 1
+    end = next(i for i in range(start, len(lines)) if lines[i].startswith("```"))
+    shown = lines[start:end]
+    for name, value in (env if env is not None else lsf.JSRUN_CORAL_RANK7).items():
+        monkeypatch.setenv(name, value)
+    assert main(["info"]) == 0
+    printed = capsys.readouterr().out
+    expected = [
+        "container             none" if line.startswith("container ") else line
+        for line in printed.splitlines()
+    ]
+    if "..." in shown:
+        shown = shown[shown.index("how it was chosen:") :]
+        expected = expected[expected.index("how it was chosen:") :]
+    assert shown == expected
+
+
+def test_cli_page_s_doctor_sample_is_what_doctor_prints() -> None:
+    """docs/cli.md's `distenv run -n 3 -m distenv doctor` sample is what it prints: how the
+    launcher was chosen (but for the run's id) and the verdict; the rest is this machine's."""
+    shown = _page_sample("distenv run -n 3 -m distenv doctor")
+    result = subprocess.run(
+        [sys.executable, "-m", "distenv", "run", "-n", "3", "-m", "distenv", "doctor"],
+        env=scrubbed_environ(),
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert result.returncode == 0, result.stderr
+
+    def checked(lines: list[str]) -> list[str]:
+        start = lines.index("how the launcher was chosen:")
+        end = next(i for i, line in enumerate(lines) if line.startswith("rank 0's device:"))
+        chosen = [re.sub(r"DISTENV_RUN_ID='[0-9a-f]+'", "<id>", line) for line in lines[start:end]]
+        return [*chosen, lines[-1]]
+
+    assert checked(shown) == checked(result.stdout.splitlines())
+    assert shown[-1] == "verdict: OK: 3 of 3 ranks checked in"
+
+
+def test_a_cli_hint_quotes_the_job_s_size(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`distenv info --launcher mpi` in a 4-rank torchrun job is told `mpirun -np 4`, its own
+    size; the script stays the example's, the command being distenv itself (#43 item 5)."""
+    for name, value in torchrun.TORCHRUN_4[1].items():
+        monkeypatch.setenv(name, value)
+    monkeypatch.setenv("WORLD_SIZE", "3")  # not the example's 4: the number must come from here
+    assert main(["info", "--launcher", "mpi", "--no-resolve"]) == 1
+    err = capsys.readouterr().err
+    assert "`mpirun -np 3 python train.py ...` (Open MPI) or `mpiexec -n 3 python" in err, err

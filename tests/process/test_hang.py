@@ -117,6 +117,8 @@ def _hung(job: Job) -> str:
     first = rf"\n  first:   rank \d made no progress for {HANG_S:g} s, since [0-9:]+, at hang_rank"
     assert re.search(first, card), job.text
     assert "exit status 124, as timeout(1)" in card, job.text
+    # DISTENV_HANG_TIMEOUT reaches init_dist too: its in-process autopsy stays out of the way.
+    assert "distenv: the job hung" not in job.text, job.text
     assert len(job.text.splitlines()) <= BUDGET, job.text
     assert len(job.pids()) == 4, job.text
     assert all(gone(pid) for pid in job.pids()), job.text
@@ -159,9 +161,11 @@ def test_sigusr1_dumps_every_rank_s_stack_without_stopping_them(jobs: dict[str, 
     assert job.ranks_alive_after_usr1, job.text
     assert job.agent.returncode == 128 + signal.SIGTERM, job.text
     assert "distenv run: SIGUSR1: the stacks of 4 of 4 local ranks (ranks 0-3)" in job.text
+    # Caught mid-loop, the ranks may sit on two lines in equal numbers: then each group is a
+    # "stack:" (no majority).
     assert re.search(
-        r"(all|others|differs): +ranks? [0-9,-]+ .*hang_rank\.py:\d+ in train", job.text
-    )
+        r"(all|others|differs|stack): +ranks? [0-9,-]+ .*hang_rank\.py:\d+ in train", job.text
+    ), job.text
     assert "hung" not in job.text, job.text
     folder = re.findall(r"stacks: +(\S+)/rank-N\.fault", job.text)[0]
     assert "Thread 0x" in (Path(folder) / "rank-0.fault").read_text()

@@ -124,6 +124,21 @@ def test_initialised_for_another_world_raises():
     )
 
 
+def test_a_second_call_with_another_backend_raises():
+    """A gloo group, then init_dist(backend="mpi"): ConfigurationError naming both; the same
+    backend again, in any case, returns the same RankInfo (#43 item 4)."""
+    first = distenv.init_dist()
+    assert distenv.init_dist(backend=" GLOO ") is first
+    with pytest.raises(ConfigurationError) as caught:
+        distenv.init_dist(backend="mpi")
+    assert (caught.value.variable, caught.value.value) == ("backend", "mpi")
+    assert str(caught.value) == (
+        "none: torch.distributed is already initialised with backend 'gloo', but init_dist was "
+        "now asked for backend='mpi'. Hint: call init_dist once, with backend='mpi' (or call "
+        "torch.distributed.destroy_process_group() first)"
+    )
+
+
 def test_group_made_elsewhere_for_same_world_is_kept():
     """A 1-rank group someone else made is accepted as is: no second group, no error."""
     store = dist.HashStore()

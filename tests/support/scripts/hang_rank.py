@@ -1,6 +1,6 @@
 """A rank of an all_reduce loop in which one rank hangs, for the hang autopsy's tests.
 
-    hang_rank.py OUT --hang RANK:STEP:MODE
+    hang_rank.py OUT --hang RANK:STEP:MODE [--hang-timeout S]
 
 Every rank joins the group with ``distenv.init_dist(backend="gloo")``, writes its pid to
 ``OUT/pid<RANK>``, then all_reduces a tensor step after step. Rank RANK, at step STEP, writes the
@@ -8,7 +8,8 @@ time to ``OUT/fault`` and hangs as MODE says: ``sleep`` (it sleeps in its own co
 wait in the all_reduce), ``skip`` (it skips that step's all_reduce: one collective ahead, it reaches
 the final barrier while the others wait in the loop's last all_reduce), ``none`` (nobody hangs: the
 loop runs until SIGTERM, for a dump on demand), ``slow`` (nobody hangs: every rank's steps take
-1.6 s each, most of it on one line, for `SLOW_STEPS` steps).
+1.6 s each, most of it on one line, for `SLOW_STEPS` steps). ``--hang-timeout S`` passes
+``hang_timeout=S`` to init_dist (else ``$DISTENV_HANG_TIMEOUT`` applies, if set).
 """
 
 from __future__ import annotations
@@ -51,9 +52,10 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("out", type=Path)
     parser.add_argument("--hang", required=True)
+    parser.add_argument("--hang-timeout", type=float, default=None)
     args = parser.parse_args()
     rank, step, mode = args.hang.split(":")
-    distenv.init_dist(backend="gloo")
+    distenv.init_dist(backend="gloo", hang_timeout=args.hang_timeout)
     (args.out / f"pid{dist.get_rank()}").write_text(str(os.getpid()))
     train(args.out, int(rank), int(step), mode)
     finish()

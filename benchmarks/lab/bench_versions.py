@@ -36,9 +36,9 @@ gave an upper bound of +7 to +15 ms for identical code, so a 2 ms bound needs ma
 Other work on the machine swamps all this: the JSON records how busy the CPUs were just before
 and after.
 
-    python benchmarks/bench_versions.py [--baseline a124b84] [--candidate REV] [--import-pairs 200]
+    python benchmarks/lab/bench_versions.py [--baseline a124b84] [--candidate REV] [--import-pairs 200]
         [--bootstrap-pairs 40] [--launchers srun,torchrun] [--smoke] [--out FILE]
-    python benchmarks/bench_versions.py --check-paths   # show each side's copy, measure nothing
+    python benchmarks/lab/bench_versions.py --check-paths   # show each side's copy, measure nothing
 """
 
 from __future__ import annotations
@@ -60,6 +60,9 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+# benchmarks/, whose modules this lab tool builds on, is not its own directory.
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import _trace_probes
 import bench_bootstrap

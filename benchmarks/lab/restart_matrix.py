@@ -18,7 +18,7 @@ launcher:
   launcher's own agreement and spawn), and that rank's own time from its start to init_dist
   (Python and ``import torch``, what a fresh rank costs anyway).
 
-    .venv/bin/python benchmarks/restart_matrix.py --out docs/benchmarks/restarts.json
+    .venv/bin/python benchmarks/lab/restart_matrix.py --out docs/benchmarks/restarts.json
 
 ``--smoke`` runs 1 failure of 2 ranks under distenv only, for tests/meta/test_benchmarks.py.
 """
@@ -36,6 +36,9 @@ import time
 import uuid
 from pathlib import Path
 from typing import Any
+
+# benchmarks/, whose modules this lab tool builds on, is not its own directory.
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from _common import REPO, emit, machine, note, parser, summary
 

@@ -8,7 +8,7 @@ rank named and by whom, and the processes left behind (none expected). docs/faul
 JSON (docs/hooks.py, marker ``fault-matrix``).
 
     bash tests/harness/setup.sh     # the Slurm clusters and MPI (idempotent)
-    .venv/bin/python benchmarks/fault_matrix.py --out docs/benchmarks/faults.json
+    .venv/bin/python benchmarks/lab/fault_matrix.py --out docs/benchmarks/faults.json
 
 ``--smoke`` runs only the silent-listener fault (no Slurm needed), for tests/meta/test_benchmarks.py.
 """
@@ -18,7 +18,11 @@ from __future__ import annotations
 import shutil
 import sys
 import time
+from pathlib import Path
 from typing import Any
+
+# benchmarks/, whose modules this lab tool builds on, is not its own directory.
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from _common import REPO, emit, machine, note, parser
 

@@ -1,6 +1,6 @@
-"""One rank of benchmarks/network_matrix.py: a gloo all_reduce, with bare torch or through distenv.
+"""One rank of benchmarks/lab/network_matrix.py: a gloo all_reduce, with bare torch or through distenv.
 
-    python benchmarks/_netlab_rank.py bare|distenv
+    python benchmarks/lab/_netlab_rank.py bare|distenv
 
 Reads RANK, WORLD_SIZE, MASTER_ADDR and MASTER_PORT, as a user would set them on each node.
 ``bare`` calls ``init_process_group("gloo", init_method="env://")`` with a 15 s timeout;

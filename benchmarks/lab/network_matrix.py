@@ -2,7 +2,7 @@
 
 Every topology of tests/support/topologies.py is built as Linux network namespaces
 (tests/support/netlab.py: root and iproute2 needed; torn down after each topology), one rank per
-node. On each, the ranks run benchmarks/_netlab_rank.py twice, with RANK, WORLD_SIZE, MASTER_ADDR
+node. On each, the ranks run benchmarks/lab/_netlab_rank.py twice, with RANK, WORLD_SIZE, MASTER_ADDR
 (the topology's, as its users would set it) and MASTER_PORT set, and nothing else:
 
 - ``bare``: ``init_process_group("gloo", init_method="env://", timeout=15 s)``;
@@ -14,7 +14,7 @@ run: passed (every rank exited 0 with the right sum), the seconds until the last
 the bound), and per rank its exit status, seconds and the first line of its error ("killed at
 the bound" for a hang).
 
-    .venv/bin/python benchmarks/network_matrix.py --out docs/benchmarks/network.json
+    .venv/bin/python benchmarks/lab/network_matrix.py --out docs/benchmarks/network.json
 
 ``--smoke`` runs the clean control only (about 10 s), for tests/meta/test_benchmarks.py.
 """
@@ -28,7 +28,10 @@ import time
 from pathlib import Path
 from typing import Any
 
-from _common import HERE, REPO, emit, machine, note, parser
+# benchmarks/, whose modules this lab tool builds on, is not its own directory.
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from _common import REPO, emit, machine, note, parser
 
 sys.path.insert(0, str(REPO))
 
@@ -37,7 +40,7 @@ from tests.support import netlab
 from tests.support.netlab import Lab, Topology
 from tests.support.topologies import TOPOLOGIES
 
-RANK = HERE / "_netlab_rank.py"
+RANK = Path(__file__).resolve().parent / "_netlab_rank.py"
 MODES = {"bare": {}, "distenv": {"DISTENV_TIMEOUT": "10"}}
 PORTS = {"bare": 29500, "distenv": 29501}  # fresh namespaces: nothing else listens there
 SMOKE = ("control",)
