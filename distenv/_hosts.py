@@ -34,6 +34,8 @@ __all__ = [
     "host_files",
     "read_host_file",
     "read_host_text",
+    "record_host",
+    "this_host",
 ]
 
 # Larger than any machine built so far; a list past it is corrupt or hostile.
@@ -267,6 +269,44 @@ def check_hostname(launcher: str, variable: str, value: str, *, hint: str | None
     else:
         expected = "a host name or address"
     raise InvalidVariableError(launcher, variable, value, expected, hint=hint)
+
+
+# What a host name keeps as is in the bootstrap's records (distenv.bootstrap.records' "hostname"
+# pattern, which also admits the escapes `record_host` writes).
+_PLAIN_HOST = re.compile(r"[A-Za-z0-9_][A-Za-z0-9._-]{0,252}")
+_PLAIN_CHARS = frozenset("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789._-")
+
+
+def record_host(name: str) -> str:
+    """Return host name `name` as the bootstrap's records and messages carry it.
+
+    The kernel accepts any bytes as a host name (up to 64: a space, a non-ASCII letter, ``@``, a
+    tab), and Python decodes them as the file system's names (UTF-8, undecodable bytes escaped).
+    A name of letters, digits, ``.``, ``_`` and ``-`` (every name a scheduler or DNS gives) is
+    kept as is; any other is percent-encoded byte by byte (``my node`` -> ``my%20node``,
+    ``nœud`` -> ``n%C5%93ud``, the empty name -> ``%``), so that every rank writes and compares
+    the same printable string, the state records' ``@`` and ``#`` and the node socket's tabs stay
+    separators, and no name can pass for another (a plain name holds no ``%``, and the escape is
+    reversible: ``urllib.parse.unquote(..., errors="surrogateescape")``).
+    """
+    if _PLAIN_HOST.fullmatch(name):
+        return name
+    if not name:
+        return "%"
+    return "".join(
+        char
+        if char in _PLAIN_CHARS and (i or char not in ".-")
+        else "".join(f"%{byte:02X}" for byte in char.encode("utf-8", "surrogateescape"))
+        for i, char in enumerate(name)
+    )
+
+
+def this_host() -> str:
+    """Return this host's name as the bootstrap's records carry it (`record_host`): the one
+    owner of the name every rank reports, records with its state, and compares."""
+    import socket
+
+    return record_host(socket.gethostname())
 
 
 def _split_top_level(text: str) -> list[str] | None:

@@ -77,6 +77,13 @@ FIRST_POLL_S = 0.0002
 #: The longest pause between rank 0's polls (the others wait in the store, without polling), and
 #: a waiting rank's pause after a wake-up that found nothing written.
 POLL_S = 0.0005
+#: How long a rank 0 whose port is taken spends finding out whether another rank 0 of its job's
+#: identity holds it (and claiming its rank there): a client's connect and two requests.
+COLLISION_PEEK_S = 3.0
+#: How long a rank 0 that found two processes of its job's identity keeps its store once its
+#: readers have read: two of the others' longest pauses between probes of the port
+#: (`PROBE_MAX_S`).
+COLLISION_LINGER_S = 2.0
 #: Rank 0 publishes the verdict only after its own wait; the others allow it this much longer.
 VERDICT_GRACE_S = 10.0
 

@@ -20,22 +20,27 @@ from distenv.bootstrap.protocol import (
     ACK,
     CHECKIN,
     CLOSED,
+    COLLIDED,
     COUNT,
     EXTRA,
     EXTRAS,
     PLACE,
+    ROLLCALL,
+    SEEN,
     UP,
     VERDICT,
     WRITTEN,
+    scope_key,
 )
-from distenv.bootstrap.records import CheckIn, ForeignRecordError
+from distenv.bootstrap.records import CheckIn, ForeignRecordError, parse_scope
 from distenv.bootstrap.scope import ScopeCheck
 from distenv.bootstrap.session import FOREIGN_HINT, Bootstrap, Session
 from distenv.bootstrap.store import connect_store, wait_count, wait_value, write_many
 from distenv.bootstrap.verdict import Verdict, parse_place, parse_verdict
+from distenv.deadline import Deadline, bounded, pause
 from distenv.errors import DistEnvError, RendezvousError, RendezvousTimeoutError
 from distenv.rankinfo import RankInfo
-from distenv.timing import VERDICT_GRACE_S
+from distenv.timing import COLLISION_LINGER_S, COLLISION_PEEK_S, VERDICT_GRACE_S
 
 __all__ = [
     "FLAT",
@@ -43,6 +48,7 @@ __all__ = [
     "StoreChannel",
     "channel_of",
     "check_in",
+    "linger",
     "parse_for",
     "publish",
     "read_verdict",
@@ -69,13 +75,20 @@ class StoreChannel(Channel):
             probes=info.rank == 0 and bool(backends),
             members=self.members,
         )
-        session.store = connect_store(
-            info,
-            boot.watch,
-            boot.waits.within(boot.timeout),
-            agent_store=session.agent_store,
-            master_from=session.master_from,
-        )
+        try:
+            session.store = connect_store(
+                info,
+                boot.watch,
+                boot.waits.within(boot.timeout),
+                agent_store=session.agent_store,
+                master_from=session.master_from,
+            )
+        except DistEnvError as exc:
+            # The port is taken (the one plain DistEnvError naming MASTER_PORT that rank 0's
+            # store raises): by another rank 0 of this job's identity, perhaps.
+            if type(exc) is DistEnvError and exc.variable == "MASTER_PORT" and info.rank == 0:
+                raise second_rank0(boot, checkin, phase, exc) from None
+            raise
 
         def stalled() -> DistEnvError:
             return RendezvousTimeoutError(
@@ -96,7 +109,7 @@ class StoreChannel(Channel):
                         listener, checkin = offer(prediction, checkin, None)
                     session.claim(checkin.hostname, checkin.net)
                 else:
-                    scope_check = session.check(boot.waits.within(boot.timeout))
+                    scope_check = session.check(boot.waits.within(boot.timeout), phase)
                     scope_check.poll()  # another job's store: refused before writing anything
                     if prediction is not None:
                         # Rank 0's node's addresses are in its claim: dial them before checking
@@ -135,6 +148,29 @@ class FlatChannel(StoreChannel):
     def check_in(self, boot: Bootstrap, store: Any, checkin: CheckIn) -> bytes | None:
         return check_in(store, checkin)
 
+    def await_verdict(
+        self,
+        boot: Bootstrap,
+        store: Any,
+        checkin: CheckIn,
+        scope_check: ScopeCheck | None,
+        held: bytes | None,
+    ) -> tuple[Verdict, bytes, bytes | None]:
+        """Return rank 0's verdict; refuse a positive one where this rank lost its key.
+
+        A process that found its rank's key taken filed an extra claim: a positive verdict did
+        not count it (rank 0 names every claimer), so the group rank 0 forms is another
+        process's: a second job of this identity, whose rank 0 learns of the extra claim before
+        it acknowledges the group (`acknowledge`).
+        """
+        found = super().await_verdict(boot, store, checkin, scope_check, held)
+        if held is not None and found[0].ok:
+            raise boot.session.collided(
+                f"another process claimed rank {checkin.rank} before this one, and rank 0's "
+                "verdict does not count this one"
+            )
+        return found
+
     def gather(self, boot: Bootstrap, store: Any, checkin: CheckIn) -> tuple[Verdict, int]:
         info = boot.session.info
         verdict = gather_checkins(store, info, checkin.scope, boot.waits.within(boot.timeout))
@@ -167,6 +203,17 @@ class FlatChannel(StoreChannel):
                 f"{absent(session, 'up', hosts) if len(up) < world else 'none'}",
                 hint=FOREIGN_HINT,
             )
+        if int(store.add(f"{session.keys(ROLLCALL)}/{EXTRAS.name}", 0)):
+            # A positive verdict counted no extra claim: one filed since is a second process of
+            # this identity (a rank that lost its key, a rank 0 that found the port taken).
+            write_many(
+                store, [(f"{keys}/{ACK.of(rank)}", COLLIDED.decode()) for rank in range(1, world)]
+            )
+            wait_count(store, f"{keys}/{SEEN.name}", world - 1, boot.waits.within(VERDICT_GRACE_S))
+            linger(boot, Deadline.after(COLLISION_LINGER_S))
+            raise session.collided(
+                "a process of this identity claimed a rank in the roll call after the verdict"
+            )
         write_many(
             store, [(f"{keys}/{ACK.of(rank)}", str(tokens[rank])) for rank in range(1, world)]
         )
@@ -178,6 +225,12 @@ class FlatChannel(StoreChannel):
         )
         if found is None:
             raise missing()
+        if found == COLLIDED:
+            session.store.add(f"{session.keys(UP)}/{SEEN.name}", 1)
+            raise session.collided(
+                "rank 0 found another process of this identity in the roll call after its "
+                "verdict, and refused the group"
+            )
         if found != echo.encode():
             raise forged_echo(session)
 
@@ -211,6 +264,55 @@ def check_in(store: Any, checkin: CheckIn) -> bytes | None:
         store.set(EXTRA.of(int(store.add(EXTRAS.name, 1))), record)
         store.add(WRITTEN.name, 1)
     return held
+
+
+def second_rank0(
+    boot: Bootstrap, checkin: CheckIn, phase: str, taken: DistEnvError
+) -> DistEnvError:
+    """Return the error of a rank 0 whose port another rank 0 of this identity holds, after
+    claiming its rank there; `taken`, the port's own error, where the port holds no store of
+    this job's scope.
+
+    Its check-in, filed beside the other rank 0's (`check_in`), is what tells that one's job:
+    two claims of rank 0 in the roll call, or an extra claim found before the group is
+    acknowledged. Bounded by `COLLISION_PEEK_S` (and the bootstrap's deadline): a port held by
+    anything else answers late or never, and the port's own error is then the one to raise.
+    """
+    session = boot.session
+    peeks = boot.waits.within(COLLISION_PEEK_S)
+    boot.enter("a look at the holder of the port", boot.deadline, lambda: taken)
+
+    def peek_and_claim() -> bool:
+        session.store = session.connection(max(peeks.left(), 0.1))
+        # The other rank 0 claims its scope as soon as it listens.
+        claimed = wait_value(session.store, scope_key(session.restart), peeks)
+        if claimed is None or parse_scope(scope_key(session.restart), claimed) != session.scope:
+            return False
+        check_in(session.scoped(phase), checkin)
+        return True
+
+    try:
+        ours = bounded(peek_and_claim, peeks, TimeoutError)
+    except (TimeoutError, RuntimeError, ForeignRecordError):
+        ours = False
+    finally:
+        session.store = None
+    if not ours:
+        return taken
+    return session.collided(
+        "another rank 0 of this identity holds its port; this one claimed rank 0 in that "
+        "roll call too, so that neither job trains"
+    )
+
+
+def linger(boot: Bootstrap, until: Deadline) -> None:
+    """Rank 0 that found two processes of its job's identity: keep the store until `until`.
+
+    The other job's ranks may still be probing for a store with backoff (`PROBE_MAX_S` between
+    probes); one that reaches this one before it goes reads the verdict and names the collision,
+    instead of reaching, later, another rank 0 of this identity and mixing with it.
+    """
+    pause(max(min(until.left(), boot.waits.left()), 0.0))
 
 
 def publish(

@@ -12,9 +12,16 @@ from collections.abc import Set as AbstractSet
 from typing import Any
 
 from distenv.bootstrap.batches import parse_batches, shard_keys
-from distenv.bootstrap.protocol import CHECKIN, CLOSED, CUT, EXTRA, EXTRAS, WRITTEN
-from distenv.bootstrap.records import MAX_SHOWN, CheckIn, ForeignRecordError, parse_checkin
-from distenv.bootstrap.store import pauses, read_many, wait_count, wait_keys
+from distenv.bootstrap.protocol import CHECKIN, CLOSED, CUT, EXTRA, EXTRAS, SIZES, WRITTEN
+from distenv.bootstrap.records import (
+    MAX_RANK,
+    MAX_SHOWN,
+    CheckIn,
+    ForeignRecordError,
+    matches,
+    parse_checkin,
+)
+from distenv.bootstrap.store import pauses, peek, read_many, wait_count, wait_keys
 from distenv.bootstrap.verdict import Verdict, host_sizes, node_hosts, refusal, validate
 from distenv.deadline import Deadline, pause
 from distenv.rankinfo import RankInfo
@@ -24,6 +31,8 @@ __all__ = ["MAX_EXTRA", "gather_batches", "gather_checkins"]
 
 # Extra claims rank 0 reads: beyond this many, the verdict already says enough.
 MAX_EXTRA = 64
+# The reports of other world sizes rank 0 reads (`other_sizes`): a line each, a few suffice.
+MAX_SIZES_BYTES = 4096
 
 
 def gather_checkins(store: Any, info: RankInfo, scope: str, deadline: Deadline) -> Verdict:
@@ -40,6 +49,11 @@ def gather_checkins(store: Any, info: RankInfo, scope: str, deadline: Deadline) 
     """
     world = info.world_size
     counted = wait_count(store, WRITTEN.name, world, deadline)
+    resized = other_sizes(store, world) if counted >= CUT else None
+    if resized is not None:
+        raws = read_many(store, [f"{CHECKIN.stem}{rank}" for rank in range(world)])
+        known, _ = _records([f"{CHECKIN.stem}{rank}" for rank in range(world)], raws, scope, world)
+        return Verdict(False, (resized,), tuple(known), scope)
     extras = min(int(store.add(EXTRAS.name, 0)), MAX_EXTRA)
     stem = CHECKIN.stem
     keys = [f"{stem}{rank}" for rank in range(world)]
@@ -68,6 +82,33 @@ def gather_checkins(store: Any, info: RankInfo, scope: str, deadline: Deadline) 
         sizes = host_sizes(found, nodes)
         return Verdict(not problems, tuple(problems), found, scope, nodes, sizes)
     return refusal(found, info, scope, foreign, complete=complete, ahead=ahead)
+
+
+def other_sizes(store: Any, world: int) -> Any:
+    """Return the `OtherSize` problem where ranks of this job's identity said they were started
+    for another world size (`distenv.bootstrap.scope.ScopeCheck`, which then added `CUT` to the
+    count); None where nobody did (a count past `CUT` is then a foreign write, named as such)."""
+    raw = peek(store, SIZES.name)
+    if raw is None or len(raw) > MAX_SIZES_BYTES:
+        return None
+    sizes: list[int] = []
+    hosts: list[str] = []
+    for line in raw.decode("ascii", "replace").splitlines():
+        size, _, host = line.partition("@")
+        if not (size.isdecimal() and len(size) <= 8 and matches("hostname", host)):
+            continue
+        if (
+            0 < int(size) <= MAX_RANK
+            and int(size) != world
+            and (int(size), host) not in zip(sizes, hosts, strict=True)
+        ):
+            sizes.append(int(size))
+            hosts.append(host)
+    if not sizes:
+        return None
+    from distenv.bootstrap.problems import OtherSize
+
+    return OtherSize(world, tuple(sizes[:MAX_SHOWN]), tuple(hosts[:MAX_SHOWN]))
 
 
 def _records(
@@ -139,6 +180,9 @@ def gather_batches(
     """
     world = info.world_size
     counted = wait_count(store, WRITTEN.name, world, deadline)
+    resized = other_sizes(store, world) if counted >= CUT else None
+    if resized is not None:
+        return Verdict(False, (resized,), (), scope), 0
     if counted < world:
         counted = int(store.add(WRITTEN.name, CUT)) - CUT
     keys = shard_keys(world)

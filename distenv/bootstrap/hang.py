@@ -42,13 +42,13 @@ import datetime
 import faulthandler
 import json
 import os
-import socket
 import sys
 import threading
 import time
 from typing import Any, NamedTuple
 
 from distenv import progress
+from distenv._hosts import this_host
 from distenv.bootstrap.protocol import (
     ALARM,
     ALARM_EXIT,
@@ -158,7 +158,7 @@ class _Autopsy:
         keys = session.keys(HANG)
         self.info = session.info
         self.timeout, self.log_dir = timeout, log_dir
-        self.host = socket.gethostname()
+        self.host = this_host()  # as the records carry it (distenv._hosts.record_host)
         # Two connections of this rank's own: the hang thread's waits hold the first.
         self.waiter: Any = PrefixStore(keys, session.connection(REQUEST_S))
         self.poster: Any = PrefixStore(keys, session.connection(REQUEST_S))

@@ -151,7 +151,11 @@ def _init_process_group(
         join_group(boot, backend=backend, device=device, timeout=timeout, hosts=hosts)
         return placed
 
-    return boot.run(phases)
+    try:
+        return boot.run(phases)
+    except BaseException as exc:
+        boot.session.release(exc)
+        raise
 
 
 def _export_paths(exports: dict[str, str], info: RankInfo) -> None:

@@ -25,6 +25,9 @@ from distenv.bootstrap.records import (
 
 __all__ = [
     "CODES",
+    "COLLISION_HINT",
+    "SAME_IDENTITY",
+    "SIZE_HINT",
     "ClaimedTwice",
     "Disagreement",
     "ForeignCheckIn",
@@ -32,6 +35,7 @@ __all__ = [
     "LocalLayout",
     "Missing",
     "MixedLayout",
+    "OtherSize",
     "Placement",
     "Problem",
     "SharedGpu",
@@ -51,6 +55,21 @@ __all__ = [
     "shared_local_ranks",
 ]
 
+
+#: What two processes claiming one rank's key are, when each was given it honestly: two jobs
+#: that no part of their identity tells apart (docs/security.md), or one launch that gave two
+#: processes the same rank.
+SAME_IDENTITY = "two jobs with the same identity on one store (or two processes given one rank)"
+#: The fix for `SAME_IDENTITY`.
+COLLISION_HINT = (
+    "give each job its own run id (TORCHELASTIC_RUN_ID, i.e. torchrun --rdzv-id; distenv run "
+    "--run-id; DISTENV_RUN_ID) or its own MASTER_PORT"
+)
+#: The fix for ranks of one job identity started for worlds of different sizes (`OtherSize`).
+SIZE_HINT = (
+    "start every node of the job for the same world: the same -n/--nproc-per-node and --nnodes "
+    "on each (or the same WORLD_SIZE), or give the other job its own run id"
+)
 
 # Foreign record keys a problem names; the rest are counted.
 MAX_FOREIGN_SHOWN = 4
@@ -83,6 +102,31 @@ def _host_list(fields: Fields, name: str) -> tuple[str, ...]:
     if not all(matches("hostname", h) for h in hosts):
         raise ForeignRecordError(fields.key, f"field {name!r} is not a list of host names")
     return tuple(hosts)
+
+
+class OtherSize(NamedTuple):
+    """Ranks of this job's identity started for a world of another size (where each said so)."""
+
+    world_size: int
+    sizes: tuple[int, ...]
+    hosts: tuple[str, ...]
+
+    def describe(self, timeout: float) -> str:
+        said = ", ".join(f"{s} on {h!r}" for s, h in zip(self.sizes, self.hosts, strict=True))
+        return (
+            f"a size mismatch: rank 0 was started for a world of {self.world_size} ranks, ranks "
+            f"of the same job identity for {said}"
+        )
+
+    @classmethod
+    def parse(cls, fields: "Fields", world: int) -> "OtherSize":
+        sizes = fields.items("sizes")
+        if not all(type(s) is int and 0 < s <= MAX_RANK for s in sizes):
+            raise ForeignRecordError(fields.key, "sizes are not world sizes")
+        hosts = _host_list(fields, "hosts")
+        if len(hosts) != len(sizes):
+            raise ForeignRecordError(fields.key, "sizes and hosts differ in length")
+        return cls(fields.integer("world_size", world, world + 1), tuple(sizes), hosts)
 
 
 class Missing(NamedTuple):
@@ -183,7 +227,9 @@ class ClaimedTwice(NamedTuple):
 
     def describe(self, timeout: float) -> str:
         who = ", ".join(f"pid {p} on {h!r}" for p, h in zip(self.pids, self.hosts, strict=True))
-        return f"rank {self.rank} was claimed by {len(self.pids)} processes ({who})"
+        return (
+            f"rank {self.rank} was claimed by {len(self.pids)} processes ({who}): {SAME_IDENTITY}"
+        )
 
     @classmethod
     def parse(cls, fields: "Fields", world: int) -> "ClaimedTwice":
@@ -513,6 +559,7 @@ Problem = (
     | ForeignCount
     | Unreachable
     | SilentNodes
+    | OtherSize
 )
 #: Each problem's code in the published verdict.
 CODES: dict[type, str] = {
@@ -528,6 +575,7 @@ CODES: dict[type, str] = {
     ForeignCount: "foreign_count",
     Unreachable: "unreachable",
     SilentNodes: "silent_nodes",
+    OtherSize: "other_size",
 }
 _PROBLEMS: dict[str, Any] = {code: kind for kind, code in CODES.items()}
 

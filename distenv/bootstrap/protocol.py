@@ -27,6 +27,7 @@ __all__ = [
     "CARD",
     "CHECKIN",
     "CLOSED",
+    "COLLIDED",
     "COUNT",
     "CUT",
     "DOCTOR",
@@ -41,6 +42,8 @@ __all__ = [
     "PLACE",
     "READ",
     "ROLLCALL",
+    "SEEN",
+    "SIZES",
     "STACK",
     "STATE",
     "STATES",
@@ -59,6 +62,9 @@ ROLLCALL, DOCTOR, PG, UP, HANG = "rollcall", "doctor", "pg", "up", "hang"
 #: What rank 0 writes under an absent rank's check-in key when it stops waiting (never a record:
 #: JSON).
 CLOSED = b"closed"
+#: What rank 0 writes under a rank's group-up acknowledgement instead of its token when a second
+#: process of this job's identity claimed a key after the verdict (docs/security.md).
+COLLIDED = b"collided"
 #: What rank 0 adds to the count of checked-in ranks when it stops waiting: a leader whose own
 #: addition returns at least this came too late, and knows it (the flat roll call's `CLOSED`).
 CUT = 1 << 40
@@ -99,7 +105,12 @@ EXTRA = Key(
     "extra/", "n", ROLLCALL, "a rank that found its rank's key taken", "rank 0", "CheckIn JSON"
 )
 EXTRAS = Key(
-    "extras", "", ROLLCALL, "the ranks that write an extra claim (add 1)", "rank 0", "counter"
+    "extras",
+    "",
+    ROLLCALL,
+    "the ranks that write an extra claim (add 1)",
+    "rank 0, again before it acknowledges the group",
+    "counter",
 )
 WRITTEN = Key(
     "written",
@@ -122,6 +133,14 @@ PLACE = Key(
 )
 VERDICT = Key(
     "verdict", "", ROLLCALL, "rank 0 (compare_set)", "every rank (or leader) but 0", "Verdict JSON"
+)
+SIZES = Key(
+    "sizes",
+    "",
+    ROLLCALL,
+    "a rank of this job's identity started for another world size (append), under rank 0's scope",
+    "rank 0, once the count reaches CUT",
+    "lines of <world size>@<host>; the writer adds CUT to rank 0's written count",
 )
 READ = Key(
     "read",
@@ -148,7 +167,15 @@ ACK = Key(
     UP,
     "rank 0",
     "that rank (or leader)",
-    "its token, or its node's tokens (UpBatch.echo)",
+    "its token, or its node's tokens (UpBatch.echo), or COLLIDED",
+)
+SEEN = Key(
+    "seen",
+    "",
+    UP,
+    "the readers of a COLLIDED acknowledgement (add 1)",
+    "rank 0, before it may exit",
+    "counter",
 )
 HUNG = Key(
     "hung",
@@ -201,10 +228,12 @@ KEYS = (
     BATCHES,
     PLACE,
     VERDICT,
+    SIZES,
     READ,
     STATE,
     COUNT,
     ACK,
+    SEEN,
     HUNG,
     ALARM,
     STACK,

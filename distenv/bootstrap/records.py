@@ -45,7 +45,8 @@ MAX_SHOWN = 16  # ranks, hosts or claims a problem names; the rest are counted
 _HOST = r"[A-Za-z0-9_](?:[A-Za-z0-9._-]{0,252})"
 _IPV6 = r"\[[0-9A-Fa-f:.]{2,45}(?:%[A-Za-z0-9_.-]{1,32})?\]"
 PATTERNS = {
-    "hostname": _HOST,
+    # A host name as distenv._hosts.record_host writes it: plain, or percent-encoded.
+    "hostname": r"[A-Za-z0-9_%](?:[A-Za-z0-9._%-]{0,252})",
     "master": rf"(?:{_HOST}|{_IPV6}):[0-9]{{1,5}}",
     "launcher": r"[a-z][a-z0-9_-]{0,31}",
     "backend": r"[A-Za-z0-9:,_-]{1,64}",

@@ -25,12 +25,12 @@ from __future__ import annotations
 import contextlib
 import gc
 import os
-import socket
 from collections.abc import Iterator
 from typing import Any
 
+from distenv._hosts import this_host
 from distenv.bootstrap.channel import Channel, late
-from distenv.bootstrap.flat import FLAT, publish
+from distenv.bootstrap.flat import FLAT, linger, publish
 from distenv.bootstrap.nodes import open_channel
 from distenv.bootstrap.paths import judged, network_exports, probed_backends
 from distenv.bootstrap.protocol import CLOSED, READ, Message
@@ -40,10 +40,11 @@ from distenv.bootstrap.scope import ScopeCheck
 from distenv.bootstrap.session import Bootstrap, Session
 from distenv.bootstrap.store import wait_count
 from distenv.bootstrap.verdict import Verdict, fill_layout
+from distenv.deadline import Deadline
 from distenv.device import device_identity
 from distenv.errors import DistEnvError, RendezvousError, RendezvousTimeoutError
 from distenv.rankinfo import RankInfo
-from distenv.timing import VERDICT_GRACE_S
+from distenv.timing import COLLISION_LINGER_S, VERDICT_GRACE_S
 
 __all__ = [
     "fill_layout",
@@ -148,6 +149,8 @@ def roll_call(
             # Rank 0 may exit next (a negative verdict, `distenv doctor`), and its store with
             # it: let the others read first.
             wait_count(store, READ.name, readers, boot.waits.within(VERDICT_GRACE_S))
+        if verdict.collided:
+            linger(boot, Deadline.after(COLLISION_LINGER_S))
     else:
         verdict, raw, place_raw = channel.await_verdict(boot, store, checkin, scope_check, held)
         channel.hand_on(boot, Message.VERDICT.encode(raw.decode(), (place_raw or b"").decode()))
@@ -177,11 +180,16 @@ def _collector_held() -> Iterator[None]:
 
 def _negative(info: RankInfo, verdict: Verdict, timeout: float) -> DistEnvError:
     """Return the error of a negative verdict."""
+    from distenv.bootstrap import problems
+
     error = RendezvousTimeoutError if verdict.missing else RendezvousError
+    hint = "run `distenv doctor` under the same launcher for a per-rank table"
+    if any(isinstance(p, problems.OtherSize) for p in verdict.problems):
+        hint = problems.SIZE_HINT
+    elif verdict.collided:
+        hint = problems.COLLISION_HINT
     return error(
-        info.launcher,
-        "roll call failed: " + "; ".join(verdict.describe(timeout)),
-        hint="run `distenv doctor` under the same launcher for a per-rank table",
+        info.launcher, "roll call failed: " + "; ".join(verdict.describe(timeout)), hint=hint
     )
 
 
@@ -198,7 +206,7 @@ def make_checkin(
         local_rank=info.local_rank,
         local_world_size=info.local_world_size,
         node_rank=info.node_rank,
-        hostname=socket.gethostname(),
+        hostname=this_host(),
         pid=os.getpid(),
         launcher=info.launcher,
         master=session.master,

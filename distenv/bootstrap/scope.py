@@ -12,9 +12,12 @@ does not protect against.
 from __future__ import annotations
 
 import hashlib
+import re
+from collections.abc import Callable
 from typing import Any
 
-from distenv.bootstrap.protocol import KEY_ROOT, prefix, scope_key
+from distenv._hosts import this_host
+from distenv.bootstrap.protocol import CUT, KEY_ROOT, SIZES, WRITTEN, prefix, scope_key
 from distenv.bootstrap.records import (
     ForeignRecordError,
     NetRecord,
@@ -25,7 +28,7 @@ from distenv.bootstrap.records import (
 )
 from distenv.bootstrap.store import master_address, peek, wait_value
 from distenv.deadline import Deadline
-from distenv.errors import RendezvousTimeoutError, StoreTakenError
+from distenv.errors import RendezvousError, RendezvousTimeoutError, StoreTakenError
 from distenv.rankinfo import RankInfo
 
 __all__ = ["KEY_ROOT", "ScopeCheck", "claim_scope", "job_scope", "prefix", "scope_key"]
@@ -82,10 +85,20 @@ class ScopeCheck:
     """
 
     def __init__(
-        self, store: Any, info: RankInfo, scope: str, key: str, deadline: Deadline
+        self,
+        store: Any,
+        info: RankInfo,
+        scope: str,
+        key: str,
+        deadline: Deadline,
+        *,
+        resized: Callable[[str], str] | None = None,
     ) -> None:
         self.store, self.info, self.scope, self.key = store, info, scope, key
         self.deadline = deadline
+        #: The prefix of rank 0's roll call for its scope, where a rank of another world size
+        #: says so (`other_size`); None: it says nothing there.
+        self.resized = resized
         self.confirmed = False
         self.wrote = False  # whether this rank has checked in (said in the error)
         #: Rank 0's host name and network record, from its claim (None: it offers none).
@@ -120,8 +133,31 @@ class ScopeCheck:
         except ForeignRecordError:
             scope = ""
         if scope != self.scope:
+            sizes = other_size(scope, self.scope)
+            if sizes is not None:
+                raise self._other_size(scope, *sizes)
             _taken(self.info, self.key, found, self.scope, wrote=self.wrote)
         self.confirmed = True
+
+    def _other_size(self, scope: str, theirs: int, ours: int) -> RendezvousError:
+        """Tell rank 0 (its roll call's `SIZES`, then `CUT` on its count: it stops waiting at
+        once) and return the error of a rank of this job whose world is not rank 0's."""
+        from distenv.bootstrap.problems import SIZE_HINT
+
+        info = self.info
+        if self.resized is not None:
+            keys = self.resized(scope)
+            self.store.append(f"{keys}/{SIZES.name}", f"{ours}@{this_host()}\n")
+            self.store.add(f"{keys}/{WRITTEN.name}", CUT)
+        return RendezvousError(
+            info.launcher,
+            f"rank {info.rank} of {info.world_size}: a size mismatch: rank 0's store at "
+            f"{master_address(info)} holds this job ({scope.rpartition('/n')[0]!r}) started for "
+            f"a world of {theirs} ranks, this rank's node for {ours}",
+            hint=SIZE_HINT,
+            variable="WORLD_SIZE",
+            value=str(ours),
+        )
 
     def absent(self) -> RendezvousTimeoutError:
         """Return the error of a scope key still absent at the deadline."""
@@ -136,6 +172,18 @@ class ScopeCheck:
             variable="MASTER_PORT",
             value=str(info.master_port),
         )
+
+
+_SIZED = re.compile(r"(?P<job>.+)/n(?P<size>[0-9]{1,8})")
+
+
+def other_size(theirs: str, ours: str) -> tuple[int, int] | None:
+    """Return ``(their size, ours)`` where scopes `theirs` and `ours` (`job_scope`) name one
+    job identity with two world sizes; None otherwise (another job, or an MPI token)."""
+    a, b = _SIZED.fullmatch(theirs), _SIZED.fullmatch(ours)
+    if a is None or b is None or a["job"] != b["job"] or a["size"] == b["size"]:
+        return None
+    return int(a["size"]), int(b["size"])
 
 
 def _taken(info: RankInfo, key: str, found: bytes, scope: str, *, wrote: bool = False) -> None:

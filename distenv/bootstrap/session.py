@@ -13,11 +13,12 @@ from __future__ import annotations
 
 import contextlib
 import re
-import socket
+import traceback
 from collections.abc import Callable, Iterator, Sequence
 from typing import TYPE_CHECKING, Any, TypeVar
 
-from distenv.bootstrap.protocol import STATE, STATES, UP, prefix, scope_key
+from distenv._hosts import this_host
+from distenv.bootstrap.protocol import ROLLCALL, STATE, STATES, UP, prefix, scope_key
 from distenv.bootstrap.records import NetRecord, matches
 from distenv.bootstrap.scope import ScopeCheck, claim_scope, job_scope
 from distenv.bootstrap.store import first_line, master_address, peek, read_many
@@ -87,6 +88,25 @@ class Session:
             leaders=settings.node_leaders,
         )
 
+    def release(self, failure: BaseException) -> None:
+        """Let go of rank 0's store after a failed bootstrap, so that its port is free at once.
+
+        torch's store has no close: its server stops when the last reference goes. The
+        `failure` the caller is about to raise holds, through its traceback (and the tracebacks
+        chained to it), the finished frames of every phase, whose locals reach the store: their
+        locals are cleared, so that the store goes now and an `init_dist` retried in the same
+        process can listen on the port again, instead of when the garbage collector next runs.
+        """
+        channel, self.channel, self.store = self.channel, None, None
+        if channel is not None:
+            channel.close()
+        seen: set[int] = set()
+        exc: BaseException | None = failure
+        while exc is not None and id(exc) not in seen:
+            seen.add(id(exc))
+            traceback.clear_frames(exc.__traceback__)
+            exc = exc.__cause__ or exc.__context__
+
     @property
     def master(self) -> str:
         """Return ``host:port`` of rank 0's store."""
@@ -109,9 +129,17 @@ class Session:
         """
         claim_scope(self.store, self.info, self.scope, scope_key(self.restart), hostname, net)
 
-    def check(self, deadline: Deadline) -> ScopeCheck:
-        """Return the check that the store is this job's (every rank but 0), ending at `deadline`."""
-        return ScopeCheck(self.store, self.info, self.scope, scope_key(self.restart), deadline)
+    def check(self, deadline: Deadline, phase: str = ROLLCALL) -> ScopeCheck:
+        """Return the check that the store is this job's (every rank but 0), ending at `deadline`;
+        a rank of another world size says so in rank 0's `phase`."""
+        return ScopeCheck(
+            self.store,
+            self.info,
+            self.scope,
+            scope_key(self.restart),
+            deadline,
+            resized=lambda scope: prefix(scope, phase, self.restart),
+        )
 
     def _state_key(self, rank: int) -> str:
         return f"{self.keys(UP)}/{STATE.of(rank)}"
@@ -125,7 +153,7 @@ class Session:
         while the bootstrap's connection may be held by a wait in the store
         (`distenv.bootstrap.store.wait_value`).
         """
-        value = f"{state}@{socket.gethostname()}" + (f"#{token}" if token else "")
+        value = f"{state}@{this_host()}" + (f"#{token}" if token else "")
         key = self._state_key(self.info.rank)
         if not wait:
             self.store.set(key, value)
@@ -197,6 +225,19 @@ class Session:
             yield
         except RuntimeError as exc:
             raise self.lost(during, exc) from None
+
+    def collided(self, what: str) -> RendezvousError:
+        """Return the error of a rank that met another process of this job's identity: `what`
+        it found (`distenv.bootstrap.problems.SAME_IDENTITY`)."""
+        from distenv.bootstrap.problems import COLLISION_HINT, SAME_IDENTITY
+
+        info = self.info
+        return RendezvousError(
+            info.launcher,
+            f"rank {info.rank} of {info.world_size}: {SAME_IDENTITY}, {self.scope!r} at "
+            f"{self.master}: {what}; this job does not train",
+            hint=COLLISION_HINT,
+        )
 
     def lost(self, during: str, exc: BaseException) -> RendezvousError:
         """Return the error of a rank whose connection to rank 0's store broke `during` a phase."""

@@ -196,6 +196,14 @@ class Verdict(NamedTuple):
         return None
 
     @property
+    def collided(self) -> bool:
+        """Whether a problem is that two processes of this job's identity met: two claimed one
+        rank (`problems.SAME_IDENTITY`), or ranks were started for another world size."""
+        return bool(self.problems) and any(
+            isinstance(p, (_problems().ClaimedTwice, _problems().OtherSize)) for p in self.problems
+        )
+
+    @property
     def missing(self) -> bool:
         """Whether a problem is that ranks never arrived (a timeout, not a misconfiguration)."""
         if not self.problems:

@@ -19,13 +19,13 @@ import contextlib
 import dataclasses
 import datetime
 import signal
-import socket
 import sys
 import time
 from collections.abc import Callable, Sequence
 from types import FrameType
 from typing import Any
 
+from distenv._hosts import this_host
 from distenv.bootstrap.store import host_store
 from distenv.deadline import Deadline, bounded, interruptible
 from distenv.errors import RendezvousTimeoutError
@@ -73,7 +73,7 @@ class Restarts:
     policy: StopPolicy
     poll_interval: float
     timeout: float
-    host: str = dataclasses.field(default_factory=socket.gethostname)
+    host: str = dataclasses.field(default_factory=this_host)
     _signals: list[int] = dataclasses.field(default_factory=list)
     _run_dir: RunDir = dataclasses.field(default_factory=RunDir)
     _last: Supervisor | None = None

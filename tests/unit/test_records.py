@@ -22,6 +22,7 @@ from distenv.bootstrap.problems import (
     LocalLayout,
     Missing,
     MixedLayout,
+    OtherSize,
     Placement,
     SharedGpu,
     SharedLocalRank,
@@ -227,10 +228,11 @@ def test_verdicts_round_trip_and_render_the_same_on_every_rank() -> None:
         MixedLayout("node_rank", (0, 1), 2, ("gpu000",), (2, 3), 2, ("gpu001",)),
         LocalLayout("gpu001", None, 2, (2, 3), (0, 3), (4,)),
         SilentNodes(1, (2,), (1,), (2,)),
+        OtherSize(4, (6,), ("gpu001",)),
     )
     kinds = {type(p) for p in problems}
     assert {Disagreement, ClaimedTwice, Missing, Placement, SharedGpu, ForeignCheckIn} <= kinds
-    assert {MixedLayout, LocalLayout, ForeignCount, SilentNodes} <= kinds
+    assert {MixedLayout, LocalLayout, ForeignCount, SilentNodes, OtherSize} <= kinds
     published = Verdict(False, problems, (), SCOPE).to_json()
     parsed, placed = parse_verdict("verdict", published, scope=SCOPE, world_size=4)
     assert not placed
@@ -508,3 +510,100 @@ def test_a_verdict_without_problems_is_checked_without_importing_the_problems_mo
     )
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip() == "False"
+
+
+KERNEL_NAMES = [
+    "gpu001",
+    "my node",
+    "nœud",
+    "",
+    "-lead.",
+    ".dot",
+    "a@b#c\td%25",
+    "100%",
+    "x" * 64,
+    "ü" * 32,
+    "bad\udcffbyte",  # a byte that is not UTF-8, as Python decodes it (surrogateescape)
+]
+
+
+@pytest.mark.parametrize("name", KERNEL_NAMES)
+def test_any_kernel_host_name_round_trips_through_a_checkin(name: str) -> None:
+    """Every host name the kernel accepts is recorded losslessly (#44 item 8): its record form
+    matches the schema, survives a check-in's JSON and decodes back to the kernel's name."""
+    from urllib.parse import unquote
+
+    from distenv._hosts import record_host
+
+    recorded = record_host(name)
+    assert recorded.isascii()
+    assert recorded.isprintable()
+    assert not set(recorded) & set("@#\t\n ")  # the state records' and messages' separators
+    parsed = parse_checkin("checkin/1", checkin(hostname=recorded).to_json())
+    assert parsed.hostname == recorded
+    assert unquote(recorded, errors="surrogateescape") == name or (name, recorded) == ("", "%")
+    assert (recorded == name) == ("%" not in recorded)
+
+
+@given(st.lists(st.text(max_size=20), min_size=2, max_size=2, unique=True))
+def test_distinct_host_names_stay_distinct(names: list[str]) -> None:
+    """No host name passes for another once recorded."""
+    from distenv._hosts import record_host
+
+    assert record_host(names[0]) != record_host(names[1])
+
+
+def test_plain_host_names_are_recorded_as_they_are() -> None:
+    from distenv._hosts import record_host
+
+    for name in ("gpu001", "node-1.cluster.example", "_x", "A9"):
+        assert record_host(name) == name
+
+
+OTHER = {"code": "other_size", "world_size": 4, "sizes": [6], "hosts": ["gpu001"]}
+
+
+@pytest.mark.parametrize(
+    ("problem", "why"),
+    [
+        ({**OTHER, "world_size": 5}, "'world_size'"),
+        ({**OTHER, "sizes": [0]}, "sizes are not world sizes"),
+        ({**OTHER, "sizes": ["EVIL TEXT"]}, "sizes are not world sizes"),
+        ({**OTHER, "hosts": ["EVIL TEXT"]}, "'hosts'"),
+        ({**OTHER, "hosts": []}, "differ in length"),
+    ],
+)
+def test_forged_size_mismatches_are_refused(problem: dict[str, Any], why: str) -> None:
+    """A size mismatch in a verdict names rank 0's own world and valid sizes and hosts only."""
+    verdict = {"scope": SCOPE, "ok": False, "problems": [problem], "placed": False}
+    with pytest.raises(ForeignRecordError) as info:
+        parse_verdict("verdict", json.dumps(verdict), scope=SCOPE, world_size=4)
+    assert why in info.value.why
+    assert "EVIL" not in str(info.value)
+    parsed, _ = parse_verdict(
+        "verdict", json.dumps({**verdict, "problems": [OTHER]}), scope=SCOPE, world_size=4
+    )
+    assert parsed.describe(30) == [
+        "a size mismatch: rank 0 was started for a world of 4 ranks, ranks of the same job "
+        "identity for 6 on 'gpu001'"
+    ]
+
+
+@pytest.mark.parametrize(
+    ("theirs", "ours", "sizes"),
+    [
+        ("pytorch/exp1/-/n4", "pytorch/exp1/-/n6", (4, 6)),
+        ("slurm/42/0/n8", "slurm/42/0/n16", (8, 16)),
+        ("pytorch/exp1/-/n4", "pytorch/exp2/-/n6", None),  # another job
+        ("pytorch/exp1/-/n4", "pytorch/exp1/-/n4", None),  # the same
+        ("mpi/-/n4/" + "ab" * 16, "mpi/-/n6/" + "cd" * 16, None),  # MPI tokens: two jobs
+        ("sha256-" + "0" * 40, "pytorch/exp1/-/n6", None),
+    ],
+)
+def test_other_size_tells_one_identity_of_two_sizes(
+    theirs: str, ours: str, sizes: tuple[int, int] | None
+) -> None:
+    """Only scopes that differ in their world size alone are a size mismatch."""
+    from distenv.bootstrap.scope import other_size
+
+    assert other_size(theirs, ours) == sizes

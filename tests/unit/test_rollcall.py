@@ -618,3 +618,48 @@ def test_a_rank_that_checks_in_after_rank_0_gave_up_is_told_it_came_late() -> No
         error
     )
     assert time.monotonic() - start < 5  # at once, not after its own 10 s wait
+
+
+def test_a_rank_whose_key_was_taken_never_accepts_a_positive_verdict() -> None:
+    """World 2 passes its roll call; a second process of rank 1, of the same identity, arrives
+    after the verdict: it files an extra claim (which rank 0 reads before it acknowledges the
+    group) and refuses the positive verdict, naming the collision, at once (#44 item 2)."""
+    from torch.distributed import PrefixStore, TCPStore
+
+    from distenv.bootstrap.problems import SAME_IDENTITY
+
+    world = 2
+    master = TCPStore("127.0.0.1", 0, world, True, wait_for_workers=False)
+    port = master.port
+    results: dict[tuple[int, int], object] = {}
+
+    def rank_main(rank: int, pid: int) -> None:
+        store = master if rank == 0 else TCPStore("127.0.0.1", port, world, False)
+        info = RankInfo(
+            launcher="slurm", rank=rank, world_size=world, local_rank=rank,
+            local_world_size=2, node_rank=0, num_nodes=1,
+            master_addr="127.0.0.1", master_port=port,
+        )  # fmt: skip
+        record = checkin(rank, world, per_node=2, pid=pid)
+        try:
+            results[rank, pid] = roll_call(
+                PrefixStore("distenv/test", store), boot(info, 10.0, 20.0), record
+            )
+        except RendezvousError as exc:
+            results[rank, pid] = exc
+
+    first = [threading.Thread(target=rank_main, args=(r, 1000 + r)) for r in (0, 1)]
+    for t in first:
+        t.start()
+    for t in first:
+        t.join(30)
+    assert all(isinstance(results[r, 1000 + r], Verdict) for r in (0, 1)), results
+    start = time.monotonic()
+    rank_main(1, 2000)
+    error = results[1, 2000]
+    assert isinstance(error, RendezvousError)
+    assert SAME_IDENTITY in str(error)
+    assert "another process claimed rank 1 before this one" in str(error)
+    assert "TORCHELASTIC_RUN_ID" in str(error)
+    assert int(master.add("distenv/test/extras", 0)) == 1
+    assert time.monotonic() - start < 5
