@@ -26,7 +26,7 @@ FAULTY = Path(__file__).resolve().parents[1] / "support" / "scripts" / "faulty_r
 #: Runs per listener mode here; `benchmarks/lab/hostile_master.py` runs 20 under a CPU burner.
 RUNS = 2
 #: The rendezvous timeout of the hostile-listener runs (DISTENV_TIMEOUT).
-TIMEOUT_S = 2
+TIMEOUT_S = 4
 #: What a loaded machine may add to the moment a rank raises: the main thread's slices, a
 #: thread's wake-up (both rank 0 and the bound's own are measured inside the rank).
 SLACK_S = 4.0
@@ -35,8 +35,9 @@ SLACK_S = 4.0
 #: (35.7 s in all was seen at a load of ~30). A client left blocked in torch would hold it for
 #: its own timeout, `distenv.timing.OUTLIVE_S` (60 s) past the deadline.
 LOADED_S = 45.0
-# torch's client logs one line (a C++ warning) before it fails to allocate an absurd length.
-TORCH_LINES = {"absurd-length": 1}
+# torch's client logs a line (a C++ warning, no stack) as it fails to allocate an absurd length,
+# up to twice on a loaded machine (`benchmarks/lab/hostile_master.py`); no other mode reaches it.
+TORCH_LINES = {"absurd-length": 2}
 
 # Rank 1 of 2: torch imported first (its import is not the bootstrap's), then init_dist; the times
 # (CLOCK_MONOTONIC, the same in every process) it started and raised go to stdout.
@@ -87,8 +88,9 @@ def _against(mode: str) -> tuple[int, float, float, str, int]:
 
 def test_a_hostile_listener_on_the_master_port_ends_in_one_line_never_an_abort() -> None:
     """Each mode, RUNS times at once: status 1 (not 134), distenv's one line naming the address
-    and the fix as the last line, nothing of torch's but one warning where its client fails to
-    allocate, raised within the timeout (a refusal at once; silence at the timeout)."""
+    and the fix as the last line, nothing of torch's but a warning line where its client fails to
+    allocate, raised within the timeout: a refusal at once (a StoreTakenError), silence at the
+    timeout."""
     modes = [mode for mode in MODES for _ in range(RUNS)]
     with ThreadPoolExecutor(len(modes)) as pool:
         runs = list(pool.map(_against, modes))
@@ -97,20 +99,28 @@ def test_a_hostile_listener_on_the_master_port_ends_in_one_line_never_an_abort()
         assert status == 1, (mode, status, err[-2000:])
         assert "terminate called" not in err, (mode, err[-2000:])
         assert "frame #" not in err, (mode, err[-2000:])
-        assert len(lines) == 1 + TORCH_LINES.get(mode, 0), (mode, err[-2000:])
+        assert len(lines) <= 1 + TORCH_LINES.get(mode, 0), (mode, err[-2000:])
+        assert all(re.match(r"\[W\d+ .* TCPStore\.cpp:\d+\] ", line) for line in lines[:-1]), (
+            mode,
+            err[-2000:],
+        )
         assert re.match(r"rank 1: <string>:\d+: distenv\.errors\.", lines[-1]), (mode, err)
         assert f"127.0.0.1:{port}" in lines[-1], (mode, err)
         assert "MASTER_PORT" in lines[-1].partition("Hint: ")[2], (mode, err)
         assert took < TIMEOUT_S + SLACK_S, (mode, took)
         assert run < TIMEOUT_S + LOADED_S, (mode, run)
+        silent = (
+            "not answering as a torch store (another service, or rank 0 stopped?) within "
+            f"{TIMEOUT_S} s"
+        )
         if mode == "silent":
-            assert (
-                f"not answering as a torch store (another service, or rank 0 stopped?) within {TIMEOUT_S} s"
-                in err
-            )
+            assert silent in lines[-1], err
             assert took > TIMEOUT_S - 0.5, (mode, took)
-        else:
-            assert "StoreTakenError" in lines[-1], (mode, err)
+        else:  # refused, or (a loaded machine) its answer read too late: named as silent
+            assert "StoreTakenError" in lines[-1] or silent in lines[-1], (mode, err)
+    for mode in MODES[1:]:
+        refused = [run for mode_, run in zip(modes, runs, strict=True) if mode_ == mode]
+        assert any("StoreTakenError" in err for *_, err, _ in refused), mode
 
 
 #: Where rank 0 stops itself (faulty_rank.py's faults).
