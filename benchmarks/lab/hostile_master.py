@@ -57,6 +57,7 @@ def _one(mode: str, code: Path, timeout: int) -> dict[str, Any]:
         run = subprocess.run(
             [sys.executable, "-c", RANK],
             env=env,
+            cwd=code,  # `-c` puts the working directory first on the path, before PYTHONPATH
             capture_output=True,
             text=True,
             timeout=600,
