@@ -12,7 +12,14 @@ the slice (`interruptible`), whatever the thread is blocked in. One thread serve
 ends; the native calls release the GIL, so nothing else waits for it. A call that is only
 waiting between store operations is told to stop instead (`pause` raises `Cancelled` in it), and
 is given `distenv.timing.STOP_S` to do so, so that it is not left inside a native call while the interpreter
-finalises. (The abort at exit after a finished training, ``terminate called without an active
+finalises. A call still blocked in a native call then (a store request against a listener that
+never answers, or against a stopped rank 0) is left behind, and the process must end before that call
+can return: a thread that comes back from C++ into a finalising interpreter is ended while it unwinds
+C++ frames, and the process aborts (SIGABRT, exit 134, torch's stack dumps after distenv's one
+line). So at exit, if a call left behind is still blocked, the process ends at once
+(``os._exit``, after flushing stdout and stderr) with the status Python was ending it with
+(`distenv.exits.ExitStatus`): `atexit` handlers registered before the call was left behind do not
+run then. (The abort at exit after a finished training, ``terminate called without an active
 exception``, comes from gloo's worker threads, not from this one: `distenv.bootstrap.teardown`.)
 
 The deadline is the rendezvous timeout plus `distenv.timing.GRACE_S`, from `init_dist`'s entry to its return.
@@ -20,6 +27,7 @@ The deadline is the rendezvous timeout plus `distenv.timing.GRACE_S`, from `init
 
 from __future__ import annotations
 
+import atexit
 import signal
 import threading
 import time
@@ -29,6 +37,7 @@ from types import FrameType
 from typing import NamedTuple, TypeVar
 
 from distenv.errors import RendezvousError
+from distenv.exits import ExitStatus
 from distenv.timing import SLICE_S, STOP_S
 
 __all__ = [
@@ -43,6 +52,9 @@ __all__ = [
 T = TypeVar("T")
 
 _current = threading.local()
+# Watched calls given up on while still blocked (module doc); guarded by `_leaving`.
+_left_behind: list[threading.Thread] = []
+_leaving = threading.Lock()
 
 
 class Cancelled(Exception):  # noqa: N818 -- a control-flow signal, not an error
@@ -56,6 +68,21 @@ def pause(seconds: float) -> None:
         time.sleep(seconds)
     elif cancel.wait(seconds):
         raise Cancelled
+
+
+def _end_if_left_behind() -> None:
+    """At exit, end the process now if a call left behind is still blocked (module doc)."""
+    if any(thread.is_alive() for thread in _left_behind):
+        ExitStatus.end_now()
+
+
+def _leave_behind(worker: threading.Thread) -> None:
+    """Remember a watched call's thread that is still blocked after it was given up on."""
+    with _leaving:
+        if not _left_behind:
+            ExitStatus.watch()  # so that a later sys.exit(N) still ends the process with N
+            atexit.register(_end_if_left_behind)
+        _left_behind.append(worker)
 
 
 class Deadline(NamedTuple):
@@ -140,6 +167,8 @@ def watched(call: Callable[[Watch], T], watch: Watch) -> T:
     except BaseException:
         cancel.set()
         worker.join(STOP_S)
+        if worker.is_alive():
+            _leave_behind(worker)
         raise
     if failure:
         raise failure[0]

@@ -75,10 +75,14 @@ class ExitStatus:
     _exit: int = 0  # from sys.exit(), main thread
     _read: int | None = None  # a OneLine's code, read as Python exits with it
     _ending: BaseException | None = None  # that OneLine
+    _watching: bool = False
 
     @classmethod
     def watch(cls) -> None:
-        """Start recording ``sys.exit`` calls (once per process)."""
+        """Start recording ``sys.exit`` calls (once per process, however often this is called)."""
+        if cls._watching:
+            return
+        cls._watching = True
         previous_exit = sys.exit
 
         def exit_(status: Any = None) -> None:

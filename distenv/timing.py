@@ -16,6 +16,7 @@ __all__ = [
     "MARGIN_S",
     "MIN_CONNECT_S",
     "NET_PROBE_S",
+    "OUTLIVE_S",
     "POLL_S",
     "PROBE_FIRST_S",
     "PROBE_MAX_S",
@@ -67,6 +68,10 @@ PROBE_MIN_S = 0.1
 PROBE_TIMEOUT_S = 5.0
 #: The shortest timeout a TCPStore or init_process_group is given, however little time is left.
 MIN_CONNECT_S = 1.0
+#: How much longer than its deadline a store client's connect may run in torch: one distenv gave
+#: up on must still be blocked when the process ends (`distenv.deadline`), never retrying into
+#: the log or returning into a finalising interpreter.
+OUTLIVE_S = 60.0
 
 #: How long the roll call's network probe waits for one node's addresses to answer (all are
 #: dialled at once): a refusal or a missing route answers at once, a dropped packet never does.

@@ -132,9 +132,10 @@ class Channel(abc.ABC):
         """Return once rank 0's acknowledgement of this rank holds `echo`; hand it on."""
         raise NotImplementedError
 
-    def unacknowledged(self, session: Session, hosts: Mapping[int, str]) -> str:
-        """Return whom this rank names when the group-up check was not acknowledged in time."""
-        return absent(session, "up", hosts)
+    def unacknowledged(self, session: Session, hosts: Mapping[int, str], by: Deadline) -> str:
+        """Return whom this rank names when the group-up check was not acknowledged in time,
+        having looked by `by`."""
+        return absent(session, "up", hosts, by)
 
     def close(self) -> None:
         """Close what this channel holds open (idempotent)."""
@@ -165,16 +166,17 @@ def forged_echo(session: Session) -> RendezvousError:
     )
 
 
-def absent(session: Session, wanted: str, hosts: Mapping[int, str]) -> str:
+def absent(session: Session, wanted: str, hosts: Mapping[int, str], by: Deadline) -> str:
     """Name the ranks that did not reach `wanted`, with their host and state, for a message.
 
     `hosts` are the hosts the roll call's check-ins named (rank 0 has them all): a rank that died
-    without a word is named with its host from there.
+    without a word is named with its host from there. The states are read within `LOOKUP_S` and
+    by `by` (the bootstrap's deadline, which a message states): rank 0's store itself may be what
+    stopped answering.
     """
     ranks = range(min(session.info.world_size, MAX_LOOKED_UP))
     try:
-        # Bounded: rank 0's store itself may be what stopped answering.
-        states = bounded(lambda: session.read_states(ranks), Deadline.after(LOOKUP_S), TimeoutError)
+        states = bounded(lambda: session.read_states(ranks), by.within(LOOKUP_S), TimeoutError)
     except RuntimeError:
         return "rank 0's store is gone too (rank 0 died?)"
     except TimeoutError:

@@ -200,7 +200,7 @@ class FlatChannel(StoreChannel):
                 f"rank 0 of {world}: the group-up count in the store at {session.master} reads "
                 f"{count} while {len(up)} of {world} ranks have recorded themselves up: a "
                 "process outside this job wrote to it; not up yet: "
-                f"{absent(session, 'up', hosts) if len(up) < world else 'none'}",
+                f"{absent(session, 'up', hosts, boot.deadline) if len(up) < world else 'none'}",
                 hint=FOREIGN_HINT,
             )
         if int(store.add(f"{session.keys(ROLLCALL)}/{EXTRAS.name}", 0)):

@@ -25,7 +25,7 @@ from distenv.bootstrap.session import Bootstrap
 from distenv.bootstrap.store import first_line
 from distenv.device import set_current_device
 from distenv.errors import DistEnvError, InitError, RendezvousTimeoutError
-from distenv.timing import FAILED_MARK_S, MIN_CONNECT_S
+from distenv.timing import FAILED_MARK_S, LOOKUP_S, MIN_CONNECT_S
 
 __all__ = ["group_up", "init_failure", "join_group", "torch_timeout"]
 
@@ -56,6 +56,8 @@ def join_group(
     import torch.distributed as dist
 
     session, deadline = boot.session, boot.deadline
+    # Waits end early enough to name a missing rank by the deadline, rank 0's store frozen too.
+    named = boot.leave_time_to_name()
     info = session.info
     channel = channel_of(session)
     channel.connect_for_group(boot)  # a member reaches the store only now
@@ -91,7 +93,7 @@ def join_group(
             raise RendezvousTimeoutError(
                 info.launcher,
                 f"{where}: not every rank joined the process group within {deadline.seconds:g} "
-                f"s: {absent(session, 'joining', hosts)}",
+                f"s: {absent(session, 'joining', hosts, deadline)}",
                 hint="a rank died or was stopped after checking in; its log (or the launcher's "
                 "exit codes) says why",
             ) from None
@@ -105,12 +107,12 @@ def join_group(
         return RendezvousTimeoutError(
             info.launcher,
             f"{where}: init_process_group did not return within {deadline.seconds:g} s: "
-            f"{absent(session, 'joining', hosts)}",
+            f"{absent(session, 'joining', hosts, deadline)}",
             hint="a rank died or was stopped after checking in; its log (or the launcher's exit "
             "codes) says why",
         )
 
-    boot.enter("init_process_group", deadline, not_joined)
+    boot.enter("init_process_group", named, not_joined)
     try:
         init()
         if restore is not None:
@@ -201,12 +203,12 @@ def group_up(boot: Bootstrap, hosts: Mapping[int, str]) -> None:
             info.launcher,
             f"rank {info.rank} of {info.world_size}: the process group did not come up on "
             f"every rank within {deadline.seconds:g} s: "
-            f"{channel.unacknowledged(session, hosts)}",
+            f"{channel.unacknowledged(session, hosts, deadline)}",
             hint="a rank died or was stopped (SIGSTOP, a debugger, an overloaded node) after "
             "joining; its log (or the launcher's exit codes) says why",
         )
 
-    boot.enter("the check that the group is up", deadline, missing)
+    boot.enter("the check that the group is up", deadline.sooner(LOOKUP_S), missing)
     token = os.urandom(TOKEN_BYTES).hex()
     with session.losing("after joining the group"):
         echo = channel.report_up(boot, token)

@@ -34,6 +34,7 @@ from distenv.bootstrap.scope import ScopeCheck
 from distenv.bootstrap.session import FOREIGN_HINT, Bootstrap, Session
 from distenv.bootstrap.store import connect_store, read_many, wait_count, wait_value, write_many
 from distenv.bootstrap.verdict import Verdict
+from distenv.deadline import Deadline
 from distenv.errors import DistEnvError, RendezvousError, RendezvousTimeoutError
 from distenv.rankinfo import RankInfo
 from distenv.timing import VERDICT_GRACE_S
@@ -137,9 +138,9 @@ class LeaderChannel(StoreChannel):
             raise forged_echo(session)
         self.node.acknowledge(self.tokens, boot.waits)
 
-    def unacknowledged(self, session: Session, hosts: Mapping[int, str]) -> str:
+    def unacknowledged(self, session: Session, hosts: Mapping[int, str], by: Deadline) -> str:
         if session.info.rank == 0:
-            return absent(session, "up", hosts)
+            return absent(session, "up", hosts, by)
         return NODE_UNACKNOWLEDGED
 
     def close(self) -> None:
@@ -243,7 +244,7 @@ class MemberChannel(Channel):
         if line != echo:
             raise forged_echo(boot.session)
 
-    def unacknowledged(self, session: Session, hosts: Mapping[int, str]) -> str:
+    def unacknowledged(self, session: Session, hosts: Mapping[int, str], by: Deadline) -> str:
         return NODE_UNACKNOWLEDGED
 
     def close(self) -> None:

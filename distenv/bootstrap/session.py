@@ -23,10 +23,10 @@ from distenv.bootstrap.records import NetRecord, matches
 from distenv.bootstrap.scope import ScopeCheck, claim_scope, job_scope
 from distenv.bootstrap.store import first_line, master_address, peek, read_many
 from distenv.deadline import Deadline, Watch, bounded, interruptible, watched
-from distenv.errors import DistEnvError, RendezvousError, RendezvousTimeoutError
+from distenv.errors import DistEnvError, RendezvousError, RendezvousTimeoutError, StoreTakenError
 from distenv.rankinfo import RankInfo
 from distenv.settings import TIMEOUT_VAR, Settings
-from distenv.timing import GRACE_S, MARGIN_S, SIGNAL_MARK_S
+from distenv.timing import GRACE_S, LOOKUP_S, MARGIN_S, SIGNAL_MARK_S
 
 if TYPE_CHECKING:
     from distenv.detection.pipeline import Detection
@@ -219,12 +219,23 @@ class Session:
         """Raise `lost` for a connection to rank 0's store that breaks inside, `during` a phase.
 
         torch reports a store that went away as a ``RuntimeError`` (its ``DistError``); nothing
-        else inside a phase raises one.
+        else inside a phase raises one. A ``MemoryError`` is torch's ``std::bad_alloc``: the
+        server answered with a length no store sends (another service holds the port).
         """
         try:
             yield
         except RuntimeError as exc:
             raise self.lost(during, exc) from None
+        except MemoryError:
+            info = self.info
+            raise StoreTakenError(
+                info.launcher,
+                f"rank {info.rank} of {info.world_size}: the server at {self.master} answered "
+                f"a store request {during} with a length no torch store sends (std::bad_alloc)",
+                hint="another service holds that port: give this job its own MASTER_PORT",
+                variable="MASTER_PORT",
+                value=str(info.master_port),
+            ) from None
 
     def collided(self, what: str) -> RendezvousError:
         """Return the error of a rank that met another process of this job's identity: `what`
@@ -277,6 +288,18 @@ class Bootstrap:
     def enter(self, what: str, deadline: Deadline, expired: Callable[[], BaseException]) -> None:
         """Start a phase: `what` it is, its `deadline`, `expired()` the error after it."""
         self.watch.enter(what, deadline, expired)
+
+    def leave_time_to_name(self) -> Deadline:
+        """Make the remaining waits end `LOOKUP_S` earlier; return the phases' own deadline.
+
+        The phases after the roll call name a rank that did not come up with the state it
+        recorded, read from rank 0's store after they stop waiting, and that store may be what
+        stopped answering (a frozen rank 0): the read is bounded by the deadline
+        (`distenv.bootstrap.channel.absent`), so the waits before it must leave it that time.
+        """
+        named = self.deadline.sooner(LOOKUP_S)
+        self.waits = named.sooner(MARGIN_S)
+        return named
 
     def run(self, phases: Callable[[Bootstrap], T]) -> T:
         """Return ``phases(self)``, run in the watched thread; raise a phase's error at its deadline.

@@ -1,8 +1,10 @@
 """Rank 0's store: creating or reaching it, and polling it.
 
 Rank 0 listens (on the MASTER_ADDR address where that is safe), the others connect within the
-rendezvous timeout; a listener that accepts connections but never answers as a store is named as
-such. A rank that waits for rank 0 (its claim, its verdict, its acknowledgement) waits in the store
+rendezvous timeout. Before torch's client sees the port, a rank greets it as that client would
+(`_greet`): a listener that closes or resets the connection, or answers the greeting with anything
+but its echo, is named at once, and one that never answers at the deadline, in one line each, never
+under torch's retry logs. A rank that waits for rank 0 (its claim, its verdict, its acknowledgement) waits in the store
 itself (`wait_value`): it sends two requests however long it waits and wakes when the key is
 written, where polling would keep N - 1 ranks asking rank 0's store, and on a busy node take the
 CPU rank 0 needs. Rank 0, the one rank that waits for counts, polls them (`wait_count`). Every
@@ -14,8 +16,10 @@ from __future__ import annotations
 
 import datetime
 import ipaddress
+import os
 import re
 import socket
+import struct
 from collections.abc import Callable, Iterator, Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -25,6 +29,7 @@ from distenv.errors import (
     InitError,
     MasterResolutionError,
     RendezvousTimeoutError,
+    StoreTakenError,
 )
 from distenv.master import FORMAT_VAR, host_port
 from distenv.rankinfo import RankInfo
@@ -32,6 +37,7 @@ from distenv.settings import TIMEOUT_VAR
 from distenv.timing import (
     FIRST_POLL_S,
     MIN_CONNECT_S,
+    OUTLIVE_S,
     POLL_S,
     PROBE_FIRST_S,
     PROBE_MAX_S,
@@ -59,6 +65,11 @@ __all__ = [
 
 # Keys per multi_get when rank 0 reads the check-ins: one huge request costs more than its chunks.
 CHUNK = 512
+# How torch's TCPStore client opens a connection (torch/csrc/distributed/c10d/TCPStore.cpp,
+# TCPClient: validate, then ping), as it sends it, little-endian: a VALIDATE query (type 0) with
+# the magic number, then a PING (type 13) with a nonce that a store echoes as 4 bytes.
+_VALIDATE = struct.pack("<BI", 0, 0x3C85F7CE)
+_PING = 13
 # What `peek` compares with: never written by distenv (its values are JSON, scopes and states).
 _ABSENT = b"\x00distenv:absent"
 
@@ -265,25 +276,52 @@ def _listening_socket(source: str, host: str, port: int, addresses: Sequence[Any
     return sock.detach()
 
 
-def _connect_once(addresses: Sequence[Any], timeout: float) -> None:
-    """Open and close one TCP connection to the first of `addresses` that accepts one.
+def _connect_once(addresses: Sequence[Any], timeout: float) -> socket.socket:
+    """Return a TCP connection to the first of `addresses` that accepts one.
 
     ``socket.create_connection`` without its second lookup: the addresses are `_resolve`'s.
     """
     failure: OSError = OSError("no address")
     for family, kind, proto, _, sockaddr in addresses:
-        with socket.socket(family, kind, proto) as sock:
-            sock.settimeout(timeout)
-            try:
-                sock.connect(sockaddr)
-                return
-            except OSError as exc:
-                failure = exc
+        sock = socket.socket(family, kind, proto)
+        sock.settimeout(timeout)
+        try:
+            sock.connect(sockaddr)
+            return sock
+        except OSError as exc:
+            sock.close()
+            failure = exc
     raise failure
 
 
-def _wait_reachable(info: RankInfo, addresses: Sequence[Any], deadline: Deadline) -> None:
-    """Return once the master (at `addresses`) accepts a TCP connection; raise at `deadline`.
+def _greet(sock: socket.socket, deadline: Deadline) -> str | None:
+    """Greet a connected master as torch's store client does; return what went wrong, if anything.
+
+    None: it echoed the nonce, as a store does. Otherwise the problem, for a message: it closed
+    or reset the connection, answered something else (shown in hex, never verbatim), or said
+    nothing by `deadline` (``""``).
+    """
+    nonce = os.urandom(4)
+    reply = b""
+    try:
+        sock.settimeout(max(deadline.left(), PROBE_MIN_S))
+        sock.sendall(_VALIDATE + struct.pack("<B", _PING) + nonce)
+        while len(reply) < len(nonce):
+            chunk = sock.recv(len(nonce) - len(reply))
+            if not chunk:
+                return "it closed the connection when greeted as a store"
+            reply += chunk
+    except TimeoutError:
+        return ""
+    except OSError as exc:
+        return f"it failed the connection when greeted as a store ({exc.strerror or exc})"
+    if reply != nonce:
+        return f"it answered a store's ping with 0x{reply.hex()}, not its echo 0x{nonce.hex()}"
+    return None
+
+
+def _wait_reachable(info: RankInfo, addresses: Sequence[Any], deadline: Deadline) -> socket.socket:
+    """Return a connection to the master (at `addresses`) once it accepts one; raise at `deadline`.
 
     Probing with a plain socket first keeps torch's C++ retry logs and stack dumps out of the
     user's first message, and bounds the wait exactly.
@@ -292,8 +330,7 @@ def _wait_reachable(info: RankInfo, addresses: Sequence[Any], deadline: Deadline
     delay, last = PROBE_FIRST_S, ""
     while True:
         try:
-            _connect_once(addresses, max(min(deadline.left(), PROBE_TIMEOUT_S), PROBE_MIN_S))
-            return
+            return _connect_once(addresses, max(min(deadline.left(), PROBE_TIMEOUT_S), PROBE_MIN_S))
         except OSError as exc:
             last = str(exc) or type(exc).__name__
         remaining = deadline.left()
@@ -346,6 +383,10 @@ def connect_store(
             value=str(port),
         )
 
+    silent = (
+        f"{where} accepts connections but is not answering as a torch store (another service, "
+        "or rank 0 stopped?)"
+    )
     watch.enter(what, deadline, no_answer(f"the master address {host!r} did not resolve"))
     addresses = _resolve(info, host, port, master_from)
     timeout = datetime.timedelta(seconds=max(deadline.left(), MIN_CONNECT_S))
@@ -367,14 +408,25 @@ def connect_store(
         # started, and the agent reached it from this node: the probe would cost its server one
         # more accept per rank and find nothing.
         watch.enter(what, watch.end, no_answer(f"{where} did not accept a connection"))
-        _wait_reachable(info, addresses, deadline)
-    watch.enter(
-        what,
-        deadline,
-        no_answer(
-            f"{where} accepts connections but is not answering as a torch store (another service?)"
-        ),
-    )
+        with _wait_reachable(info, addresses, deadline) as probe:
+            watch.enter(what, deadline, no_answer(silent))
+            problem = _greet(probe, deadline)
+        if problem == "":
+            raise no_answer(silent)()
+        if problem is not None:
+            raise StoreTakenError(
+                info.launcher,
+                f"rank {info.rank} of {info.world_size}: {where} accepted a connection but is "
+                f"not a torch store: {problem}",
+                hint="check MASTER_ADDR and MASTER_PORT; another service holds that port: give "
+                "this job its own MASTER_PORT",
+                variable="MASTER_PORT",
+                value=str(port),
+            )
+    watch.enter(what, deadline, no_answer(silent))
+    # Longer than the deadline: a constructor given up on must still be waiting when the process
+    # ends (`distenv.deadline`), not retrying into the user's log or throwing as it finalises.
+    timeout += datetime.timedelta(seconds=OUTLIVE_S)
     try:
         return TCPStore(host, port, info.world_size, is_master=False, timeout=timeout)
     except RuntimeError as exc:  # torch's DistError

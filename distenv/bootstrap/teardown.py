@@ -20,7 +20,17 @@ stop those threads while a DDP reducer still holds the group.
    row): a worker still finishing a collective gets the CPU and the GIL it needs now, not after
    finalisation began.
 
-All of it runs in a daemon thread, within `TEARDOWN_S`. A worker still inside a collective then
+All of it runs in a daemon thread, within `TEARDOWN_S`.
+
+A collective may also wait in a thread Python joins before any `atexit` handler runs: a
+``threading.Thread`` (joined by ``threading._shutdown``) or a ``ThreadPoolExecutor`` worker
+(joined by concurrent.futures' own hook). Left alone, such a thread holds the exit for the group's
+timeout, silently, before `end_groups` is ever called. So `register` also hooks
+``threading._register_atexit``, whose callbacks run (newest first) before those joins and before
+concurrent.futures' hook: `before_joins` returns at once where no collective is in flight, waits
+up to `TEARDOWN_S` for one to finish otherwise (the threads may have a reason to run on), and ends
+the process as below if it is still waiting then. The group is not destroyed there: a thread
+Python is about to join may still be using it. A worker still inside a collective then
 (waiting on a peer that was stopped, or on an operation the script never waited for) would hold
 the exit for the group's timeout, 30 minutes by default, when the group is destroyed: the rank says
 so in one line and ends at once (``os._exit``) with the status the script was ending with
@@ -46,7 +56,7 @@ from distenv.deadline import Deadline
 from distenv.exits import ExitStatus
 from distenv.processes import ThreadEntry, threads
 
-__all__ = ["TEARDOWN_S", "end_groups", "register"]
+__all__ = ["TEARDOWN_S", "before_joins", "end_groups", "register"]
 
 #: The most `end_groups` may add to a rank's exit.
 TEARDOWN_S = 5.0
@@ -109,6 +119,30 @@ def _bounded(call: Callable[[Deadline], bool]) -> tuple[bool, BaseException | No
     return (not worker.is_alive() and outcome == [True]), (failure[0] if failure else None)
 
 
+def _stuck_exit() -> None:
+    """Say that a collective still waits `TEARDOWN_S` into the exit, and end with the status."""
+    sys.stderr.write(
+        f"distenv: a collective was still waiting on a peer {TEARDOWN_S:g} s into this "
+        f"rank's exit; exiting now with {ExitStatus.describe()}, without waiting for the "
+        "process group's timeout\n"
+    )
+    ExitStatus.end_now()
+
+
+def before_joins() -> None:
+    """Bound the exit of a collective left waiting in a thread Python joins (module doc).
+
+    A no-op where torch.distributed was never imported or no thread but the main one remains.
+    """
+    if "torch.distributed" not in sys.modules:
+        return
+    main = threading.main_thread()
+    if not any(t is not main and not t.daemon and t.is_alive() for t in threading.enumerate()):
+        return
+    if not _wait_until_idle(Deadline.after(TEARDOWN_S)):
+        _stuck_exit()
+
+
 def end_groups() -> None:
     """Destroy the default process group and let gloo's worker threads finish, within `TEARDOWN_S`.
 
@@ -121,18 +155,21 @@ def end_groups() -> None:
     if failure is not None:
         sys.stderr.write(f"distenv: ending the process group at exit failed: {failure!r}\n")
     elif not ended:
-        sys.stderr.write(
-            f"distenv: a collective was still waiting on a peer {TEARDOWN_S:g} s into this "
-            f"rank's exit; exiting now with {ExitStatus.describe()}, without waiting for the "
-            "process group's timeout\n"
-        )
-        ExitStatus.end_now()
+        _stuck_exit()
 
 
 def register() -> None:
-    """Run `end_groups` at interpreter exit (once per process, however often this is called)."""
+    """Run `end_groups` at interpreter exit, and `before_joins` before Python joins its threads
+    (once per process, however often this is called)."""
+    # Imported first, so that concurrent.futures' hook (joining its workers) is registered
+    # before ours, and runs after it.
+    import concurrent.futures.thread  # noqa: F401
+
     with _registered:
         if not _done:
             ExitStatus.watch()
             atexit.register(end_groups)
+            # Private, but the hook concurrent.futures itself uses (CPython 3.9+): run before the
+            # interpreter joins non-daemon threads.
+            threading._register_atexit(before_joins)  # type: ignore[attr-defined]
             _done.append(True)

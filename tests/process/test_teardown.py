@@ -94,6 +94,9 @@ STUCK_ENDINGS = {
     "stuck-refused": (1, "status 1"),  # a public call's one-line refusal, uncaught
     "stuck-hooked": (1, "status 1"),  # an uncaught error under the script's own sys.excepthook
     "stuck-thread-exit": (0, "status 0"),  # a thread's sys.exit ends the thread only
+    # A blocking all-reduce in a thread Python joins before atexit, and an uncaught error.
+    "stuck-in-thread": (1, "status 1"),
+    "stuck-in-pool": (1, "status 1"),
 }
 
 
@@ -116,8 +119,10 @@ def _stuck(ending: str) -> tuple[int | None, float, str]:
 
 def test_a_collective_waiting_on_a_stopped_peer_ends_the_exit_within_the_bound() -> None:
     """Rank 0 ends (sys.exit(3), a one-line refusal, an error under its own excepthook, a thread's
-    sys.exit) with an all-reduce still waiting on rank 1 (stopped): it waits the whole TEARDOWN_S,
-    says so, and ends then, not at the group's timeout, with the status Python would give."""
+    sys.exit, an error while a blocking all-reduce waits in a threading.Thread or a
+    ThreadPoolExecutor worker) with an all-reduce still waiting on rank 1 (stopped): it waits the
+    whole TEARDOWN_S, says so, and ends then, not at the group's timeout, with the status Python
+    would give; no process is left."""
     with ThreadPoolExecutor(len(STUCK_ENDINGS)) as pool:
         ended = dict(zip(STUCK_ENDINGS, pool.map(_stuck, STUCK_ENDINGS), strict=True))
     for ending, (status, took, err) in ended.items():
@@ -131,6 +136,8 @@ def test_a_collective_waiting_on_a_stopped_peer_ends_the_exit_within_the_bound()
         assert ABORT_MESSAGE not in err, (ending, err)
     assert "ConfigurationError" in ended["stuck-refused"][2]
     assert "hooked ValueError" in ended["stuck-hooked"][2]
+    for ending in ("stuck-in-thread", "stuck-in-pool"):
+        assert "ValueError: step 3" in ended[ending][2], ending
 
 
 @pytest.mark.parametrize(

@@ -9,7 +9,9 @@ global), ``stuck`` (rank 0 leaves an all-reduce waiting on rank 1, which stops i
 exits 3); ``stuck-refused``, ``stuck-hooked`` and ``stuck-thread-exit`` leave it waiting the same way
 and then end rank 0 with a public call's uncaught refusal (a `DistEnvError` in one line), with an
 uncaught ValueError under a ``sys.excepthook`` installed after `init_dist`, or normally after a
-thread called ``sys.exit(5)``.
+thread called ``sys.exit(5)``. ``stuck-in-thread`` and ``stuck-in-pool`` leave a blocking all-reduce
+waiting in a ``threading.Thread`` or a ``ThreadPoolExecutor`` worker (threads Python joins before
+any ``atexit`` handler runs) and end rank 0 with an uncaught ValueError.
 
 The race is forced as it happens on a loaded node: the rank runs on one CPU and gloo's worker
 threads (``pt_gloo_runloop``, created by init) get the lowest priority (nice 19), so they finish
@@ -23,6 +25,7 @@ import os
 import signal
 import sys
 import threading
+from concurrent.futures import ThreadPoolExecutor
 
 import torch
 import torch.distributed as dist
@@ -69,6 +72,21 @@ elif ending.startswith("stuck"):
     dist.barrier()
     if rank == 1:
         os.kill(os.getpid(), signal.SIGSTOP)
+    if ending in ("stuck-in-thread", "stuck-in-pool"):
+        started = threading.Event()
+
+        def blocking() -> None:
+            started.set()
+            dist.all_reduce(torch.ones(4))
+
+        if ending == "stuck-in-thread":
+            threading.Thread(target=blocking, name="user-all-reduce").start()
+        else:
+            pool = ThreadPoolExecutor(1)  # never shut down: concurrent.futures joins it at exit
+            pool.submit(blocking)
+        started.wait()
+        print("exiting", flush=True)
+        raise ValueError("step 3")
     pending = dist.all_reduce(torch.ones(4), async_op=True)
     print("exiting", flush=True)
     if ending == "stuck-refused":

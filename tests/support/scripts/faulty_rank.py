@@ -17,6 +17,9 @@ launcher or the store), one ``--fault RANK:WHAT[:SECONDS]`` each:
 - ``kill-in-init``: SIGKILL itself on entering init_process_group (after the roll call);
 - ``stop-after-init``: SIGSTOP itself once its init_process_group returned (before the group-up
   check);
+- ``stop-before-rollcall``, ``stop-after-rollcall``, ``stop-in-init``: SIGSTOP itself once its
+  store is reached (before its check-in), once the roll call is over (before the process group),
+  or on entering init_process_group;
 - ``forge-up-then-stop``: as ``stop-after-init``, after writing what a forger on the network would
   to pass the group-up check of 0.2.0 and earlier: the "all up" key, and 1000 on the up count;
 - ``hold-start``, ``hold-init``, ``hold-groupup``: stay until killed before init_dist, inside the bounded
@@ -91,7 +94,9 @@ def inject(what: str, events: Events) -> None:
     import torch.distributed as dist
 
     import distenv.bootstrap.group
+    import distenv.bootstrap.init
     import distenv.bootstrap.nodes
+    import distenv.bootstrap.rollcall
 
     def before(module: Any, name: str, action: Callable[[], None]) -> None:
         original = getattr(module, name)
@@ -126,6 +131,12 @@ def inject(what: str, events: Events) -> None:
         before(dist, "init_process_group", die(signal.SIGKILL, "in init_process_group"))
     elif what == "stop-after-init":
         before(distenv.bootstrap.group, "group_up", die(signal.SIGSTOP, "after init_process_group"))
+    elif what == "stop-before-rollcall":
+        before(distenv.bootstrap.rollcall, "roll_call", die(signal.SIGSTOP, "before the roll call"))
+    elif what == "stop-after-rollcall":
+        before(distenv.bootstrap.init, "join_group", die(signal.SIGSTOP, "after the roll call"))
+    elif what == "stop-in-init":
+        before(dist, "init_process_group", die(signal.SIGSTOP, "in init_process_group"))
     elif what == "forge-up-then-stop":
         group_up = distenv.bootstrap.group.group_up
         stop = die(signal.SIGSTOP, "after forging the group-up keys")
