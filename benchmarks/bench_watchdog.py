@@ -42,7 +42,7 @@ REPO = HERE.parents[1]
 
 #: The ways a job runs: no watchdog, distenv run's, init_dist's (in-process).
 MODES = ("plain", "run", "init")
-#: distenv's threads in a watched rank: the watchdog (`distenv.progress`), the in-process hang
+#: distenv's threads in a watched rank: the watchdog (`distenv.postmortem.progress`), the in-process hang
 #: thread (`distenv.bootstrap.hang`).
 THREADS = ("distenv-watchdog", "distenv-hang")
 
@@ -95,7 +95,7 @@ def job(steps: int, mode: str) -> dict[str, float]:
 
 def sample_cost(samples: int = 20000) -> float:
     """Return the seconds one watchdog sample takes (the work of `progress._watch`'s loop body)."""
-    from distenv import progress
+    from distenv.postmortem import progress
 
     main = threading.main_thread().ident
     start = time.perf_counter()

@@ -51,6 +51,9 @@ __all__ = [
     "WorkerFailedError",
 ]
 
+#: The logger distenv's warnings go to.
+LOGGER = "distenv"
+
 # How many characters of a value a message quotes: a corrupt or hostile variable may hold megabytes,
 # and an error is one line of a job log.
 SHOWN_CHARS = 120
@@ -80,6 +83,18 @@ def quoted(value: object) -> str:
     if len(text) <= SHOWN_CHARS:
         return text
     return f"{text[: SHOWN_CHARS // 2]}...{text[-SHOWN_CHARS // 2 :]} ({len(text)} characters)"
+
+
+def warn(message: str, *args: object) -> None:
+    """Log `message` % `args` as a warning on the ``distenv`` logger (`LOGGER`).
+
+    For the rare warnings of detection (a batch script running as rank 0 of 1, stale exported
+    MASTER_*): `logging` is imported only then, since importing it would cost every ``import
+    distenv`` about 2 ms.
+    """
+    import logging
+
+    logging.getLogger(LOGGER).warning(message, *args)
 
 
 class DistEnvError(Exception):

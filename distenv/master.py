@@ -35,8 +35,13 @@ from collections.abc import Callable, Mapping
 from typing import NamedTuple
 
 from distenv._hosts import check_hostname
-from distenv.errors import ConfigurationError, InvalidVariableError, MissingVariableError, shown
-from distenv.notice import warn
+from distenv.errors import (
+    ConfigurationError,
+    InvalidVariableError,
+    MissingVariableError,
+    shown,
+    warn,
+)
 from distenv.variables import Reader, Var
 
 __all__ = [

@@ -21,11 +21,10 @@ from types import FrameType
 from typing import TYPE_CHECKING, Any, NoReturn
 
 from distenv.comm import barrier, get_dist_info
-from distenv.errors import ConfigurationError, RequeueError
+from distenv.errors import ConfigurationError, RequeueError, warn
 from distenv.exits import one_line
 from distenv.launchers import Scheduler
 from distenv.launchers.registry import auto_candidates
-from distenv.notice import warn
 
 if TYPE_CHECKING:
     import torch

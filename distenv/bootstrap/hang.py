@@ -5,16 +5,16 @@
 the channel (its keys: `distenv.bootstrap.protocol`, phase ``hang``). After `init_dist`, each rank
 runs
 
-- the watchdog of `distenv.progress`, which samples its rank's progress; when the rank made none
+- the watchdog of `distenv.postmortem.progress`, which samples its rank's progress; when the rank made none
   for S seconds, it writes `HUNG` (compare_set: the first stuck rank wins) and then every rank's
   `ALARM` key in one multi_set;
 - one daemon thread that waits on its rank's `ALARM` key in the store, over a connection of its
   own (a wait holds its connection): nothing is sent while training runs.
 
 Once alarmed, each rank posts its main thread's stack (`STACK`, faulthandler's format, bounded:
-`distenv.stacks.thread_text`) and, with ``$DISTENV_LOG_DIR``, appends every thread's stack to
+`distenv.postmortem.stacks.thread_text`) and, with ``$DISTENV_LOG_DIR``, appends every thread's stack to
 ``DIR/rank-N.fault`` (faulthandler's own dump, which ``distenv why`` reads). Rank 0 collects the
-stacks for `DUMP_WAIT` at most, groups them (`distenv.stacks`) and prints the card once to stderr::
+stacks for `DUMP_WAIT` at most, groups them (`distenv.postmortem.stacks`) and prints the card once to stderr::
 
     distenv: the job hung: rank 2's stack differs from the other ranks'
       first:   rank 2 on n2 made no progress for 3 s, since 18:01:22, at train.py:54 in train
@@ -47,7 +47,6 @@ import threading
 import time
 from typing import Any, NamedTuple
 
-from distenv import progress
 from distenv._hosts import this_host
 from distenv.bootstrap.protocol import (
     ALARM,
@@ -63,7 +62,8 @@ from distenv.bootstrap.records import Fields, ForeignRecordError, load_json
 from distenv.bootstrap.session import Session
 from distenv.bootstrap.store import peek, read_many, wait_count, wait_keys, wait_value
 from distenv.deadline import Deadline
-from distenv.stacks import (
+from distenv.postmortem import progress
+from distenv.postmortem.stacks import (
     DUMP_WAIT,
     HANG_STATUS,
     Frame,
@@ -87,7 +87,7 @@ ALARM_WAIT_S = 3600.0
 FOREIGN_PAUSE_S = 1.0
 #: The most bytes of a `HUNG` record, and the latest time it may name (the year 5138).
 MAX_HUNG_BYTES, MAX_TIME = 4096, 1e11
-#: The most bytes of a posted stack (`distenv.stacks.thread_text` writes at most 100 frames).
+#: The most bytes of a posted stack (`distenv.postmortem.stacks.thread_text` writes at most 100 frames).
 MAX_POST_BYTES = 64 << 10
 _HUNG_FIELDS = frozenset(("rank", "host", "where", "since"))
 _POST_FIELDS = frozenset(("host", "stack"))

@@ -52,9 +52,9 @@ from distenv.device import (
 )
 from distenv.errors import ConfigurationError, DistEnvError, InitError
 from distenv.exits import one_line, rank_of
+from distenv.postmortem.ranklog import folder as log_folder
+from distenv.postmortem.ranklog import start as start_log
 from distenv.rankinfo import RankInfo
-from distenv.ranklog import folder as log_folder
-from distenv.ranklog import start as start_log
 from distenv.seeding import check_seed, seed_everything
 from distenv.settings import Settings, seconds
 
@@ -277,7 +277,7 @@ def init_dist(
             none. Never narrows a binding the launcher set (docs/placement.md).
         log_dir: A folder where this rank keeps its output (``rank-N.log``) and the record of
             its failure (``rank-N.report``, ``rank-N.fault``) for ``distenv why``; default
-            ``$DISTENV_LOG_DIR``, else none (`distenv.ranklog`).
+            ``$DISTENV_LOG_DIR``, else none (`distenv.postmortem.ranklog`).
 
     Returns:
         This rank's resolved `RankInfo`.

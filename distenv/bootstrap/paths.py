@@ -1,6 +1,6 @@
 """Each node's network path, as the roll call's probe found it: keep, switch or refuse.
 
-gloo and NCCL each advertise one address per node, chosen blindly (`distenv.netpath`). In the roll
+gloo and NCCL each advertise one address per node, chosen blindly (`distenv.system.netpath`). In the roll
 call every node offers its backends' default addresses and the first address of its interface
 toward the master (`distenv.bootstrap.records.NetRecord`); rank 0 dials every other node's
 addresses, and every other node dials rank 0's node's before it checks in
@@ -9,7 +9,7 @@ addresses, and every other node dials rank 0's node's before it checks in
 - the default was reached: nothing changes (most jobs, the project's own one-host clusters on
   127.0.1.x over lo included: an address class never decides, the probe does);
 - the default was not, an alternative was: the node's ranks export that interface
-  (`distenv.netpath.export`), a `Switch` in the verdict that every rank of the node applies;
+  (`distenv.system.netpath.export`), a `Switch` in the verdict that every rank of the node applies;
 - neither: the verdict refuses the job (`distenv.bootstrap.problems.Unreachable`), before any
   rank calls ``init_process_group``.
 
@@ -23,7 +23,7 @@ The roll call's glue to the probe lives here too: which backends a rank probes
 (`probed_backends`), its candidates (`predict`), its listener and offer (`offer`), its dial of
 rank 0's node (`dial`), rank 0's dial of every other node and decision (`judged`), and the
 variables a node's switch exports (`network_exports`). The sockets are `distenv.bootstrap.probe`'s
-and the addresses `distenv.netpath`'s, both imported only where the job may span hosts.
+and the addresses `distenv.system.netpath`'s, both imported only where the job may span hosts.
 """
 
 from __future__ import annotations
@@ -41,7 +41,7 @@ from distenv.timing import NET_PROBE_S
 if TYPE_CHECKING:
     from distenv.bootstrap.probe import Listener
     from distenv.bootstrap.problems import Problem
-    from distenv.netpath import Prediction
+    from distenv.system.netpath import Prediction
 
 __all__ = [
     "dial",
@@ -232,13 +232,13 @@ def probed_backends(info: RankInfo, backend: str, *, batched: bool = False) -> t
     Only where the job may span hosts (its launcher does not say one node), only on rank 0 and
     each node's first rank (every rank where the launcher names no layout and no leader leads
     the node: `batched`), and never a backend whose path the user chose
-    (`distenv.netpath.USER_CHOICE`).
+    (`distenv.system.netpath.USER_CHOICE`).
     """
     if info.world_size == 1 or info.num_nodes == 1:
         return ()
     if info.rank != 0 and (info.layout_known or batched) and info.local_rank != 0:
         return ()
-    from distenv.netpath import backends_to_probe
+    from distenv.system.netpath import backends_to_probe
 
     return backends_to_probe(backend, os.environ)
 
@@ -250,7 +250,7 @@ def predict(info: RankInfo, backends: tuple[str, ...]) -> Prediction:
         RendezvousError: The kernel knows no route to the master (ENETUNREACH): this node can
             reach neither rank 0's store nor any rank, however long it waits.
     """
-    from distenv.netpath import predict as candidates
+    from distenv.system.netpath import predict as candidates
 
     master = str(info.master_addr)
     prediction = candidates(
@@ -341,7 +341,7 @@ def network_exports(verdict: Verdict, checkin: CheckIn) -> dict[str, str]:
     place = verdict.place_of(checkin.hostname)
     if place is None or not place.paths:
         return {}
-    from distenv.netpath import backends_to_probe, export
+    from distenv.system.netpath import backends_to_probe, export
 
     probed = backends_to_probe(checkin.backend, os.environ)
     return dict(

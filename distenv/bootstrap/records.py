@@ -37,7 +37,7 @@ __all__ = [
 MAX_CHECKIN_BYTES = 4096
 MAX_SCOPE_BYTES = 300
 MAX_CLAIM_BYTES = 2048  # the scope, and rank 0's network record for the probe
-MAX_CANDIDATES = 8  # addresses one rank offers to the network probe (distenv.netpath)
+MAX_CANDIDATES = 8  # addresses one rank offers to the network probe (distenv.system.netpath)
 MAX_RANK = 1 << 24  # a world of 16 M ranks: far beyond any job, small enough to be sane
 MAX_PID = 1 << 22  # Linux's pid_max limit
 MAX_SHOWN = 16  # ranks, hosts or claims a problem names; the rest are counted
@@ -181,7 +181,7 @@ class NetRecord(NamedTuple):
     """What one rank offers to the roll call's network probe (docs/network.md).
 
     `addresses` are ``(address, port, interface)``: each address this node's backends would
-    advertise by default or could advertise instead (`distenv.netpath.predict`), with the port
+    advertise by default or could advertise instead (`distenv.system.netpath.predict`), with the port
     this rank listens on there for the probe (0: it could not listen) and the interface that
     holds it (None: none does). `defaults` pairs each probed backend with its default's index,
     `route` is the index of the address toward the master. `token` is what the listener answers,

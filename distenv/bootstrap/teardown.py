@@ -37,7 +37,7 @@ so in one line and ends at once (``os._exit``) with the status the script was en
 (`distenv.exits.ExitStatus`: an uncaught exception's 1 whatever ``sys.excepthook`` the script
 installed, a refusal's 1, ``sys.exit``'s code), after flushing stdout and stderr.
 
-Thread states come from ``/proc/self/task`` (`distenv.processes.threads`): an idle worker waits on its queue's condition variable
+Thread states come from ``/proc/self/task`` (`distenv.system.processes.threads`): an idle worker waits on its queue's condition variable
 without a timeout, one inside a collective waits with the group's timeout (the fourth argument of
 its ``futex`` call, in ``/proc/self/task/TID/syscall``). Without ``/proc`` (not Linux) steps 1 and
 2 still run and step 3 is skipped.
@@ -54,7 +54,7 @@ from collections.abc import Callable
 
 from distenv.deadline import Deadline
 from distenv.exits import ExitStatus
-from distenv.processes import ThreadEntry, threads
+from distenv.system.processes import ThreadEntry, threads
 
 __all__ = ["TEARDOWN_S", "before_joins", "end_groups", "register"]
 

@@ -17,7 +17,6 @@ from distenv.cli import templates
 from distenv.cli.doctor import add_doctor_parser, add_verbose_option, write_considered
 from distenv.cli.topology import add_topology_options, show_topology
 from distenv.cli.why import add_why_parser
-from distenv.containers import container
 from distenv.detection.pipeline import Detection, locate
 from distenv.device import (
     VENDOR_VISIBILITY_VARIABLES,
@@ -33,9 +32,10 @@ from distenv.local.run import run
 from distenv.master import SCOPE_VAR
 from distenv.rankinfo import RankInfo
 from distenv.settings import Settings
+from distenv.system.containers import container
 
-if TYPE_CHECKING:  # distenv.netpath is imported only for --network
-    from distenv.netpath import Path
+if TYPE_CHECKING:  # distenv.system.netpath is imported only for --network
+    from distenv.system.netpath import Path
 
 __all__ = ["main"]
 
@@ -106,11 +106,11 @@ def _cmd_info(args: argparse.Namespace) -> int:
     device, why = _device_fields(info, args.device)
     network = None
     if args.network:
-        from distenv.netpath import path
+        from distenv.system.netpath import path
 
         network = path(info.master_addr, info.master_port, os.environ)
     # Which container runtime this runs in: named, so a stripped environment or a small /dev/shm
-    # is read against it (distenv.containers).
+    # is read against it (distenv.system.containers).
     inside = container(os.environ)
     if args.json:
         extra: dict[str, object] = {"container": None if inside is None else inside.runtime.name}

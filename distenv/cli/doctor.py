@@ -21,7 +21,6 @@ from distenv.bootstrap.records import CheckIn
 from distenv.bootstrap.rollcall import fill_layout, make_checkin, meet
 from distenv.bootstrap.session import Bootstrap, Session
 from distenv.bootstrap.verdict import Verdict
-from distenv.containers import SHM, container, shm_bytes
 from distenv.detection.choice import ABSENT
 from distenv.detection.pipeline import locate
 from distenv.device import rank_backend, rank_device, rank_device_reason
@@ -30,6 +29,7 @@ from distenv.placement.apply import far_socket
 from distenv.placement.topology import read_topology
 from distenv.rankinfo import RankInfo
 from distenv.settings import Settings
+from distenv.system.containers import SHM, container, shm_bytes
 
 __all__ = ["add_doctor_parser", "add_verbose_option", "doctor", "write_considered"]
 
@@ -204,7 +204,7 @@ def _network(verdict: Verdict, out: TextIO) -> None:
     offered = {c.hostname for c in verdict.checkins if c.net is not None}
     if len(offered) < 2:  # one host, or a path every node's user chose: nothing was dialled
         return
-    from distenv.netpath import export
+    from distenv.system.netpath import export
 
     if verdict.ok and not verdict.paths:
         out.write(

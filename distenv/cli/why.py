@@ -1,6 +1,6 @@
 """``distenv why DIR``: the first-failure card of a job, from the records its ranks left in DIR.
 
-DIR is a rank log folder (`distenv.ranklog`: ``DISTENV_LOG_DIR`` or ``init_dist(log_dir=)``
+DIR is a rank log folder (`distenv.postmortem.ranklog`: ``DISTENV_LOG_DIR`` or ``init_dist(log_dir=)``
 under any launcher). Each rank N that reached `init_dist` has ``rank-N.log``; at its end it
 wrote ``rank-N.report`` (its failure's record, empty for status 0) unless it was killed; a fatal
 signal's stack, and the hang autopsy's dumps, are in ``rank-N.fault``. From them the card of
@@ -22,13 +22,13 @@ import signal
 from pathlib import Path
 
 from distenv.errors import ConfigurationError, shown
-from distenv.failure import Report
 from distenv.local.autopsy import summary, suspects
 from distenv.local.card import card, rank_ranges
 from distenv.local.dumps import crash_frames, main_stack
 from distenv.local.ends import End
 from distenv.local.witness import LAST_LINES
-from distenv.ranklog import read_identity
+from distenv.postmortem.failure import Report
+from distenv.postmortem.ranklog import read_identity
 
 __all__ = ["Records", "add_why_parser", "why"]
 

@@ -29,7 +29,7 @@ import warnings
 from types import TracebackType
 
 from distenv.deadline import Deadline
-from distenv.processes import parent_death_signal
+from distenv.system.processes import parent_death_signal
 
 __all__ = ["KillAtDeadline"]
 

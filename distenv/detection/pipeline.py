@@ -17,7 +17,6 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from distenv._hosts import host_files
-from distenv.containers import container
 from distenv.detection.choice import Choice, choose
 from distenv.detection.starters import COMMANDS_OF, Origin
 from distenv.errors import DistEnvError
@@ -26,9 +25,10 @@ from distenv.launchers import Launcher
 from distenv.launchers.mpi import MpiLauncher
 from distenv.launchers.registry import MPI
 from distenv.master import FORMAT_VAR, MasterQuery, addr_origin, find_master, scheduler_port
-from distenv.processes import PROC, ancestors, cgroup
 from distenv.rankinfo import RankInfo
 from distenv.settings import Settings
+from distenv.system.containers import container
+from distenv.system.processes import PROC, ancestors, cgroup
 
 if TYPE_CHECKING:  # distenv.deadline brings threading and signal: not for a plain detect()
     from distenv.deadline import Deadline
@@ -129,7 +129,7 @@ def _pmi_server_port(fd: str | None) -> int | None:
     """Return the port derived from the pid of the PMI server behind ``PMI_FD``, if any."""
     if fd is None or not (fd.isascii() and fd.isdigit()) or len(fd) > 9:
         return None
-    from distenv.processes import socket_peer  # here: a plain detect() never needs it
+    from distenv.system.processes import socket_peer  # here: a plain detect() never needs it
 
     peer = socket_peer(int(fd))
     return None if peer is None else scheduler_port(f"pmi-server-{peer}", "mpi")

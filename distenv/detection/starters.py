@@ -20,8 +20,8 @@ v1, ``.../job_N/step_S/...`` under v2) names a Slurm step where the tree does no
 its own pid namespace: ``apptainer --containall``). Slurm's ``batch``, ``extern`` and
 ``interactive`` steps are one process by design, like a login shell: not a sign.
 
-Pure over its input: the pipeline reads the ancestry and cgroup (`distenv.processes`) and the
-container (`distenv.containers`) and passes them in as an `Origin`.
+Pure over its input: the pipeline reads the ancestry and cgroup (`distenv.system.processes`) and the
+container (`distenv.system.containers`) and passes them in as an `Origin`.
 """
 
 from __future__ import annotations
@@ -29,10 +29,10 @@ from __future__ import annotations
 import re
 from typing import NamedTuple
 
-from distenv.containers import RUNTIMES, Container
 from distenv.errors import StrippedEnvironmentError
 from distenv.launchers.registry import get_launcher
-from distenv.processes import Ancestor
+from distenv.system.containers import RUNTIMES, Container
+from distenv.system.processes import Ancestor
 
 __all__ = ["COMMANDS_OF", "DAEMONS", "Origin", "Starter", "refuse_stripped", "started_by"]
 

@@ -37,9 +37,9 @@ def this_address() -> str | None:
     nodes as AWS_BATCH_JOB_MAIN_NODE_PRIVATE_IPV4_ADDRESS. It is the first IPv4 address of an
     interface that is up and no loopback, skipping link-local ones (169.254.0.0/16: the ECS
     agent's bridge to the task metadata endpoint). Read from the kernel's interface list
-    (`distenv.netpath`, an ioctl: no subprocess, no network), on the main node only.
+    (`distenv.system.netpath`, an ioctl: no subprocess, no network), on the main node only.
     """
-    from distenv.netpath import interfaces  # here: only the main node needs its interfaces
+    from distenv.system.netpath import interfaces  # here: only the main node needs its interfaces
 
     for interface in interfaces():
         if not interface.up or interface.loopback:

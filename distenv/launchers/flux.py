@@ -10,10 +10,14 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-from distenv.errors import InconsistentEnvironmentError, InvalidVariableError, MissingVariableError
+from distenv.errors import (
+    InconsistentEnvironmentError,
+    InvalidVariableError,
+    MissingVariableError,
+    warn,
+)
 from distenv.launchers.base import Scheduler, World
 from distenv.master import LOCAL_HOST, MASTER_VARS, Default, scheduler_port, scope_tag
-from distenv.notice import warn
 from distenv.rankinfo import RankInfo
 from distenv.variables import Reader, Var
 

@@ -17,10 +17,10 @@ from distenv.errors import (
     MissingVariableError,
     NotLaunchedError,
     shown,
+    warn,
 )
 from distenv.launchers.base import Scheduler, World
 from distenv.master import LOCAL_HOST, MASTER_VARS, Default, scheduler_port, scope_tag
-from distenv.notice import warn
 from distenv.rankinfo import RankInfo
 from distenv.variables import Reader, Var
 

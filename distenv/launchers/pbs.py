@@ -11,10 +11,9 @@ import re
 from collections.abc import Mapping
 
 from distenv._hosts import read_host_file
-from distenv.errors import InvalidVariableError, NotLaunchedError
+from distenv.errors import InvalidVariableError, NotLaunchedError, warn
 from distenv.launchers.base import Scheduler, World
 from distenv.master import LOCAL_HOST, MASTER_VARS, Default, scheduler_port, scope_tag
-from distenv.notice import warn
 from distenv.rankinfo import RankInfo
 from distenv.variables import Reader, Var
 

@@ -11,10 +11,10 @@ from distenv.errors import (
     InvalidVariableError,
     NotLaunchedError,
     shown,
+    warn,
 )
 from distenv.launchers.base import Nodes, Scheduler, World
 from distenv.master import LOCAL_HOST, MASTER_VARS, Default, scheduler_port, scope_tag
-from distenv.notice import warn
 from distenv.rankinfo import RankInfo
 from distenv.variables import Reader, Var
 

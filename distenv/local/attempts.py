@@ -32,7 +32,7 @@ from distenv.bootstrap.records import matches
 from distenv.bootstrap.store import peek
 from distenv.deadline import Deadline
 from distenv.errors import RendezvousTimeoutError
-from distenv.failure import RETRIED, Report
+from distenv.postmortem.failure import RETRIED, Report
 
 __all__ = ["ACK_S", "AGENT_SILENCE_S", "BEAT_S", "Agents", "Decision", "Failure", "StoreLostError"]
 

@@ -13,7 +13,7 @@ When a rank's watchdog says it made no progress for the hang timeout (`distenv.l
 
 `Autopsy` is the supervisor's part: it asks the ranks for their dumps (when a watchdog says its
 rank is stuck, or on SIGUSR1), waits for them (`DUMP_WAIT` at most) and makes the lines. The
-stacks are grouped by `distenv.stacks`, which the in-process autopsy of ``init_dist`` shares.
+stacks are grouped by `distenv.postmortem.stacks`, which the in-process autopsy of ``init_dist`` shares.
 """
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ from collections.abc import Mapping, Sequence
 from distenv.deadline import Deadline
 from distenv.local.watchdog import DUMP_SIGNAL
 from distenv.local.witness import Witness
-from distenv.stacks import (
+from distenv.postmortem.stacks import (
     DUMP_WAIT,
     HANG_STATUS,
     clip,

@@ -23,11 +23,11 @@ from collections.abc import Iterable, Sequence
 from typing import Protocol
 
 from distenv.exits import DEBUG_VAR
-from distenv.failure import PEER_WORDS
 from distenv.local.ends import CONSEQUENCES, End
 from distenv.local.stopping import describe_exit
 from distenv.local.witness import Witness
-from distenv.stacks import rank_ranges
+from distenv.postmortem.failure import PEER_WORDS
+from distenv.postmortem.stacks import rank_ranges
 
 __all__ = ["Seen", "card", "elsewhere_card", "log_line", "rank_ranges"]
 

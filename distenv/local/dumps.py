@@ -3,7 +3,7 @@
 A rank's fault file (`distenv.local.witness.RunDir`) receives faulthandler's output: at a fatal
 signal, and at each dump asked for (`distenv.local.watchdog`); ``init_dist(hang_timeout=)``
 writes the same format into ``$DISTENV_LOG_DIR/rank-N.fault`` (`distenv.bootstrap.hang`). The
-format and its parser live in `distenv.stacks`; this module adds the crash's frames. Nothing
+format and its parser live in `distenv.postmortem.stacks`; this module adds the crash's frames. Nothing
 read is trusted: reads are bounded, names decoded with replacement.
 """
 
@@ -11,8 +11,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from distenv.failure import MAX_FRAMES
-from distenv.stacks import Frame, frames_of, main_stack, shown, users_file
+from distenv.postmortem.failure import MAX_FRAMES
+from distenv.postmortem.stacks import Frame, frames_of, main_stack, shown, users_file
 
 __all__ = ["Frame", "crash_frames", "main_stack", "shown"]
 

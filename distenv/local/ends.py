@@ -12,7 +12,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-from distenv.failure import Report
+from distenv.postmortem.failure import Report
 
 __all__ = ["CONSEQUENCES", "ONCE_PER_RANK", "End"]
 

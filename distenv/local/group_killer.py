@@ -1,6 +1,6 @@
 """The group killer: a process that SIGKILLs the ranks' process groups if the launcher dies.
 
-The kernel's parent-death signal (`distenv.processes.PDEATH_WRAPPER`) ends a rank when
+The kernel's parent-death signal (`distenv.system.processes.PDEATH_WRAPPER`) ends a rank when
 ``distenv run`` dies, even by SIGKILL, but not what the rank started in its process group (data
 loader workers, compilers, shells). This separate process, in its own session, learns every rank's
 group id through a pipe; when the pipe closes without a final ``done`` (the launcher died,

@@ -36,8 +36,8 @@ from distenv.master import (
     MasterQuery,
     find_master,
 )
-from distenv.processes import PROC
 from distenv.rankinfo import RankInfo
+from distenv.system.processes import PROC
 from distenv.variables import decimal
 
 __all__ = [

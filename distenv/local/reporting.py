@@ -6,7 +6,7 @@ traceback as ``python SCRIPT``), and if an exception ends it, writes one `Report
 named by ``DISTENV_REPORT_FD`` before the exception goes on to print and set the exit status. The
 agent (`distenv.local.restarts`) reads it once the rank has exited (`read_report`).
 
-What is not worth retrying is decided from what the rank raised (`distenv.failure.classify`, the
+What is not worth retrying is decided from what the rank raised (`distenv.postmortem.failure.classify`, the
 one record format of every failure); a rank killed by a signal other than a stopping one is
 retried.
 """
@@ -21,7 +21,8 @@ import sys
 import time
 from types import TracebackType
 
-from distenv.failure import (
+from distenv.local.watchdog import HANG_VAR, arm
+from distenv.postmortem.failure import (
     MAX_FRAMES,
     MAX_REPORT_BYTES,
     MAX_WHAT_CHARS,
@@ -32,7 +33,6 @@ from distenv.failure import (
     user_frames,
     users_file,
 )
-from distenv.local.watchdog import HANG_VAR, arm
 from distenv.variables import decimal
 
 __all__ = [

@@ -29,13 +29,13 @@ from distenv._hosts import this_host
 from distenv.bootstrap.store import host_store
 from distenv.deadline import Deadline, bounded, interruptible
 from distenv.errors import RendezvousTimeoutError
-from distenv.failure import Report
 from distenv.local.attempts import ACK_S, BEAT_S, Agents, Decision, Failure, StoreLostError
 from distenv.local.plan import NodePlan
 from distenv.local.stopping import StopPolicy, describe_exit, exit_status
 from distenv.local.supervise import STOPPING_SIGNALS, Child, Supervisor, say
 from distenv.local.witness import RunDir
 from distenv.master import host_port
+from distenv.postmortem.failure import Report
 from distenv.settings import AGENT_STORE_VAR, RESTART_VAR
 from distenv.timing import GRACE_S
 

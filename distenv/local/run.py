@@ -39,7 +39,7 @@ from distenv.local.streams import check_log_options, hidden
 from distenv.local.supervise import Child, Supervisor
 from distenv.local.witness import RunDir
 from distenv.placement.apply import chosen_mode
-from distenv.ranklog import folder as log_folder
+from distenv.postmortem.ranklog import folder as log_folder
 from distenv.settings import CPU_BINDING_VAR, HANG_VAR, LOG_DIR_VAR, Settings
 
 __all__ = [

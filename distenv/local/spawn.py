@@ -44,8 +44,8 @@ from distenv.local.plan import (
     plan_node,
 )
 from distenv.local.stopping import DEFAULT_GRACE_PERIOD, StopPolicy, describe_exit
-from distenv.processes import parent_death_signal
 from distenv.settings import MAX_SECONDS, Settings, seconds
+from distenv.system.processes import parent_death_signal
 from distenv.variables import MAX_COUNT
 
 __all__ = ["Launched", "launch"]

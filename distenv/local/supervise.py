@@ -24,14 +24,14 @@ from typing import Any
 
 from distenv.deadline import Deadline
 from distenv.exits import DEBUG_VAR
-from distenv.failure import Report
 from distenv.local.autopsy import HANG_STATUS, Autopsy
 from distenv.local.card import card, elsewhere_card, log_line
 from distenv.local.group_killer import GroupKiller
 from distenv.local.output import copy_output, drain, tell
 from distenv.local.stopping import KILL_WAIT, StopPolicy, exit_status
 from distenv.local.witness import RunDir, Witness
-from distenv.processes import Adopter, live_groups, with_parent_death
+from distenv.postmortem.failure import Report
+from distenv.system.processes import Adopter, live_groups, with_parent_death
 
 __all__ = ["Child", "Supervisor", "say"]
 

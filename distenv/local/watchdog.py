@@ -6,10 +6,10 @@ The rank wrapper (`distenv.local.reporting`) calls `arm` before it runs the scri
   `DUMP_SIGNAL` (the agent's request once the job hangs) or SIGUSR1 (forwarded by ``distenv run``
   for a dump on demand; a script that installs its own SIGUSR1 handler replaces this one). The
   handler is C code: it dumps even while the main thread is blocked in C++ inside a collective.
-- Only with a hang timeout: the watchdog thread of `distenv.progress` samples the rank's
+- Only with a hang timeout: the watchdog thread of `distenv.postmortem.progress` samples the rank's
   progress, and when the rank made none for the timeout, writes one `stuck` line to the agent's
   report pipe (again only after the main thread moved on and got stuck anew). Since it runs,
-  ``init_dist(hang_timeout=)`` starts no second watchdog in the rank (`distenv.progress.watching`).
+  ``init_dist(hang_timeout=)`` starts no second watchdog in the rank (`distenv.postmortem.progress.watching`).
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ import json
 import os
 import signal
 
-from distenv import progress
+from distenv.postmortem import progress
 from distenv.settings import HANG_VAR
 
 __all__ = ["DUMP_SIGNAL", "HANG_VAR", "arm", "parse_stuck", "stuck_line"]
@@ -69,7 +69,7 @@ def arm(
         fault_fd: The rank's fault file (None: no agent reads dumps, nothing is registered).
         report_fd: The agent's report pipe (None: no watchdog).
         hang: ``$DISTENV_HANG_TIMEOUT`` as the agent set it, or None. The stuck line names the
-            innermost frame of the user's code (`distenv.stacks.users_file`).
+            innermost frame of the user's code (`distenv.postmortem.stacks.users_file`).
     """
     if fault_fd is None:
         return

@@ -45,8 +45,8 @@ from distenv.local.reporting import (
     read_pipe,
 )
 from distenv.local.watchdog import HANG_VAR, parse_stuck
-from distenv.processes import oom_killed_by_kernel_log, oom_kills
-from distenv.ranklog import BoundedLog, identity, paths, write_record
+from distenv.postmortem.ranklog import BoundedLog, identity, paths, write_record
+from distenv.system.processes import oom_killed_by_kernel_log, oom_kills
 
 __all__ = ["RunDir", "Witness"]
 
@@ -69,7 +69,7 @@ class RunDir:
 
     By default a private one (mode 0700), kept when the job failed (the card names it), removed
     when it succeeded. With ``--log-dir DIR``, DIR (created), always kept, where each rank also
-    keeps the log folder of `distenv.ranklog`: ``rank-N.log``, ``rank-N.report`` and
+    keeps the log folder of `distenv.postmortem.ranklog`: ``rank-N.log``, ``rank-N.report`` and
     ``rank-N.fault``, which ``distenv why DIR`` reads.
 
     Args:
@@ -359,7 +359,7 @@ class Witness:
                     state.end = self._end(state, returncode)
 
     def _record(self, state: _Rank, returncode: int, pid: int) -> None:
-        """Write the rank's record into the log folder, as a rank of `distenv.ranklog` does."""
+        """Write the rank's record into the log folder, as a rank of `distenv.postmortem.ranklog` does."""
         report = state.report
         if report is not None:
             report = dataclasses.replace(

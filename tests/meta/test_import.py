@@ -214,17 +214,15 @@ def test_core_functions_say_distenv_and_everything_else_keeps_its_module() -> No
 # The modules that `import distenv` loaded, and so set as attributes, before it loaded only itself.
 SUBMODULES = [
     "_hosts",
-    "containers",
     "deadline",
     "detection",
     "errors",
     "exits",
     "launchers",
     "master",
-    "notice",
-    "processes",
     "rankinfo",
     "settings",
+    "system",
     "timing",
     "variables",
 ]

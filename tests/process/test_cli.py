@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from distenv.cli import build_parser, main
-from distenv.containers import container
+from distenv.system.containers import container
 from tests.conftest import scrubbed_environ
 from tests.support.envs import flux, mpi, slurm, torchrun
 

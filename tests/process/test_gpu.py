@@ -155,14 +155,14 @@ print("sum", int(t.item()), flush=True)
 
 
 def test_nccl_uses_the_interface_distenv_exports_in_its_syntax():
-    """What `distenv.netpath.export` writes for NCCL (``=lo``: NCCL's exact-match form) is the
+    """What `distenv.system.netpath.export` writes for NCCL (``=lo``: NCCL's exact-match form) is the
     interface NCCL then reports using (NCCL_DEBUG=INFO names it): the syntax distenv moves a node's
     NCCL with is one NCCL accepts, not only one gloo does."""
     import os
     import subprocess
     import sys
 
-    from distenv.netpath import export
+    from distenv.system.netpath import export
     from tests.conftest import scrubbed_environ
 
     name, value = export("nccl", "lo")

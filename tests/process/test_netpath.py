@@ -14,7 +14,7 @@ import sys
 
 import pytest
 
-from distenv.netpath import Interface, Path, Route, nccl_default
+from distenv.system.netpath import Interface, Path, Route, nccl_default
 from tests.conftest import scrubbed_environ
 from tests.support.netlab import Lab
 from tests.support.topologies import DATA, TOPOLOGIES, address

@@ -1,4 +1,4 @@
-"""distenv.processes, the Linux process plumbing: the process table, live groups, parent death.
+"""distenv.system.processes, the Linux process plumbing: the process table, live groups, parent death.
 
 Real processes: each test starts small Python children and reads them back from /proc.
 """
@@ -11,7 +11,7 @@ import subprocess
 import sys
 import textwrap
 
-from distenv.processes import (
+from distenv.system.processes import (
     PDEATH_WRAPPER,
     PR_SET_PDEATHSIG,
     ThreadEntry,
@@ -92,7 +92,7 @@ def test_parent_death_signal_says_whether_the_parent_is_still_there() -> None:
     code = textwrap.dedent(
         """
         import os
-        from distenv.processes import parent_death_signal
+        from distenv.system.processes import parent_death_signal
         print(parent_death_signal(os.getppid()), parent_death_signal(1 << 22))
         """
     )
@@ -112,7 +112,7 @@ def test_the_thread_table_lists_this_process_threads_with_their_system_calls() -
     import threading
     import time
 
-    from distenv.processes import threads
+    from distenv.system.processes import threads
 
     def asleep(thread: ThreadEntry) -> bool:
         return thread.state == "S" and thread.syscall.split()[:1] in ([b"202"], [b"98"])  # futex

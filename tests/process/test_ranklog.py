@@ -1,4 +1,4 @@
-"""A rank's log folder (distenv.ranklog) and ``distenv why`` on it, one process per end."""
+"""A rank's log folder (distenv.postmortem.ranklog) and ``distenv why`` on it, one process per end."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from distenv.ranklog import HEAD, TAIL
+from distenv.postmortem.ranklog import HEAD, TAIL
 
 REPO = Path(__file__).resolve().parents[2]
 SCRIPT = REPO / "tests" / "support" / "scripts" / "log_rank.py"

@@ -20,7 +20,7 @@ import pytest
 
 from distenv.bootstrap.teardown import TEARDOWN_S, _idle
 from distenv.exits import code_of
-from distenv.processes import ThreadEntry
+from distenv.system.processes import ThreadEntry
 from tests.conftest import scrubbed_environ
 from tests.support.spawn import free_port
 

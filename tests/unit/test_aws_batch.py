@@ -15,7 +15,7 @@ from distenv.launchers import awsbatch
 from distenv.launchers.registry import AWS_BATCH, get_launcher
 from distenv.local.plan import scheduler_layout
 from distenv.master import scheduler_port
-from distenv.netpath import Interface
+from distenv.system.netpath import Interface
 from tests.support import docblocks
 from tests.support.envs import layout
 from tests.support.envs.awsbatch import (
@@ -53,7 +53,7 @@ def main_address(monkeypatch: pytest.MonkeyPatch) -> str:
         Interface("ecs-eth0", True, False, ("169.254.172.2",)),
         Interface("eth0", True, False, ("fe80::1%eth0", "10.0.1.27")),
     )
-    monkeypatch.setattr("distenv.netpath.interfaces", lambda: found)
+    monkeypatch.setattr("distenv.system.netpath.interfaces", lambda: found)
     return "10.0.1.27"
 
 

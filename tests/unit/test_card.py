@@ -14,7 +14,7 @@ from distenv.local.card import how, rank_ranges
 from distenv.local.dumps import crash_frames
 from distenv.local.ends import End
 from distenv.local.reporting import REPORT_FD_VAR, Report, classify, read_report, user_frames
-from distenv.processes import oom_killed_by_kernel_log, oom_kills
+from distenv.system.processes import oom_killed_by_kernel_log, oom_kills
 
 
 @pytest.mark.parametrize(

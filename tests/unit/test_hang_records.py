@@ -13,8 +13,8 @@ import pytest
 from distenv.bootstrap.hang import Hung, _answered, _post, card
 from distenv.bootstrap.records import ForeignRecordError
 from distenv.errors import ConfigurationError
+from distenv.postmortem.stacks import MAX_STACK_FRAMES, main_stack, thread_text
 from distenv.settings import Settings, seconds
-from distenv.stacks import MAX_STACK_FRAMES, main_stack, thread_text
 
 TORCH = os.path.join(sysconfig.get_paths()["purelib"], "torch/distributed/distributed_c10d.py")
 ALL_REDUCE = ((TORCH, 3252, "all_reduce"), ("/job/t.py", 88, "train"))

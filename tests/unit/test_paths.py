@@ -27,8 +27,8 @@ from distenv.bootstrap.records import (
 )
 from distenv.bootstrap.rollcall import network_exports, probed_backends
 from distenv.bootstrap.verdict import Place, Verdict, parse_place, parse_verdict
-from distenv.netpath import backends_to_probe, export
 from distenv.rankinfo import RankInfo
+from distenv.system.netpath import backends_to_probe, export
 from tests.support.verdicts import as_read
 
 SCOPE = "pytorch/none/n3"

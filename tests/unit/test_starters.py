@@ -13,12 +13,12 @@ from pathlib import Path
 
 import pytest
 
-from distenv.containers import container, shm_bytes
 from distenv.detection.choice import choose
 from distenv.detection.pipeline import locate, origin
 from distenv.detection.starters import Origin, started_by
 from distenv.errors import LauncherNotFoundError, StrippedEnvironmentError
-from distenv.processes import Ancestor, ancestors, cgroup
+from distenv.system.containers import container, shm_bytes
+from distenv.system.processes import Ancestor, ancestors, cgroup
 from tests.support.envs.slurm import SRUN_2N_4T
 
 # pid -> (comm, ppid, argv); "self" is the process that detects.

@@ -11,9 +11,9 @@ import pytest
 
 from distenv.cli.why import why
 from distenv.errors import ConfigurationError
-from distenv.failure import Report
 from distenv.local.streams import hidden, local_rank_list, streams
-from distenv.ranklog import identity, read_identity
+from distenv.postmortem.failure import Report
+from distenv.postmortem.ranklog import identity, read_identity
 
 
 def _dump_waiting(path: Path) -> None:

@@ -1,9 +1,9 @@
-"""A one-rank script that keeps a log folder and ends as told, for distenv.ranklog's tests.
+"""A one-rank script that keeps a log folder and ends as told, for distenv.postmortem.ranklog's tests.
 
     log_rank.py DIR MODE
 
 Starts the log with ``init_dist("none", backend="gloo", log_dir=DIR)`` (MODE ``raise``) or, to
-spare torch's import, with `distenv.ranklog.folder` and `distenv.ranklog.start` (rank 0) after `ExitStatus.watch`, as
+spare torch's import, with `distenv.postmortem.ranklog.folder` and `distenv.postmortem.ranklog.start` (rank 0) after `ExitStatus.watch`, as
 init_dist does. It prints ``out line`` and ``err line`` and then, by MODE: ``raise``
 (ValueError in ``fail``), ``exit3``, ``segv`` or ``kill`` (the signal to itself, right after the
 output), ``big`` (20 MB of numbered lines), ``ok``.
@@ -26,8 +26,8 @@ def main(folder: str, mode: str) -> None:
 
         distenv.init_dist("none", backend="gloo", log_dir=folder)
     else:
-        from distenv import ranklog
         from distenv.exits import ExitStatus
+        from distenv.postmortem import ranklog
 
         ExitStatus.watch()
         found = ranklog.folder(folder, None)

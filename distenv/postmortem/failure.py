@@ -2,7 +2,7 @@
 
 Every writer of a failure record uses this one format: the rank wrapper of ``distenv run``
 (`distenv.local.reporting`, over a pipe to its node agent) and a rank under any launcher that
-keeps a log folder (`distenv.ranklog`, into ``DIR/rank-N.report``). Every reader too: ``distenv
+keeps a log folder (`distenv.postmortem.ranklog`, into ``DIR/rank-N.report``). Every reader too: ``distenv
 run``'s supervisor and restarts, and ``distenv why`` (`distenv.cli.why`).
 
 `classify` makes the record from the exception that ends a rank; what is not worth retrying is
@@ -22,7 +22,7 @@ import time
 from dataclasses import asdict, dataclass
 from types import TracebackType
 
-from distenv.stacks import users_file
+from distenv.postmortem.stacks import users_file
 
 __all__ = [
     "MAX_FRAMES",

@@ -30,7 +30,7 @@ import time
 from collections.abc import Callable
 from types import FrameType
 
-from distenv.stacks import users_file
+from distenv.postmortem.stacks import users_file
 
 __all__ = ["CPU_PROGRESS", "MAX_PERIOD", "MIN_PERIOD", "Stuck", "start", "watching"]
 

@@ -4,7 +4,7 @@ With ``DISTENV_LOG_DIR=DIR`` (or ``init_dist(log_dir=DIR)``), each rank keeps, f
 on, under its global rank N (detection's `RankInfo.rank`, known before the rendezvous)::
 
     DIR/rank-N.log     its stdout and stderr, as they came, still shown where they went before
-    DIR/rank-N.report  at its end: a failure's record (`distenv.failure.Report`, one JSON line),
+    DIR/rank-N.report  at its end: a failure's record (`distenv.postmortem.failure.Report`, one JSON line),
                        empty when it ended with status 0; absent while it runs or after SIGKILL
     DIR/rank-N.fault   the Python stack of every thread at a fatal signal (`faulthandler`), and
                        the stack dumps of the hang autopsy
@@ -49,7 +49,7 @@ from typing import TYPE_CHECKING, Any
 
 from distenv.errors import ConfigurationError, shown
 from distenv.exits import ExitStatus
-from distenv.failure import Report, classify
+from distenv.postmortem.failure import Report, classify
 from distenv.settings import LOG_DIR_VAR
 
 if TYPE_CHECKING:
