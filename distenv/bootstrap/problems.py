@@ -10,6 +10,23 @@ from collections.abc import Iterable, Sequence
 from operator import attrgetter
 from typing import Any, NamedTuple
 
+from distenv.bootstrap.kinds import (
+    AgreedValues,
+    Integer,
+    Items,
+    OneOf,
+    Text,
+    Totals,
+    after,
+    build,
+    declare,
+    length,
+    listed,
+    number,
+    optional,
+    pattern,
+    world,
+)
 from distenv.bootstrap.records import (
     AGREED,
     MAX_CANDIDATES,
@@ -90,20 +107,26 @@ def _ranks_text(shown: Sequence[int], total: int) -> str:
     return text + (f", ... ({total} in all)" if total > 8 else "")
 
 
-def _rank_list(fields: Fields, name: str, world: int) -> tuple[int, ...]:
-    ranks = fields.items(name)
-    if not all(type(r) is int and 0 <= r < world for r in ranks):
-        raise ForeignRecordError(fields.key, f"field {name!r} is not a list of ranks")
-    return tuple(ranks)
+# The field kinds most problems share (`distenv.bootstrap.kinds`).
+RANK = Integer(0, world())
+RANKS = Items(number(0, world()), "field {name!r} is not a list of ranks")
+NODE = Integer(
+    0, world(), optional=True
+)  # None: the launcher named no node (the roll call numbers hosts)
+HOST = Text("hostname")
+HOSTS = Items(pattern("hostname"), "field {name!r} is not a list of host names")
+OWN_WORLD_SIZE = Integer(world(), world(1))  # the reader's own: a problem of its world only
+_NOT_LEADERS = "nodes and sizes do not match the leaders"
 
 
-def _host_list(fields: Fields, name: str) -> tuple[str, ...]:
-    hosts = fields.items(name)
-    if not all(matches("hostname", h) for h in hosts):
-        raise ForeignRecordError(fields.key, f"field {name!r} is not a list of host names")
-    return tuple(hosts)
-
-
+@declare(
+    {
+        "sizes": Items(number(1, MAX_RANK + 1), "sizes are not world sizes"),
+        "hosts": HOSTS,
+        "world_size": OWN_WORLD_SIZE,
+    },
+    same=("sizes", "hosts"),
+)
 class OtherSize(NamedTuple):
     """Ranks of this job's identity started for a world of another size (where each said so)."""
 
@@ -118,17 +141,17 @@ class OtherSize(NamedTuple):
             f"of the same job identity for {said}"
         )
 
-    @classmethod
-    def parse(cls, fields: "Fields", world: int) -> "OtherSize":
-        sizes = fields.items("sizes")
-        if not all(type(s) is int and 0 < s <= MAX_RANK for s in sizes):
-            raise ForeignRecordError(fields.key, "sizes are not world sizes")
-        hosts = _host_list(fields, "hosts")
-        if len(hosts) != len(sizes):
-            raise ForeignRecordError(fields.key, "sizes and hosts differ in length")
-        return cls(fields.integer("world_size", world, world + 1), tuple(sizes), hosts)
 
-
+@declare(
+    {
+        "ranks": RANKS,
+        "hosts": Items(listed(pattern("hostname")), "hosts is not a list of host lists"),
+        "nodes": Items(optional(number(0, world())), "nodes is not a list of node indexes"),
+        "total": Integer(length("ranks"), world(1)),
+        "world_size": OWN_WORLD_SIZE,
+    },
+    same=("ranks", "hosts", "nodes"),
+)
 class Missing(NamedTuple):
     """Ranks that did not check in: each named with the hosts it was expected on."""
 
@@ -150,32 +173,16 @@ class Missing(NamedTuple):
             + more
         )
 
-    @classmethod
-    def parse(cls, fields: "Fields", world: int) -> "Missing":
-        ranks = _rank_list(fields, "ranks", world)
-        hosts_raw = fields.items("hosts")
-        nodes_raw = fields.items("nodes")
-        if len(hosts_raw) != len(ranks) or len(nodes_raw) != len(ranks):
-            raise ForeignRecordError(fields.key, "ranks, hosts and nodes differ in length")
-        hosts = []
-        for entry in hosts_raw:
-            if not isinstance(entry, list) or len(entry) > MAX_SHOWN:
-                raise ForeignRecordError(fields.key, "hosts is not a list of host lists")
-            if not all(matches("hostname", h) for h in entry):
-                raise ForeignRecordError(fields.key, "hosts is not a list of host lists")
-            hosts.append(tuple(entry))
-        if not all(n is None or (type(n) is int and 0 <= n < world) for n in nodes_raw):
-            raise ForeignRecordError(fields.key, "nodes is not a list of node indexes")
-        total = fields.integer("total", len(ranks), world + 1)
-        return cls(
-            total,
-            fields.integer("world_size", world, world + 1),
-            ranks,
-            tuple(hosts),
-            tuple(nodes_raw),
-        )
 
-
+@declare(
+    {
+        "field": OneOf(AGREED, "field 'field' names no agreed field"),
+        "values": AgreedValues("field"),
+        "ranks": Items(listed(number(0, world())), "ranks is not a list of rank lists"),
+        "totals": Totals("ranks"),
+    },
+    same=("values", "ranks", "totals"),
+)
 class Disagreement(NamedTuple):
     """Ranks that disagree on one of the `AGREED` fields: each value with its ranks."""
 
@@ -191,33 +198,15 @@ class Disagreement(NamedTuple):
         )
         return f"ranks disagree on {self.field}: {parts}"
 
-    @classmethod
-    def parse(cls, fields: "Fields", world: int) -> "Disagreement":
-        field = fields.data["field"]
-        if field not in AGREED:
-            raise ForeignRecordError(fields.key, "field 'field' names no agreed field")
-        values = fields.items("values")
-        if field == "world_size":
-            if not all(type(v) is int and 0 < v <= MAX_RANK for v in values):
-                raise ForeignRecordError(fields.key, "values are not world sizes")
-        elif not all(matches(field, v) for v in values):
-            raise ForeignRecordError(fields.key, f"values do not match the pattern of {field}")
-        groups = fields.items("ranks")
-        totals = fields.items("totals")
-        if len(groups) != len(values) or len(totals) != len(values):
-            raise ForeignRecordError(fields.key, "values, ranks and totals differ in length")
-        ranks = []
-        for group, total in zip(groups, totals, strict=True):
-            if not isinstance(group, list) or len(group) > MAX_SHOWN:
-                raise ForeignRecordError(fields.key, "ranks is not a list of rank lists")
-            if not all(type(r) is int and 0 <= r < world for r in group):
-                raise ForeignRecordError(fields.key, "ranks is not a list of rank lists")
-            if type(total) is not int or not len(group) <= total <= MAX_RANK:
-                raise ForeignRecordError(fields.key, "totals are not counts")
-            ranks.append(tuple(group))
-        return cls(field, tuple(values), tuple(ranks), tuple(totals))
 
-
+@declare(
+    {
+        "pids": Items(number(1, MAX_PID + 1), "pids are not process ids"),
+        "hosts": HOSTS,
+        "rank": RANK,
+    },
+    same=("pids", "hosts"),
+)
 class ClaimedTwice(NamedTuple):
     """One rank claimed by several processes: each claim's pid and host."""
 
@@ -231,17 +220,15 @@ class ClaimedTwice(NamedTuple):
             f"rank {self.rank} was claimed by {len(self.pids)} processes ({who}): {SAME_IDENTITY}"
         )
 
-    @classmethod
-    def parse(cls, fields: "Fields", world: int) -> "ClaimedTwice":
-        pids = fields.items("pids")
-        if not all(type(p) is int and 0 < p <= MAX_PID for p in pids):
-            raise ForeignRecordError(fields.key, "pids are not process ids")
-        hosts = _host_list(fields, "hosts")
-        if len(hosts) != len(pids):
-            raise ForeignRecordError(fields.key, "pids and hosts differ in length")
-        return cls(fields.integer("rank", 0, world), tuple(pids), hosts)
 
-
+@declare(
+    {
+        "host": HOST,
+        "node": NODE,
+        "local_rank": RANK,
+        "sharing": Integer(2, MAX_RANK),
+    }
+)
 class SharedLocalRank(NamedTuple):
     """Several ranks of one host and node with the same local rank."""
 
@@ -254,16 +241,8 @@ class SharedLocalRank(NamedTuple):
         node = "" if self.node is None else f" (node {self.node})"
         return f"{self.sharing} ranks on {self.host!r}{node} share local rank {self.local_rank}"
 
-    @classmethod
-    def parse(cls, fields: "Fields", world: int) -> "SharedLocalRank":
-        return cls(
-            fields.text("host", "hostname"),
-            fields.optional_integer("node", 0, world),
-            fields.integer("local_rank", 0, world),
-            fields.integer("sharing", 2, MAX_RANK),
-        )
 
-
+@declare({"node": RANK, "hosts": HOSTS})
 class Placement(NamedTuple):
     """Ranks on several hosts that their launcher's node variables put on one node."""
 
@@ -278,11 +257,18 @@ class Placement(NamedTuple):
             "step, pass --launcher mpi)"
         )
 
-    @classmethod
-    def parse(cls, fields: "Fields", world: int) -> "Placement":
-        return cls(fields.integer("node", 0, world), _host_list(fields, "hosts"))
 
-
+@declare(
+    {
+        "field": OneOf(MIXED_FIELDS, "field 'field' names no layout field"),
+        "known": RANKS,
+        "unknown": RANKS,
+        "known_total": Integer(length("known", 1), world(1)),
+        "known_hosts": HOSTS,
+        "unknown_total": Integer(length("unknown", 1), world(1)),
+        "unknown_hosts": HOSTS,
+    }
+)
 class MixedLayout(NamedTuple):
     """Ranks whose launcher named a layout field (``node_rank``, ``local_world_size``) beside
     ranks whose launcher did not: the ranks were not started alike."""
@@ -305,22 +291,18 @@ class MixedLayout(NamedTuple):
             "unset node variables inherited from another job on some nodes"
         )
 
-    @classmethod
-    def parse(cls, fields: "Fields", world: int) -> "MixedLayout":
-        if fields.data["field"] not in MIXED_FIELDS:
-            raise ForeignRecordError(fields.key, "field 'field' names no layout field")
-        known, unknown = _rank_list(fields, "known", world), _rank_list(fields, "unknown", world)
-        return cls(
-            fields.data["field"],
-            known,
-            fields.integer("known_total", max(len(known), 1), world + 1),
-            _host_list(fields, "known_hosts"),
-            unknown,
-            fields.integer("unknown_total", max(len(unknown), 1), world + 1),
-            _host_list(fields, "unknown_hosts"),
-        )
 
-
+@declare(
+    {
+        "ranks": RANKS,
+        "local_ranks": RANKS,
+        "sizes": Items(number(1, world(1)), "sizes are not local world sizes"),
+        "host": HOST,
+        "node": NODE,
+        "total": Integer(length("ranks", 1), world(1)),
+    },
+    same=("ranks", "local_ranks"),
+)
 class LocalLayout(NamedTuple):
     """The ranks on one host (and node) whose local ranks or local size do not fit their count."""
 
@@ -346,25 +328,15 @@ class LocalLayout(NamedTuple):
             "set them (unset any inherited from another job or set by hand)"
         )
 
-    @classmethod
-    def parse(cls, fields: "Fields", world: int) -> "LocalLayout":
-        ranks = _rank_list(fields, "ranks", world)
-        local_ranks = _rank_list(fields, "local_ranks", world)
-        if len(local_ranks) != len(ranks):
-            raise ForeignRecordError(fields.key, "ranks and local_ranks differ in length")
-        sizes = fields.items("sizes")
-        if not all(type(n) is int and 1 <= n <= world for n in sizes):
-            raise ForeignRecordError(fields.key, "sizes are not local world sizes")
-        return cls(
-            fields.text("host", "hostname"),
-            fields.optional_integer("node", 0, world),
-            fields.integer("total", max(len(ranks), 1), world + 1),
-            ranks,
-            local_ranks,
-            tuple(sizes),
-        )
 
-
+@declare(
+    {
+        "ranks": RANKS,
+        "host": HOST,
+        "device": Text(),
+        "total": Integer(length("ranks"), MAX_RANK + 1),
+    }
+)
 class SharedGpu(NamedTuple):
     """Ranks of one host driving the same physical GPU without having allowed it."""
 
@@ -379,17 +351,18 @@ class SharedGpu(NamedTuple):
             f"({self.device}); give each rank its own GPU or pass allow_gpu_sharing=True"
         )
 
-    @classmethod
-    def parse(cls, fields: "Fields", world: int) -> "SharedGpu":
-        ranks = _rank_list(fields, "ranks", world)
-        return cls(
-            fields.text("host", "hostname"),
-            fields.text("device"),
-            ranks,
-            fields.integer("total", len(ranks), MAX_RANK + 1),
-        )
 
-
+@declare(
+    {
+        "keys": Items(
+            pattern("record_key"),
+            "field {name!r} is not a list of record keys",
+            cap=MAX_FOREIGN_SHOWN,
+            least=1,
+        ),
+        "total": Integer(length("keys"), MAX_RANK + 1),
+    }
+)
 class ForeignCheckIn(NamedTuple):
     """Check-in records under this job's keys that this job's distenv did not write: a few keys
     named, all of them counted, in one short line however many there are."""
@@ -411,14 +384,13 @@ class ForeignCheckIn(NamedTuple):
             "to rank 0's store"
         )
 
-    @classmethod
-    def parse(cls, fields: "Fields", world: int) -> "ForeignCheckIn":
-        keys = fields.items("keys", MAX_FOREIGN_SHOWN)
-        if not keys or not all(matches("record_key", k) for k in keys):
-            raise ForeignRecordError(fields.key, "field 'keys' is not a list of record keys")
-        return cls(tuple(keys), fields.integer("total", len(keys), MAX_RANK + 1))
 
-
+@declare(
+    {
+        "records": Integer(0, MAX_RANK + 1),
+        "counted": Integer(after("records"), 1 << 62),
+    }
+)
 class ForeignCount(NamedTuple):
     """A counter in this job's keys that ran ahead of the records this job's ranks (or their
     nodes' leaders) count: only a process outside the job can have added to it."""
@@ -433,12 +405,17 @@ class ForeignCount(NamedTuple):
             "it writes): a process that is not part of this job added to it"
         )
 
-    @classmethod
-    def parse(cls, fields: "Fields", world: int) -> "ForeignCount":
-        records = fields.integer("records", 0, MAX_RANK + 1)
-        return cls(fields.integer("counted", records + 1, 1 << 62), records)
 
-
+@declare(
+    {
+        "leaders": RANKS,
+        "nodes": Items(number(0, world()), _NOT_LEADERS),
+        "sizes": Items(number(1, world(1)), _NOT_LEADERS),
+        "total": Integer(length("leaders", 1), world(1)),
+    },
+    same=("leaders", "nodes", "sizes"),
+    why=_NOT_LEADERS,
+)
 class SilentNodes(NamedTuple):
     """Nodes none of whose ranks reached rank 0 where node leaders batch the roll call: their
     leader (its node's first rank) never reported, so its members could not either.
@@ -465,20 +442,6 @@ class SilentNodes(NamedTuple):
             + ": a leader that died, was stopped or started too late takes its node with it"
         )
 
-    @classmethod
-    def parse(cls, fields: "Fields", world: int) -> "SilentNodes":
-        leaders = _rank_list(fields, "leaders", world)
-        nodes, sizes = fields.items("nodes"), fields.items("sizes")
-        if (
-            len(nodes) != len(leaders)
-            or len(sizes) != len(leaders)
-            or not all(type(n) is int and 0 <= n < world for n in nodes)
-            or not all(type(n) is int and 1 <= n <= world for n in sizes)
-        ):
-            raise ForeignRecordError(fields.key, "nodes and sizes do not match the leaders")
-        total = fields.integer("total", max(len(leaders), 1), world + 1)
-        return cls(total, leaders, tuple(nodes), tuple(sizes))
-
 
 #: What a probe of one address found, as `Unreachable` says it (codes from the probe's results).
 WHY_NOT = {
@@ -494,6 +457,26 @@ WHY_NOT = {
 }
 
 
+def _probe(entry: object, world_size: int, got: object) -> bool:
+    """Return whether `entry` is one probe's ``[address, interface or None, why]``."""
+    return (
+        isinstance(entry, list)
+        and len(entry) == 3
+        and matches("address", entry[0])
+        and (entry[1] is None or matches("interface", entry[1]))
+        and entry[2] in WHY_NOT
+    )
+
+
+@declare(
+    {
+        "tried": Items(_probe, "field {name!r} is not a list of probes", cap=MAX_CANDIDATES),
+        "host": HOST,
+        "rank": RANK,
+        "backend": Text("probed_backend"),
+        "missed_by": HOSTS,
+    }
+)
 class Unreachable(NamedTuple):
     """A node whose backend would advertise an address the other nodes cannot reach, and no
     alternative of which passed the probe either (`distenv.bootstrap.paths`)."""
@@ -517,27 +500,6 @@ class Unreachable(NamedTuple):
             f"the network probe{by} ({tried}); on that node, export {variable}=<the interface "
             "of the network the nodes share>, or give a MASTER_ADDR on that network "
             "(DISTENV_MASTER_ADDR_FORMAT='{host}-ib' for -ib names): docs/network.md"
-        )
-
-    @classmethod
-    def parse(cls, fields: "Fields", world: int) -> "Unreachable":
-        tried = []
-        for entry in fields.items("tried", MAX_CANDIDATES):
-            if (
-                not isinstance(entry, list)
-                or len(entry) != 3
-                or not matches("address", entry[0])
-                or not (entry[1] is None or matches("interface", entry[1]))
-                or entry[2] not in WHY_NOT
-            ):
-                raise ForeignRecordError(fields.key, "field 'tried' is not a list of probes")
-            tried.append((entry[0], entry[1], entry[2]))
-        return cls(
-            fields.text("host", "hostname"),
-            fields.integer("rank", 0, world),
-            fields.text("backend", "probed_backend"),
-            tuple(tried),
-            _host_list(fields, "missed_by"),
         )
 
 
@@ -589,7 +551,7 @@ def parse_problem(key: str, data: object, world: int) -> Problem:
         raise ForeignRecordError(key, "a problem with an unknown code")
     kind = _PROBLEMS[data["code"]]
     body = {k: v for k, v in data.items() if k != "code"}
-    problem: Problem = kind.parse(Fields(key, body, frozenset(kind._fields)), world)
+    problem: Problem = build(kind, Fields(key, body, frozenset(kind._fields)), world)
     return problem
 
 
