@@ -15,6 +15,12 @@ from typing import Any, TypeVar
 from distenv.bootstrap.records import MAX_RANK, MAX_SHOWN, Fields, ForeignRecordError, matches
 
 __all__ = [
+    "HOST",
+    "HOSTS",
+    "NODE",
+    "OWN_WORLD_SIZE",
+    "RANK",
+    "RANKS",
     "AgreedValues",
     "Bound",
     "Integer",
@@ -26,11 +32,13 @@ __all__ = [
     "after",
     "build",
     "declare",
+    "hosts_text",
     "length",
     "listed",
     "number",
     "optional",
     "pattern",
+    "ranks_text",
     "world",
 ]
 
@@ -237,3 +245,26 @@ def build(cls: type, fields: Fields, world_size: int) -> Any:
                 raise ForeignRecordError(fields.key, declared.why)
         got[name] = kind.check(fields, name, raw, world_size, got)
     return cls(**got)
+
+
+# ---- the kinds most problems share, and how their values are shown ------------------------------------
+
+RANK = Integer(0, world())
+RANKS = Items(number(0, world()), "field {name!r} is not a list of ranks")
+#: A node index, or None where the launcher named no node (the roll call numbers hosts).
+NODE = Integer(0, world(), optional=True)
+HOST = Text("hostname")
+HOSTS = Items(pattern("hostname"), "field {name!r} is not a list of host names")
+#: The reader's own world size: a problem names the world of the rank that reads it, or none.
+OWN_WORLD_SIZE = Integer(world(), world(1))
+
+
+def hosts_text(hosts: Iterable[str]) -> str:
+    """Return host names as quoted data: they come from the store, whoever wrote them there."""
+    return ", ".join(map(repr, hosts))
+
+
+def ranks_text(shown: Sequence[int], total: int) -> str:
+    """Return the first 8 of the ranks `shown`, and how many there are in all if more."""
+    text = ", ".join(str(r) for r in shown[:8])
+    return text + (f", ... ({total} in all)" if total > 8 else "")
