@@ -189,6 +189,7 @@ def _probe(entry: object, world_size: int, got: object) -> bool:
         and len(entry) == 3
         and matches("address", entry[0])
         and (entry[1] is None or matches("interface", entry[1]))
+        and type(entry[2]) is str  # an unhashable value is no key of WHY_NOT either
         and entry[2] in WHY_NOT
     )
 

@@ -331,11 +331,19 @@ _PROBLEMS: dict[str, Any] = {code: kind for kind, code in CODES.items()}
 
 
 def problem_json(problem: Problem) -> dict[str, Any]:
+    """Return `problem` as the verdict publishes it: its code, then its fields by name."""
     return {"code": CODES[type(problem)], **problem._asdict()}
 
 
 def parse_problem(key: str, data: object, world: int) -> Problem:
-    if not isinstance(data, dict) or data.get("code") not in _PROBLEMS:
+    """Return the problem a verdict under `key` holds, read by its class's declared field kinds
+    for a reader of a world of `world` ranks (`ForeignRecordError` if it is not one)."""
+    # A code of another type (a list is unhashable) is as unknown as an unknown string.
+    if (
+        not isinstance(data, dict)
+        or type(data.get("code")) is not str
+        or data["code"] not in _PROBLEMS
+    ):
         raise ForeignRecordError(key, "a problem with an unknown code")
     kind = _PROBLEMS[data["code"]]
     body = {k: v for k, v in data.items() if k != "code"}

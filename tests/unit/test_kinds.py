@@ -162,3 +162,26 @@ def test_each_problem_keeps_its_checks(problem: dict[str, Any], why: str) -> Non
         parse_problem("verdict", problem, 4)
     assert why in info.value.why
     assert "EVIL" not in str(info.value)
+
+
+@pytest.mark.parametrize(
+    "problem",
+    [
+        {"code": []},
+        {"code": {"missing": 1}},
+        {
+            "code": "unreachable",
+            "host": "h",
+            "rank": 0,
+            "backend": "gloo",
+            "tried": [["10.0.0.2", None, ["refused"]]],
+            "missed_by": [],
+        },
+    ],
+)
+def test_an_unhashable_value_is_a_foreign_record_not_a_type_error(problem: dict[str, Any]) -> None:
+    """A forged code or probe result that is a list or an object is refused like any other
+    foreign value (before: an unhashable-type TypeError from the dict lookup)."""
+    with pytest.raises(ForeignRecordError) as info:
+        parse_problem("verdict", problem, 4)
+    assert info.value.key == "verdict"
