@@ -1,26 +1,54 @@
 """The roll call's problems: structured, validated when read, rendered by each rank's own templates.
 
+Each class declares its fields' kinds (`distenv.bootstrap.kinds`), which the one parser,
+`parse_problem`, checks a problem read from the store against; the problems of where ranks run are
+in `distenv.bootstrap.layouts` (re-exported here), and what builds them from the check-ins in
+`distenv.bootstrap.findings`.
+
 Imported only when there is a problem to build, publish or read (`distenv.bootstrap.verdict`): a healthy roll
 call never pays for creating its classes inside every rank's bootstrap. Pure, like
 `distenv.bootstrap.records`: no torch, no store, no process state.
 """
 
-from collections import Counter, defaultdict
-from collections.abc import Iterable, Sequence
-from operator import attrgetter
+from collections.abc import Sequence
 from typing import Any, NamedTuple
 
+from distenv.bootstrap.kinds import (
+    HOSTS,
+    OWN_WORLD_SIZE,
+    RANK,
+    RANKS,
+    AgreedValues,
+    Integer,
+    Items,
+    OneOf,
+    Totals,
+    after,
+    build,
+    declare,
+    hosts_text,
+    length,
+    listed,
+    number,
+    optional,
+    pattern,
+    ranks_text,
+    world,
+)
+from distenv.bootstrap.layouts import (
+    LocalLayout,
+    MixedLayout,
+    Placement,
+    SharedGpu,
+    SharedLocalRank,
+    Unreachable,
+)
 from distenv.bootstrap.records import (
     AGREED,
-    MAX_CANDIDATES,
     MAX_PID,
     MAX_RANK,
-    MAX_SHOWN,
-    MIXED_FIELDS,
-    CheckIn,
     Fields,
     ForeignRecordError,
-    matches,
 )
 
 __all__ = [
@@ -40,19 +68,11 @@ __all__ = [
     "Problem",
     "SharedGpu",
     "SharedLocalRank",
+    "SilentNodes",
     "Unreachable",
-    "claimed_twice",
-    "disagreement",
-    "expected_hosts",
     "foreign_records",
-    "local_layouts",
-    "missing_ranks",
-    "mixed_layout",
     "parse_problem",
-    "placements",
     "problem_json",
-    "shared_gpus",
-    "shared_local_ranks",
 ]
 
 
@@ -75,35 +95,17 @@ SIZE_HINT = (
 MAX_FOREIGN_SHOWN = 4
 
 
-def _hosts_text(hosts: Iterable[str]) -> str:
-    """Return host names as quoted data: they come from the store, whoever wrote them there."""
-    return ", ".join(map(repr, hosts))
+_NOT_LEADERS = "nodes and sizes do not match the leaders"
 
 
-def _shown(ranks: Sequence[int]) -> tuple[tuple[int, ...], int]:
-    ordered = sorted(ranks)
-    return tuple(ordered[:MAX_SHOWN]), len(ordered)
-
-
-def _ranks_text(shown: Sequence[int], total: int) -> str:
-    text = ", ".join(str(r) for r in shown[:8])
-    return text + (f", ... ({total} in all)" if total > 8 else "")
-
-
-def _rank_list(fields: Fields, name: str, world: int) -> tuple[int, ...]:
-    ranks = fields.items(name)
-    if not all(type(r) is int and 0 <= r < world for r in ranks):
-        raise ForeignRecordError(fields.key, f"field {name!r} is not a list of ranks")
-    return tuple(ranks)
-
-
-def _host_list(fields: Fields, name: str) -> tuple[str, ...]:
-    hosts = fields.items(name)
-    if not all(matches("hostname", h) for h in hosts):
-        raise ForeignRecordError(fields.key, f"field {name!r} is not a list of host names")
-    return tuple(hosts)
-
-
+@declare(
+    {
+        "sizes": Items(number(1, MAX_RANK + 1), "sizes are not world sizes"),
+        "hosts": HOSTS,
+        "world_size": OWN_WORLD_SIZE,
+    },
+    same=("sizes", "hosts"),
+)
 class OtherSize(NamedTuple):
     """Ranks of this job's identity started for a world of another size (where each said so)."""
 
@@ -118,17 +120,17 @@ class OtherSize(NamedTuple):
             f"of the same job identity for {said}"
         )
 
-    @classmethod
-    def parse(cls, fields: "Fields", world: int) -> "OtherSize":
-        sizes = fields.items("sizes")
-        if not all(type(s) is int and 0 < s <= MAX_RANK for s in sizes):
-            raise ForeignRecordError(fields.key, "sizes are not world sizes")
-        hosts = _host_list(fields, "hosts")
-        if len(hosts) != len(sizes):
-            raise ForeignRecordError(fields.key, "sizes and hosts differ in length")
-        return cls(fields.integer("world_size", world, world + 1), tuple(sizes), hosts)
 
-
+@declare(
+    {
+        "ranks": RANKS,
+        "hosts": Items(listed(pattern("hostname")), "hosts is not a list of host lists"),
+        "nodes": Items(optional(number(0, world())), "nodes is not a list of node indexes"),
+        "total": Integer(length("ranks"), world(1)),
+        "world_size": OWN_WORLD_SIZE,
+    },
+    same=("ranks", "hosts", "nodes"),
+)
 class Missing(NamedTuple):
     """Ranks that did not check in: each named with the hosts it was expected on."""
 
@@ -141,7 +143,7 @@ class Missing(NamedTuple):
     def describe(self, timeout: float) -> str:
         lines = []
         for rank, hosts, node in zip(self.ranks, self.hosts, self.nodes, strict=True):
-            where = _hosts_text(hosts) if hosts else (f"node {node}" if node is not None else "")
+            where = hosts_text(hosts) if hosts else (f"node {node}" if node is not None else "")
             lines.append(f"rank {rank} (expected on {where or 'an unknown host'})")
         more = f" and {self.total - len(self.ranks)} more" if self.total > len(self.ranks) else ""
         return (
@@ -150,32 +152,16 @@ class Missing(NamedTuple):
             + more
         )
 
-    @classmethod
-    def parse(cls, fields: "Fields", world: int) -> "Missing":
-        ranks = _rank_list(fields, "ranks", world)
-        hosts_raw = fields.items("hosts")
-        nodes_raw = fields.items("nodes")
-        if len(hosts_raw) != len(ranks) or len(nodes_raw) != len(ranks):
-            raise ForeignRecordError(fields.key, "ranks, hosts and nodes differ in length")
-        hosts = []
-        for entry in hosts_raw:
-            if not isinstance(entry, list) or len(entry) > MAX_SHOWN:
-                raise ForeignRecordError(fields.key, "hosts is not a list of host lists")
-            if not all(matches("hostname", h) for h in entry):
-                raise ForeignRecordError(fields.key, "hosts is not a list of host lists")
-            hosts.append(tuple(entry))
-        if not all(n is None or (type(n) is int and 0 <= n < world) for n in nodes_raw):
-            raise ForeignRecordError(fields.key, "nodes is not a list of node indexes")
-        total = fields.integer("total", len(ranks), world + 1)
-        return cls(
-            total,
-            fields.integer("world_size", world, world + 1),
-            ranks,
-            tuple(hosts),
-            tuple(nodes_raw),
-        )
 
-
+@declare(
+    {
+        "field": OneOf(AGREED, "field 'field' names no agreed field"),
+        "values": AgreedValues("field"),
+        "ranks": Items(listed(number(0, world())), "ranks is not a list of rank lists"),
+        "totals": Totals("ranks"),
+    },
+    same=("values", "ranks", "totals"),
+)
 class Disagreement(NamedTuple):
     """Ranks that disagree on one of the `AGREED` fields: each value with its ranks."""
 
@@ -186,38 +172,20 @@ class Disagreement(NamedTuple):
 
     def describe(self, timeout: float) -> str:
         parts = "; ".join(
-            f"{value!r} on ranks {_ranks_text(ranks, total)}"
+            f"{value!r} on ranks {ranks_text(ranks, total)}"
             for value, ranks, total in zip(self.values, self.ranks, self.totals, strict=True)
         )
         return f"ranks disagree on {self.field}: {parts}"
 
-    @classmethod
-    def parse(cls, fields: "Fields", world: int) -> "Disagreement":
-        field = fields.data["field"]
-        if field not in AGREED:
-            raise ForeignRecordError(fields.key, "field 'field' names no agreed field")
-        values = fields.items("values")
-        if field == "world_size":
-            if not all(type(v) is int and 0 < v <= MAX_RANK for v in values):
-                raise ForeignRecordError(fields.key, "values are not world sizes")
-        elif not all(matches(field, v) for v in values):
-            raise ForeignRecordError(fields.key, f"values do not match the pattern of {field}")
-        groups = fields.items("ranks")
-        totals = fields.items("totals")
-        if len(groups) != len(values) or len(totals) != len(values):
-            raise ForeignRecordError(fields.key, "values, ranks and totals differ in length")
-        ranks = []
-        for group, total in zip(groups, totals, strict=True):
-            if not isinstance(group, list) or len(group) > MAX_SHOWN:
-                raise ForeignRecordError(fields.key, "ranks is not a list of rank lists")
-            if not all(type(r) is int and 0 <= r < world for r in group):
-                raise ForeignRecordError(fields.key, "ranks is not a list of rank lists")
-            if type(total) is not int or not len(group) <= total <= MAX_RANK:
-                raise ForeignRecordError(fields.key, "totals are not counts")
-            ranks.append(tuple(group))
-        return cls(field, tuple(values), tuple(ranks), tuple(totals))
 
-
+@declare(
+    {
+        "pids": Items(number(1, MAX_PID + 1), "pids are not process ids"),
+        "hosts": HOSTS,
+        "rank": RANK,
+    },
+    same=("pids", "hosts"),
+)
 class ClaimedTwice(NamedTuple):
     """One rank claimed by several processes: each claim's pid and host."""
 
@@ -231,165 +199,18 @@ class ClaimedTwice(NamedTuple):
             f"rank {self.rank} was claimed by {len(self.pids)} processes ({who}): {SAME_IDENTITY}"
         )
 
-    @classmethod
-    def parse(cls, fields: "Fields", world: int) -> "ClaimedTwice":
-        pids = fields.items("pids")
-        if not all(type(p) is int and 0 < p <= MAX_PID for p in pids):
-            raise ForeignRecordError(fields.key, "pids are not process ids")
-        hosts = _host_list(fields, "hosts")
-        if len(hosts) != len(pids):
-            raise ForeignRecordError(fields.key, "pids and hosts differ in length")
-        return cls(fields.integer("rank", 0, world), tuple(pids), hosts)
 
-
-class SharedLocalRank(NamedTuple):
-    """Several ranks of one host and node with the same local rank."""
-
-    host: str
-    node: int | None  # None: the launcher named no node (the roll call numbers hosts)
-    local_rank: int
-    sharing: int
-
-    def describe(self, timeout: float) -> str:
-        node = "" if self.node is None else f" (node {self.node})"
-        return f"{self.sharing} ranks on {self.host!r}{node} share local rank {self.local_rank}"
-
-    @classmethod
-    def parse(cls, fields: "Fields", world: int) -> "SharedLocalRank":
-        return cls(
-            fields.text("host", "hostname"),
-            fields.optional_integer("node", 0, world),
-            fields.integer("local_rank", 0, world),
-            fields.integer("sharing", 2, MAX_RANK),
-        )
-
-
-class Placement(NamedTuple):
-    """Ranks on several hosts that their launcher's node variables put on one node."""
-
-    node: int
-    hosts: tuple[str, ...]
-
-    def describe(self, timeout: float) -> str:
-        return (
-            f"ranks that their launcher's variables put on node {self.node} run on "
-            f"{list(self.hosts)}: the node variables do not describe these ranks; unset the "
-            "node variables inherited from another job (for MPI ranks inside a scheduler's "
-            "step, pass --launcher mpi)"
-        )
-
-    @classmethod
-    def parse(cls, fields: "Fields", world: int) -> "Placement":
-        return cls(fields.integer("node", 0, world), _host_list(fields, "hosts"))
-
-
-class MixedLayout(NamedTuple):
-    """Ranks whose launcher named a layout field (``node_rank``, ``local_world_size``) beside
-    ranks whose launcher did not: the ranks were not started alike."""
-
-    field: str
-    known: tuple[int, ...]
-    known_total: int
-    known_hosts: tuple[str, ...]
-    unknown: tuple[int, ...]
-    unknown_total: int
-    unknown_hosts: tuple[str, ...]
-
-    def describe(self, timeout: float) -> str:
-        return (
-            f"ranks {_ranks_text(self.known, self.known_total)} (on {_hosts_text(self.known_hosts)})"
-            f" have a {self.field} from their launcher's variables but ranks "
-            f"{_ranks_text(self.unknown, self.unknown_total)} (on "
-            f"{_hosts_text(self.unknown_hosts)}) have none: the ranks were not started alike, so "
-            "neither numbering can be trusted; start every rank with the same launcher and "
-            "unset node variables inherited from another job on some nodes"
-        )
-
-    @classmethod
-    def parse(cls, fields: "Fields", world: int) -> "MixedLayout":
-        if fields.data["field"] not in MIXED_FIELDS:
-            raise ForeignRecordError(fields.key, "field 'field' names no layout field")
-        known, unknown = _rank_list(fields, "known", world), _rank_list(fields, "unknown", world)
-        return cls(
-            fields.data["field"],
-            known,
-            fields.integer("known_total", max(len(known), 1), world + 1),
-            _host_list(fields, "known_hosts"),
-            unknown,
-            fields.integer("unknown_total", max(len(unknown), 1), world + 1),
-            _host_list(fields, "unknown_hosts"),
-        )
-
-
-class LocalLayout(NamedTuple):
-    """The ranks on one host (and node) whose local ranks or local size do not fit their count."""
-
-    host: str
-    node: int | None  # None: the launcher named no node (the roll call numbers hosts)
-    total: int  # ranks of this job there
-    ranks: tuple[int, ...]
-    local_ranks: tuple[int, ...]  # of `ranks`, in the same order
-    sizes: tuple[int, ...]  # the local_world_size values they gave (none: unknown)
-
-    def describe(self, timeout: float) -> str:
-        node = "" if self.node is None else f" (node {self.node})"
-        sizes = ", ".join(map(str, self.sizes))
-        given = f"local_world_size {sizes} and " if self.sizes else ""
-        shown = ", ".join(map(str, self.local_ranks[:8])) + (
-            ", ..." if len(self.local_ranks) > 8 else ""
-        )
-        return (
-            f"{self.total} ranks of this job run on {self.host!r}{node} (ranks "
-            f"{_ranks_text(self.ranks, self.total)}), but their launcher gave them "
-            f"{given}local ranks {shown}, not local ranks 0..{self.total - 1} of "
-            f"{self.total}: its local variables do not describe these ranks; let the launcher "
-            "set them (unset any inherited from another job or set by hand)"
-        )
-
-    @classmethod
-    def parse(cls, fields: "Fields", world: int) -> "LocalLayout":
-        ranks = _rank_list(fields, "ranks", world)
-        local_ranks = _rank_list(fields, "local_ranks", world)
-        if len(local_ranks) != len(ranks):
-            raise ForeignRecordError(fields.key, "ranks and local_ranks differ in length")
-        sizes = fields.items("sizes")
-        if not all(type(n) is int and 1 <= n <= world for n in sizes):
-            raise ForeignRecordError(fields.key, "sizes are not local world sizes")
-        return cls(
-            fields.text("host", "hostname"),
-            fields.optional_integer("node", 0, world),
-            fields.integer("total", max(len(ranks), 1), world + 1),
-            ranks,
-            local_ranks,
-            tuple(sizes),
-        )
-
-
-class SharedGpu(NamedTuple):
-    """Ranks of one host driving the same physical GPU without having allowed it."""
-
-    host: str
-    device: str
-    ranks: tuple[int, ...]
-    total: int
-
-    def describe(self, timeout: float) -> str:
-        return (
-            f"ranks {_ranks_text(self.ranks, self.total)} on {self.host!r} drive the same GPU "
-            f"({self.device}); give each rank its own GPU or pass allow_gpu_sharing=True"
-        )
-
-    @classmethod
-    def parse(cls, fields: "Fields", world: int) -> "SharedGpu":
-        ranks = _rank_list(fields, "ranks", world)
-        return cls(
-            fields.text("host", "hostname"),
-            fields.text("device"),
-            ranks,
-            fields.integer("total", len(ranks), MAX_RANK + 1),
-        )
-
-
+@declare(
+    {
+        "keys": Items(
+            pattern("record_key"),
+            "field {name!r} is not a list of record keys",
+            cap=MAX_FOREIGN_SHOWN,
+            least=1,
+        ),
+        "total": Integer(length("keys"), MAX_RANK + 1),
+    }
+)
 class ForeignCheckIn(NamedTuple):
     """Check-in records under this job's keys that this job's distenv did not write: a few keys
     named, all of them counted, in one short line however many there are."""
@@ -411,14 +232,13 @@ class ForeignCheckIn(NamedTuple):
             "to rank 0's store"
         )
 
-    @classmethod
-    def parse(cls, fields: "Fields", world: int) -> "ForeignCheckIn":
-        keys = fields.items("keys", MAX_FOREIGN_SHOWN)
-        if not keys or not all(matches("record_key", k) for k in keys):
-            raise ForeignRecordError(fields.key, "field 'keys' is not a list of record keys")
-        return cls(tuple(keys), fields.integer("total", len(keys), MAX_RANK + 1))
 
-
+@declare(
+    {
+        "records": Integer(0, MAX_RANK + 1),
+        "counted": Integer(after("records"), 1 << 62),
+    }
+)
 class ForeignCount(NamedTuple):
     """A counter in this job's keys that ran ahead of the records this job's ranks (or their
     nodes' leaders) count: only a process outside the job can have added to it."""
@@ -433,12 +253,17 @@ class ForeignCount(NamedTuple):
             "it writes): a process that is not part of this job added to it"
         )
 
-    @classmethod
-    def parse(cls, fields: "Fields", world: int) -> "ForeignCount":
-        records = fields.integer("records", 0, MAX_RANK + 1)
-        return cls(fields.integer("counted", records + 1, 1 << 62), records)
 
-
+@declare(
+    {
+        "leaders": RANKS,
+        "nodes": Items(number(0, world()), _NOT_LEADERS),
+        "sizes": Items(number(1, world(1)), _NOT_LEADERS),
+        "total": Integer(length("leaders", 1), world(1)),
+    },
+    same=("leaders", "nodes", "sizes"),
+    why=_NOT_LEADERS,
+)
 class SilentNodes(NamedTuple):
     """Nodes none of whose ranks reached rank 0 where node leaders batch the roll call: their
     leader (its node's first rank) never reported, so its members could not either.
@@ -463,81 +288,6 @@ class SilentNodes(NamedTuple):
             + ", ".join(named)
             + more
             + ": a leader that died, was stopped or started too late takes its node with it"
-        )
-
-    @classmethod
-    def parse(cls, fields: "Fields", world: int) -> "SilentNodes":
-        leaders = _rank_list(fields, "leaders", world)
-        nodes, sizes = fields.items("nodes"), fields.items("sizes")
-        if (
-            len(nodes) != len(leaders)
-            or len(sizes) != len(leaders)
-            or not all(type(n) is int and 0 <= n < world for n in nodes)
-            or not all(type(n) is int and 1 <= n <= world for n in sizes)
-        ):
-            raise ForeignRecordError(fields.key, "nodes and sizes do not match the leaders")
-        total = fields.integer("total", max(len(leaders), 1), world + 1)
-        return cls(total, leaders, tuple(nodes), tuple(sizes))
-
-
-#: What a probe of one address found, as `Unreachable` says it (codes from the probe's results).
-WHY_NOT = {
-    "refused": "connection refused",
-    "timeout": "no answer within the probe's time",
-    "unreachable": "no route to it",
-    "foreign": "another process answered there",
-    "unbound": "the node cannot listen there",
-    "error": "the connection failed",
-    "unreached": "not reached",
-    "family": "reached, but of another address family than the other nodes' (gloo connects "
-    "addresses of one family only)",
-}
-
-
-class Unreachable(NamedTuple):
-    """A node whose backend would advertise an address the other nodes cannot reach, and no
-    alternative of which passed the probe either (`distenv.bootstrap.paths`)."""
-
-    host: str
-    rank: int
-    backend: str
-    tried: tuple[tuple[str, str | None, str], ...]
-    missed_by: tuple[str, ...]
-
-    def describe(self, timeout: float) -> str:
-        tried = "; ".join(
-            address + (f" on {interface}" if interface else "") + f": {WHY_NOT[why]}"
-            for address, interface, why in self.tried
-        )
-        by = f" from {_hosts_text(self.missed_by)}" if self.missed_by else ""
-        variable = "GLOO_SOCKET_IFNAME" if self.backend == "gloo" else "NCCL_SOCKET_IFNAME"
-        return (
-            f"{self.backend} on {self.host!r} (rank {self.rank}'s node) would advertise an "
-            f"address the other nodes cannot reach, and none of the node's addresses passed "
-            f"the network probe{by} ({tried}); on that node, export {variable}=<the interface "
-            "of the network the nodes share>, or give a MASTER_ADDR on that network "
-            "(DISTENV_MASTER_ADDR_FORMAT='{host}-ib' for -ib names): docs/network.md"
-        )
-
-    @classmethod
-    def parse(cls, fields: "Fields", world: int) -> "Unreachable":
-        tried = []
-        for entry in fields.items("tried", MAX_CANDIDATES):
-            if (
-                not isinstance(entry, list)
-                or len(entry) != 3
-                or not matches("address", entry[0])
-                or not (entry[1] is None or matches("interface", entry[1]))
-                or entry[2] not in WHY_NOT
-            ):
-                raise ForeignRecordError(fields.key, "field 'tried' is not a list of probes")
-            tried.append((entry[0], entry[1], entry[2]))
-        return cls(
-            fields.text("host", "hostname"),
-            fields.integer("rank", 0, world),
-            fields.text("backend", "probed_backend"),
-            tuple(tried),
-            _host_list(fields, "missed_by"),
         )
 
 
@@ -581,209 +331,21 @@ _PROBLEMS: dict[str, Any] = {code: kind for kind, code in CODES.items()}
 
 
 def problem_json(problem: Problem) -> dict[str, Any]:
+    """Return `problem` as the verdict publishes it: its code, then its fields by name."""
     return {"code": CODES[type(problem)], **problem._asdict()}
 
 
 def parse_problem(key: str, data: object, world: int) -> Problem:
-    if not isinstance(data, dict) or data.get("code") not in _PROBLEMS:
+    """Return the problem a verdict under `key` holds, read by its class's declared field kinds
+    for a reader of a world of `world` ranks (`ForeignRecordError` if it is not one)."""
+    # A code of another type (a list is unhashable) is as unknown as an unknown string.
+    if (
+        not isinstance(data, dict)
+        or type(data.get("code")) is not str
+        or data["code"] not in _PROBLEMS
+    ):
         raise ForeignRecordError(key, "a problem with an unknown code")
     kind = _PROBLEMS[data["code"]]
     body = {k: v for k, v in data.items() if k != "code"}
-    problem: Problem = kind.parse(Fields(key, body, frozenset(kind._fields)), world)
+    problem: Problem = build(kind, Fields(key, body, frozenset(kind._fields)), world)
     return problem
-
-
-# ---- the slow paths of `distenv.bootstrap.verdict.validate`: called once a fast check has found a problem --
-
-
-def disagreement(checkins: Sequence[CheckIn], field: str) -> Disagreement:
-    """Return how the ranks disagree on `field`: each value (the first `MAX_SHOWN`) with its ranks."""
-    of = attrgetter(field)
-    values: dict[Any, list[int]] = defaultdict(list)
-    for c in checkins:
-        values[of(c)].append(c.rank)
-    ordered = sorted(values.items(), key=lambda item: str(item[0]))[:MAX_SHOWN]
-    return Disagreement(
-        field,
-        tuple(value for value, _ in ordered),
-        tuple(_shown(ranks)[0] for _, ranks in ordered),
-        tuple(len(ranks) for _, ranks in ordered),
-    )
-
-
-def claimed_twice(checkins: Sequence[CheckIn]) -> list[Problem]:
-    """Return a `ClaimedTwice` for each rank that several check-ins claim."""
-    by_rank: dict[int, list[CheckIn]] = defaultdict(list)
-    for c in checkins:
-        by_rank[c.rank].append(c)
-    return [
-        ClaimedTwice(
-            rank,
-            tuple(c.pid for c in same[:MAX_SHOWN]),
-            tuple(c.hostname for c in same[:MAX_SHOWN]),
-        )
-        for rank, same in sorted(by_rank.items())
-        if len(same) > 1
-    ]
-
-
-def shared_local_ranks(places: Sequence[tuple[str, int | None, int]]) -> list[Problem]:
-    """Return a `SharedLocalRank` for each (host, node, local rank) that several ranks hold."""
-    counts = Counter(places).items()
-    return [
-        SharedLocalRank(host, node, local_rank, count)
-        for (host, node, local_rank), count in sorted(
-            counts, key=lambda p: (p[0][0], p[0][1] or 0, p[0][2])
-        )
-        if count > 1
-    ]
-
-
-def placements(node_hosts: Iterable[tuple[int, str]]) -> list[Problem]:
-    """Return a `Placement` for each node that MPI's node variables put on several hosts."""
-    hosts_of_node: dict[int, set[str]] = defaultdict(set)
-    for node, host in node_hosts:
-        hosts_of_node[node].add(host)
-    return [
-        Placement(node, tuple(sorted(hosts))[:MAX_SHOWN])
-        for node, hosts in sorted(hosts_of_node.items())
-        if len(hosts) > 1
-    ]
-
-
-def mixed_layout(checkins: Sequence[CheckIn], field: str) -> MixedLayout:
-    """Return the `MixedLayout` of ranks that have `field` beside ranks that have none."""
-    of = attrgetter(field)
-    known = [c for c in checkins if of(c) is not None]
-    unknown = [c for c in checkins if of(c) is None]
-
-    def hosts(group: Sequence[CheckIn]) -> tuple[str, ...]:
-        return tuple(sorted({c.hostname for c in group}))[:MAX_SHOWN]
-
-    (known_ranks, known_total), (unknown_ranks, unknown_total) = (
-        _shown([c.rank for c in known]),
-        _shown([c.rank for c in unknown]),
-    )
-    return MixedLayout(
-        field, known_ranks, known_total, hosts(known), unknown_ranks, unknown_total, hosts(unknown)
-    )
-
-
-def local_layouts(
-    checkins: Sequence[CheckIn], misfits: Iterable[tuple[str, int | None]]
-) -> list[Problem]:
-    """Return a `LocalLayout` for each (host, node) place whose ranks do not fit their count."""
-    wanted = set(misfits)
-    at: dict[tuple[str, int | None], list[CheckIn]] = defaultdict(list)
-    for c in checkins:
-        if (c.hostname, c.node_rank) in wanted:
-            at[(c.hostname, c.node_rank)].append(c)
-    problems: list[Problem] = []
-    for (host, node), group in sorted(at.items(), key=lambda p: (p[0][0], p[0][1] or 0)):
-        group.sort(key=attrgetter("rank"))
-        shown = group[:MAX_SHOWN]
-        sizes = sorted({c.local_world_size for c in group if c.local_world_size is not None})
-        problems.append(
-            LocalLayout(
-                host,
-                node,
-                len(group),
-                tuple(c.rank for c in shown),
-                tuple(c.local_rank for c in shown),
-                tuple(sizes[:MAX_SHOWN]),
-            )
-        )
-    return problems
-
-
-def shared_gpus(on_gpus: Sequence[CheckIn]) -> list[Problem]:
-    """Return a `SharedGpu` for each GPU that several ranks of a host drive without allowing it."""
-    devices: dict[tuple[str, str], list[int]] = defaultdict(list)
-    allowed: dict[tuple[str, str], bool] = defaultdict(lambda: True)
-    for c in on_gpus:
-        if c.device is not None:
-            devices[(c.hostname, c.device)].append(c.rank)
-            allowed[(c.hostname, c.device)] &= c.allow_gpu_sharing
-    problems: list[Problem] = []
-    for (host, device), ranks in sorted(devices.items()):
-        if len(ranks) > 1 and not allowed[(host, device)]:
-            shown, total = _shown(ranks)
-            problems.append(SharedGpu(host, device, shown, total))
-    return problems
-
-
-def expected_hosts(
-    rank: int, world_size: int, local_world_size: int | None, arrived: Sequence[CheckIn]
-) -> tuple[tuple[str, ...], int | None]:
-    """Return where a missing rank should run: the hosts of its node's arrivals, and the node.
-
-    Nowhere known when the ranks per node are unknown (`local_world_size` None: Flux).
-    """
-    if local_world_size is None or world_size % local_world_size:
-        return (), None
-    node = rank // local_world_size
-    hosts = sorted({c.hostname for c in arrived if node is not None and c.node_rank == node})
-    return tuple(hosts[:MAX_SHOWN]), node
-
-
-def _missing(
-    missing: Sequence[int],
-    world_size: int,
-    arrived: Sequence[CheckIn],
-    local_world_size: int | None,
-) -> Missing:
-    named = list(missing)[:MAX_SHOWN]
-    local = (
-        local_world_size
-        if local_world_size is not None
-        else (arrived[0].local_world_size if arrived else 1)
-    )
-    places = [expected_hosts(r, world_size, local, arrived) for r in named]
-    return Missing(
-        len(missing),
-        world_size,
-        tuple(named),
-        tuple(hosts for hosts, _ in places),
-        tuple(node for _, node in places),
-    )
-
-
-def silent_nodes(
-    world_size: int, local_world_size: int | None, arrived: Sequence[CheckIn]
-) -> tuple[SilentNodes | None, set[int]]:
-    """Return the nodes of a batched roll call none of whose ranks arrived, and those ranks.
-
-    Nodes are rank 0's reckoning (`local_world_size` consecutive ranks each, as
-    `expected_hosts` places a missing rank); none where it cannot say.
-    """
-    local = local_world_size
-    if local is None or local < 2 or world_size % local:
-        return None, set()
-    seen = {c.rank for c in arrived}
-    silent = [
-        n for n in range(world_size // local) if not seen & set(range(n * local, (n + 1) * local))
-    ]
-    if not silent:
-        return None, set()
-    shown = silent[:MAX_SHOWN]
-    problem = SilentNodes(
-        len(silent), tuple(n * local for n in shown), tuple(shown), (local,) * len(shown)
-    )
-    return problem, {r for n in silent for r in range(n * local, (n + 1) * local)}
-
-
-def missing_ranks(
-    world_size: int,
-    local_world_size: int | None,
-    arrived: Sequence[CheckIn],
-    *,
-    besides: set[int] | None = None,
-) -> Missing:
-    """Return the `Missing` problem for the ranks of ``0..world_size-1`` that did not arrive.
-
-    `local_world_size` places them on nodes; None takes the arrivals' own. `besides` are ranks
-    already named otherwise (`silent_nodes`).
-    """
-    seen = {c.rank for c in arrived} | (besides or set())
-    absent = [r for r in range(world_size) if r not in seen]
-    return _missing(absent, world_size, arrived, local_world_size)

@@ -257,37 +257,37 @@ def validate(checkins: Sequence[CheckIn], world_size: int) -> list["Problem"]:
     found: list[Problem] = []
     for field in AGREED:
         if len(set(map(attrgetter(field), checkins))) > 1:
-            found.append(_problems().disagreement(checkins, field))
+            found.append(_findings().disagreement(checkins, field))
 
     ranks = [c.rank for c in checkins]
     distinct = set(ranks)
     if len(distinct) != len(ranks):
-        found += _problems().claimed_twice(checkins)
+        found += _findings().claimed_twice(checkins)
     elif len(distinct) != world_size:
-        found.append(_problems().missing_ranks(world_size, None, checkins))
+        found.append(_findings().missing_ranks(world_size, None, checkins))
 
     # Keyed by node as well as host: tests (and `distenv run --nnodes 2` twice on one machine)
     # legitimately run several "nodes" on one host.
     places = list(map(attrgetter("hostname", "node_rank", "local_rank"), checkins))
     distinct_places = set(places)
     if len(distinct_places) != len(places):
-        found += _problems().shared_local_ranks(places)
+        found += _findings().shared_local_ranks(places)
     elif len(distinct) == len(ranks) == world_size:
         found += _local_misfits(checkins, distinct_places)
 
     for field in MIXED_FIELDS:
         values = list(map(attrgetter(field), checkins))
         if 0 < values.count(None) < len(values):
-            found.append(_problems().mixed_layout(checkins, field))
+            found.append(_findings().mixed_layout(checkins, field))
 
     # Only where the launcher named the nodes: the roll call's own numbering is by host.
     pairs = {(c.node_rank, c.hostname) for c in checkins if c.node_rank is not None}
     if len(pairs) != len({node for node, _ in pairs}):
-        found += _problems().placements(pairs)
+        found += _findings().placements(pairs)
 
     on_gpus = [c for c in checkins if c.device is not None]
     if len(set(map(attrgetter("hostname", "device"), on_gpus))) != len(on_gpus):
-        found += _problems().shared_gpus(on_gpus)
+        found += _findings().shared_gpus(on_gpus)
     return found[:MAX_PROBLEMS]
 
 
@@ -305,7 +305,7 @@ def _local_misfits(
     misfits = {(h, nd) for h, nd, size in sizes if size is not None and size != counts[(h, nd)]}
     if places != expected:
         misfits |= {(h, nd) for h, nd, _ in places - expected}
-    return _problems().local_layouts(checkins, misfits) if misfits else []
+    return _findings().local_layouts(checkins, misfits) if misfits else []
 
 
 def node_hosts(checkins: Sequence[CheckIn], *, layout_known: bool = True) -> tuple[str, ...]:
@@ -315,7 +315,7 @@ def node_hosts(checkins: Sequence[CheckIn], *, layout_known: bool = True) -> tup
     index only, so rank 0 says with `layout_known` whether its launcher also counted the nodes
     (Cray PALS names each rank's node but not how many there are). Host names are what tells the
     nodes apart: two nodes that report one name are one node here, and the roll call's check of
-    unique local ranks per host refuses that job (`distenv.bootstrap.problems.shared_local_ranks`).
+    unique local ranks per host refuses that job (`distenv.bootstrap.findings.shared_local_ranks`).
     """
     if layout_known and all(
         c.node_rank is not None and c.local_world_size is not None for c in checkins
@@ -360,7 +360,7 @@ def refusal(
         named.append(problems.ForeignCount(*ahead))
     if not complete:
         silent, covered = (
-            problems.silent_nodes(info.world_size, info.local_world_size, checkins)
+            _findings().silent_nodes(info.world_size, info.local_world_size, checkins)
             if batched
             else (None, set())
         )
@@ -368,7 +368,7 @@ def refusal(
             named.append(silent)
         if len(covered) + len(checkins) < info.world_size or silent is None:
             named.append(
-                problems.missing_ranks(
+                _findings().missing_ranks(
                     info.world_size, info.local_world_size, checkins, besides=covered
                 )
             )
@@ -419,6 +419,13 @@ def fill_layout(info: RankInfo, verdict: Verdict, checkin: CheckIn) -> RankInfo:
         num_nodes=place.nodes if info.num_nodes is None else info.num_nodes,
         local_world_size=size if info.local_world_size is None else info.local_world_size,
     )
+
+
+def _findings() -> ModuleType:
+    """Return `distenv.bootstrap.findings` (and with it the problems), imported on the first problem."""
+    from distenv.bootstrap import findings
+
+    return findings
 
 
 def _problems() -> ModuleType:
