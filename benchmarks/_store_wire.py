@@ -120,7 +120,7 @@ def compare_set(key: str, expected: str | bytes, desired: str | bytes, step: str
 
 
 def peek(key: str, step: str = "") -> Request:
-    """`distenv.bootstrap.store.peek`'s request: its reply is `ABSENT` where the key is absent."""
+    """`distenv.bootstrap.waits.peek`'s request: its reply is `ABSENT` where the key is absent."""
     return compare_set(key, ABSENT, ABSENT, step or f"peek {key.rsplit('/', 1)[-1]}")
 
 
@@ -670,7 +670,7 @@ class CountedStore:
         self.store.multi_set(keys, values)
 
     def set_timeout(self, timeout: Any) -> None:
-        """The client's own timeout (`distenv.bootstrap.store.wait_value`): nothing on the wire."""
+        """The client's own timeout (`distenv.bootstrap.waits.wait_value`): nothing on the wire."""
         self.store.set_timeout(timeout)
 
     def __getattr__(self, name: str) -> Any:

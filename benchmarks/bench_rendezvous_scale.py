@@ -23,7 +23,7 @@ Then rank 0's whole roll call is timed (wall, and CPU of this process: its own t
 store's libuv thread, and the time Python's collector took), with rank 0's own store calls
 counted through `_store_wire.CountedStore` (distenv holds the collector off while rank 0 gathers
 and validates: what it still takes is reported).
-Then every simulated rank (flat) or leader reads the verdict as `distenv.bootstrap.store.wait_value`
+Then every simulated rank (flat) or leader reads the verdict as `distenv.bootstrap.waits.wait_value`
 does, with TCPStore's ``get`` (a WAIT, answered once the key exists, then the GET: two requests
 however long a rank waits, and no polls), all N-1 or N/8-1 reads real and counted, and one rank's
 `parse_verdict` + `fill_layout` is timed. The node layout is known (as under srun), so the verdict
@@ -124,7 +124,7 @@ def verdict_reads(ranks: Sequence[int], extra: tuple[str, bool]) -> Iterator[wir
 def _verdict_read(rank: int, prefix: str, placed: bool) -> wire.Task:
     from distenv.bootstrap.protocol import PLACE, VERDICT
 
-    # distenv.bootstrap.store.wait_value: TCPStore's get, a WAIT and then the GET on the wire.
+    # distenv.bootstrap.waits.wait_value: TCPStore's get, a WAIT and then the GET on the wire.
     yield wire.wait([f"{prefix}/{VERDICT.name}"], "wait verdict")
     raw = yield wire.get(f"{prefix}/{VERDICT.name}", "get verdict")
     if placed:

@@ -35,8 +35,9 @@ from distenv.bootstrap.protocol import (
 from distenv.bootstrap.records import CheckIn, ForeignRecordError, parse_scope
 from distenv.bootstrap.scope import ScopeCheck
 from distenv.bootstrap.session import FOREIGN_HINT, Bootstrap, Session
-from distenv.bootstrap.store import connect_store, wait_count, wait_value, write_many
+from distenv.bootstrap.store import connect_store
 from distenv.bootstrap.verdict import Verdict, parse_place, parse_verdict
+from distenv.bootstrap.waits import wait_count, wait_value, write_many
 from distenv.deadline import Deadline, bounded, pause
 from distenv.errors import DistEnvError, RendezvousError, RendezvousTimeoutError
 from distenv.rankinfo import RankInfo

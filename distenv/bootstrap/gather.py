@@ -21,8 +21,8 @@ from distenv.bootstrap.records import (
     matches,
     parse_checkin,
 )
-from distenv.bootstrap.store import pauses, peek, read_many, wait_count, wait_keys
 from distenv.bootstrap.verdict import Verdict, host_sizes, node_hosts, refusal, validate
+from distenv.bootstrap.waits import pauses, peek, read_many, wait_count, wait_keys
 from distenv.deadline import Deadline, pause
 from distenv.rankinfo import RankInfo
 from distenv.timing import VERDICT_GRACE_S

@@ -60,7 +60,7 @@ from distenv.bootstrap.protocol import (
 )
 from distenv.bootstrap.records import Fields, ForeignRecordError, load_json
 from distenv.bootstrap.session import Session
-from distenv.bootstrap.store import peek, read_many, wait_count, wait_keys, wait_value
+from distenv.bootstrap.waits import peek, read_many, wait_count, wait_keys, wait_value
 from distenv.deadline import Deadline
 from distenv.postmortem import progress
 from distenv.postmortem.stacks import (

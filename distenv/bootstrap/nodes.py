@@ -32,8 +32,9 @@ from distenv.bootstrap.records import MAX_SHOWN, CheckIn
 from distenv.bootstrap.role import Role
 from distenv.bootstrap.scope import ScopeCheck
 from distenv.bootstrap.session import FOREIGN_HINT, Bootstrap, Session
-from distenv.bootstrap.store import connect_store, read_many, wait_count, wait_value, write_many
+from distenv.bootstrap.store import connect_store
 from distenv.bootstrap.verdict import Verdict
+from distenv.bootstrap.waits import read_many, wait_count, wait_value, write_many
 from distenv.deadline import Deadline
 from distenv.errors import DistEnvError, RendezvousError, RendezvousTimeoutError
 from distenv.rankinfo import RankInfo

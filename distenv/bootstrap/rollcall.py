@@ -38,8 +38,8 @@ from distenv.bootstrap.records import CheckIn
 from distenv.bootstrap.role import Role
 from distenv.bootstrap.scope import ScopeCheck
 from distenv.bootstrap.session import Bootstrap, Session
-from distenv.bootstrap.store import wait_count
 from distenv.bootstrap.verdict import Verdict, fill_layout
+from distenv.bootstrap.waits import wait_count
 from distenv.deadline import Deadline
 from distenv.device import device_identity
 from distenv.errors import DistEnvError, RendezvousError, RendezvousTimeoutError

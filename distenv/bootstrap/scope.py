@@ -26,7 +26,8 @@ from distenv.bootstrap.records import (
     parse_claim,
     parse_scope,
 )
-from distenv.bootstrap.store import master_address, peek, wait_value
+from distenv.bootstrap.store import master_address
+from distenv.bootstrap.waits import peek, wait_value
 from distenv.deadline import Deadline
 from distenv.errors import RendezvousError, RendezvousTimeoutError, StoreTakenError
 from distenv.rankinfo import RankInfo

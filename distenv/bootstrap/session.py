@@ -21,7 +21,8 @@ from distenv._hosts import this_host
 from distenv.bootstrap.protocol import ROLLCALL, STATE, STATES, UP, prefix, scope_key
 from distenv.bootstrap.records import NetRecord, matches
 from distenv.bootstrap.scope import ScopeCheck, claim_scope, job_scope
-from distenv.bootstrap.store import first_line, master_address, peek, read_many
+from distenv.bootstrap.store import first_line, master_address
+from distenv.bootstrap.waits import peek, read_many
 from distenv.deadline import Deadline, Watch, bounded, interruptible, watched
 from distenv.errors import DistEnvError, RendezvousError, RendezvousTimeoutError, StoreTakenError
 from distenv.rankinfo import RankInfo
@@ -151,7 +152,7 @@ class Session:
         rank alone, so that no value written in advance under a fixed key can stand for it.
         `aside` writes over a connection of its own: a signal's record, made from the main thread
         while the bootstrap's connection may be held by a wait in the store
-        (`distenv.bootstrap.store.wait_value`).
+        (`distenv.bootstrap.waits.wait_value`).
         """
         value = f"{state}@{this_host()}" + (f"#{token}" if token else "")
         key = self._state_key(self.info.rank)

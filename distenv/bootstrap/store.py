@@ -1,15 +1,12 @@
-"""Rank 0's store: creating or reaching it, and polling it.
+"""Rank 0's store: creating it, or reaching it.
 
 Rank 0 listens (on the MASTER_ADDR address where that is safe), the others connect within the
 rendezvous timeout. Before torch's client sees the port, a rank greets it as that client would
 (`_greet`): a listener that closes or resets the connection, or answers the greeting with anything
 but its echo, is named at once, and one that never answers at the deadline, in one line each, never
-under torch's retry logs. A rank that waits for rank 0 (its claim, its verdict, its acknowledgement) waits in the store
-itself (`wait_value`): it sends two requests however long it waits and wakes when the key is
-written, where polling would keep N - 1 ranks asking rank 0's store, and on a busy node take the
-CPU rank 0 needs. Rank 0, the one rank that waits for counts, polls them (`wait_count`). Every
-blocking call runs inside the bootstrap's watched thread (`distenv.deadline.watched`), so a phase's
-deadline ends it whatever it is blocked in.
+under torch's retry logs. Waiting on the store and reading it in bulk is
+`distenv.bootstrap.waits`'s. Every blocking call runs inside the bootstrap's watched thread
+(`distenv.deadline.watched`), so a phase's deadline ends it whatever it is blocked in.
 """
 
 from __future__ import annotations
@@ -20,7 +17,7 @@ import os
 import re
 import socket
 import struct
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
 from distenv.deadline import Deadline, Watch, pause
@@ -35,10 +32,8 @@ from distenv.master import FORMAT_VAR, host_port
 from distenv.rankinfo import RankInfo
 from distenv.settings import TIMEOUT_VAR
 from distenv.timing import (
-    FIRST_POLL_S,
     MIN_CONNECT_S,
     OUTLIVE_S,
-    POLL_S,
     PROBE_FIRST_S,
     PROBE_MAX_S,
     PROBE_MIN_S,
@@ -54,24 +49,13 @@ __all__ = [
     "host_store",
     "listen_address",
     "master_address",
-    "pauses",
-    "peek",
-    "read_many",
-    "wait_count",
-    "wait_keys",
-    "wait_value",
-    "write_many",
 ]
 
-# Keys per multi_get when rank 0 reads the check-ins: one huge request costs more than its chunks.
-CHUNK = 512
 # How torch's TCPStore client opens a connection (torch/csrc/distributed/c10d/TCPStore.cpp,
 # TCPClient: validate, then ping), as it sends it, little-endian: a VALIDATE query (type 0) with
 # the magic number, then a PING (type 13) with a nonce that a store echoes as 4 bytes.
 _VALIDATE = struct.pack("<BI", 0, 0x3C85F7CE)
 _PING = 13
-# What `peek` compares with: never written by distenv (its values are JSON, scopes and states).
-_ABSENT = b"\x00distenv:absent"
 
 
 def master_address(info: RankInfo) -> str:
@@ -83,99 +67,6 @@ def first_line(exc: BaseException) -> str:
     """Return the first line of an exception's text (torch's carry C++ stack dumps after it)."""
     text = str(exc).strip()
     return text.splitlines()[0] if text else type(exc).__name__
-
-
-def pauses() -> Iterator[float]:
-    """Yield sleep lengths: `FIRST_POLL_S`, doubling up to `POLL_S` (rank 0's polls).
-
-    Ranks usually arrive close together: the first looks cost a few round trips, and a rank that
-    arrives sees rank 0 notice within twice its lateness.
-    """
-    length = FIRST_POLL_S
-    while True:
-        yield length
-        length = min(length * 2, POLL_S)
-
-
-def wait_keys(store: Any, keys: list[str], deadline: Deadline) -> bool:
-    """Poll until every one of `keys` exists (True) or `deadline` passes (False)."""
-    waits = pauses()
-    while True:
-        if all(store.check(keys[i : i + CHUNK]) for i in range(0, len(keys), CHUNK)):
-            return True
-        if deadline.passed():
-            return False
-        pause(next(waits))
-
-
-def peek(store: Any, key: str) -> bytes | None:
-    """Return `key`'s value, or None if it does not exist: one round trip, never blocking.
-
-    ``compare_set`` with an expected value nobody writes returns the value a key holds, or, for a
-    missing key, the expected value itself without creating the key. (A key that holds exactly
-    that value reads as absent: what a forger gains is a wait, bounded by the deadline.)
-    """
-    value = bytes(store.compare_set(key, _ABSENT, _ABSENT))
-    return None if value == _ABSENT else value
-
-
-def wait_value(store: Any, key: str, deadline: Deadline) -> bytes | None:
-    """Return `key`'s value once it is written, waiting in the store; None once `deadline` passes.
-
-    TCPStore's ``get`` waits for the key in the server (a WAIT, answered when the key is written,
-    then the GET), under the store's timeout, set here to the time left. In torch 2.13 a wait that
-    times out raises and leaves the connection in step (`tests/unit/test_store_waits.py` pins
-    this and the next fact); it holds the connection meanwhile, so a signal's record goes over a
-    connection of its own (`distenv.bootstrap.session.Session.mark`). A ``compare_set`` that finds
-    the key missing (`peek`, by another rank) wakes the key's waiters although nothing was
-    written, and their ``get`` returns an empty value: distenv writes none, so an empty value
-    means "look again", after a pause, so that a forged one cannot make this loop spin.
-    """
-    import torch.distributed as dist  # here: importing this module stays cheap
-
-    while True:
-        left = deadline.left()
-        if left <= 0:
-            return None
-        store.set_timeout(datetime.timedelta(seconds=left))
-        try:
-            value = bytes(store.get(key))
-        except dist.DistStoreError:  # the timeout: a lost connection is a DistNetworkError
-            return None
-        if value:
-            return value
-        pause(POLL_S)
-
-
-def wait_count(store: Any, key: str, count: int, deadline: Deadline) -> int:
-    """Poll until the counter `key` reaches `count` or `deadline` passes; return its last value.
-
-    Rank 0 alone waits for counts: one poller, so it can afford to look often.
-    """
-    waits = pauses()
-    while (counted := int(store.add(key, 0))) < count and not deadline.passed():
-        pause(next(waits))
-    return counted
-
-
-def write_many(store: Any, items: Sequence[tuple[str, str]]) -> None:
-    """Write `items` (key, value pairs) with a multi_set per `CHUNK`."""
-    for start in range(0, len(items), CHUNK):
-        chunk = items[start : start + CHUNK]
-        store.multi_set([key for key, _ in chunk], [value for _, value in chunk])
-
-
-def read_many(store: Any, keys: list[str]) -> list[bytes | None]:
-    """Return the values of `keys` (None where absent): a multi_get per chunk when all are there."""
-    values: list[bytes | None] = []
-    for start in range(0, len(keys), CHUNK):
-        chunk = keys[start : start + CHUNK]
-        # multi_get waits for a missing key: ask first (one round trip per chunk).
-        if hasattr(store, "multi_get") and store.check(chunk):
-            values += [bytes(v) for v in store.multi_get(chunk)]
-        else:
-            values += [peek(store, key) for key in chunk]
-    return values
 
 
 # ---- reaching the store -------------------------------------------------------------------------

@@ -29,7 +29,7 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 from distenv.bootstrap.records import matches
-from distenv.bootstrap.store import peek
+from distenv.bootstrap.waits import peek
 from distenv.deadline import Deadline
 from distenv.errors import RendezvousTimeoutError
 from distenv.postmortem.failure import RETRIED, Report

@@ -78,3 +78,16 @@ def test_detection_modules_use_no_import_tricks() -> None:
             assert name not in ("import_module", "__import__", "spec_from_file_location"), (
                 f"{file.relative_to(REPO)}:{getattr(node, 'lineno', '?')} uses {name}"
             )
+
+
+def test_the_package_stays_small_and_flat() -> None:
+    """No module of distenv is over 450 lines, and at most 18 modules sit at the top level
+    (the rest live in subpackages named for what they hold: docs/architecture.md)."""
+    sizes = {
+        str(path.relative_to(REPO)): len(path.read_text("utf-8").splitlines())
+        for path in PACKAGE.rglob("*.py")
+    }
+    assert {name: n for name, n in sizes.items() if n > 450} == {}
+    flat = [m for m in _modules() if not m.endswith(("__init__", "__main__"))]
+    top = [m for m in flat if (PACKAGE / f"{m.split('.')[-1]}.py").is_file()]
+    assert len(top) <= 18, sorted(top)

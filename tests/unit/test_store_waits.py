@@ -1,4 +1,4 @@
-"""The store facts `distenv.bootstrap.store.wait_value` relies on, pinned on torch's own TCPStore.
+"""The store facts `distenv.bootstrap.waits.wait_value` relies on, pinned on torch's own TCPStore.
 
 A rank waiting for rank 0 waits in the store (TCPStore's ``get``) instead of polling it; that is
 sound only while a timed-out wait leaves the connection in step, and it must survive the wake-up a
@@ -14,7 +14,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from distenv.bootstrap.store import peek, wait_value
+from distenv.bootstrap.waits import peek, wait_value
 from distenv.deadline import Deadline
 
 
