@@ -16,7 +16,8 @@ with warnings.catch_warnings():
     warnings.simplefilter("ignore")  # torch warns at import when NumPy is missing
 
 from distenv import detect
-from distenv.bootstrap.problems import SharedGpu, shared_gpus
+from distenv.bootstrap.findings import shared_gpus
+from distenv.bootstrap.problems import SharedGpu
 from distenv.bootstrap.records import CheckIn, matches
 from distenv.device import (
     build_platform,
