@@ -229,6 +229,11 @@ class RankInfo:
         )
 
     @property
+    def who(self) -> str:
+        """Return ``rank R of W``: how every message of distenv names this rank."""
+        return f"rank {self.rank} of {self.world_size}"
+
+    @property
     def is_main(self) -> bool:
         """Whether this is global rank 0."""
         return self.rank == 0

@@ -146,7 +146,7 @@ def late(info: RankInfo, checkin: CheckIn, timeout: float, after: str) -> DistEn
     """Return the error of a rank that reached the roll call too late."""
     return RendezvousTimeoutError(
         info.launcher,
-        f"rank {info.rank} of {info.world_size} reached the roll call at {checkin.master} "
+        f"{info.who} reached the roll call at {checkin.master} "
         f"after {after} ({timeout:g} s from its own start), or a process outside this job closed "
         "this rank's key",
         hint="start every rank within the rendezvous timeout of rank 0 (raise it with "
@@ -159,7 +159,7 @@ def forged_echo(session: Session) -> RendezvousError:
     info = session.info
     return RendezvousError(
         info.launcher,
-        f"rank {info.rank} of {info.world_size}: the group-up acknowledgement under this "
+        f"{info.who}: the group-up acknowledgement under this "
         f"rank's key in the store at {session.master} was not written by this job's rank 0 "
         "(it does not echo the token this rank just drew)",
         hint=FOREIGN_HINT,

@@ -94,7 +94,7 @@ class StoreChannel(Channel):
         def stalled() -> DistEnvError:
             return RendezvousTimeoutError(
                 info.launcher,
-                f"rank {info.rank} of {info.world_size}: rank 0's store at {checkin.master} "
+                f"{info.who}: rank 0's store at {checkin.master} "
                 f"stopped answering during the roll call (no reply within "
                 f"{boot.deadline.seconds:g} s of the start)",
                 hint="rank 0 may be stopped (SIGSTOP, a debugger) or its node overloaded; check "

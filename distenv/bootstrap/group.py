@@ -62,7 +62,7 @@ def join_group(
     channel = channel_of(session)
     channel.connect_for_group(boot)  # a member reaches the store only now
     store = session.store
-    where = f"rank {info.rank} of {info.world_size} (store {session.master})"
+    where = f"{info.who} (store {session.master})"
     options: dict[str, Any] = {}
     if device is not None and "nccl" in backend.lower():
         # Binds the communicator to this device and lets NCCL connect eagerly (torch >= 2.3).
@@ -201,7 +201,7 @@ def group_up(boot: Bootstrap, hosts: Mapping[int, str]) -> None:
     def missing() -> DistEnvError:
         return RendezvousTimeoutError(
             info.launcher,
-            f"rank {info.rank} of {info.world_size}: the process group did not come up on "
+            f"{info.who}: the process group did not come up on "
             f"every rank within {deadline.seconds:g} s: "
             f"{channel.unacknowledged(session, hosts, deadline)}",
             hint="a rank died or was stopped (SIGSTOP, a debugger, an overloaded node) after "

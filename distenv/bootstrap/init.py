@@ -207,7 +207,7 @@ def _reuse(info: RankInfo, backend: str | None) -> RankInfo:
         raise InitError(
             info.launcher,
             f"torch.distributed is already initialised as rank {rank} of {size}, but the "
-            f"launcher says rank {info.rank} of {info.world_size}",
+            f"launcher says {info.who}",
             hint="call init_dist once, before anything else creates the default process group "
             "(or call torch.distributed.destroy_process_group() first)",
         )

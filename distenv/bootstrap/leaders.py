@@ -321,7 +321,7 @@ class Link:
             if deadline.passed():
                 raise RendezvousTimeoutError(
                     info.launcher,
-                    f"rank {info.rank} of {info.world_size}: its node's leader (local rank 0 on "
+                    f"{info.who}: its node's leader (local rank 0 on "
                     f"this host) did not open the node's socket {path} within "
                     f"{deadline.seconds:g} s",
                     hint="local rank 0 of this node did not start, or died first: its log (or "
@@ -373,7 +373,7 @@ class Link:
         info = self.info
         return RendezvousError(
             info.launcher,
-            f"rank {info.rank} of {info.world_size}: its node's leader (local rank 0, pid "
+            f"{info.who}: its node's leader (local rank 0, pid "
             f"{self.leader_pid}) closed its connection: it died, was stopped, or gave up",
             hint="the leader's log (or the launcher's exit codes) says why; rank 0's log names "
             "the ranks that did not check in",

@@ -102,7 +102,7 @@ def ensure_descriptors(
     if hard != resource.RLIM_INFINITY and total > hard:
         raise ConfigurationError(
             info.launcher,
-            f"rank {info.rank} of {info.world_size} needs about {total} file descriptors "
+            f"{info.who} needs about {total} file descriptors "
             f"({need.describe()}) but its hard limit (RLIMIT_NOFILE, `ulimit -Hn`) is {hard}",
             hint=f"raise the hard limit of open files to at least {total} where the job starts: "
             "nofile in /etc/security/limits.conf or the service's LimitNOFILE=, a container's "

@@ -175,7 +175,7 @@ class MemberChannel(Channel):
         def silent() -> DistEnvError:
             return RendezvousTimeoutError(
                 info.launcher,
-                f"rank {info.rank} of {info.world_size} checked in with its node's leader (pid "
+                f"{info.who} checked in with its node's leader (pid "
                 f"{link.leader_pid}) but received no verdict within {boot.deadline.seconds:g} s",
                 hint="the leader may be stopped (SIGSTOP, a debugger) or cannot reach rank 0's "
                 "store: its log says which",
@@ -207,7 +207,7 @@ class MemberChannel(Channel):
         if kind is not Message.VERDICT:
             raise RendezvousError(
                 info.launcher,
-                f"rank {info.rank} of {info.world_size}: its node's leader (pid "
+                f"{info.who}: its node's leader (pid "
                 f"{link.leader_pid}) refused its check-in ({tag!r}): it belongs to another job "
                 "or world",
                 hint="two jobs share this node's socket name: give each job its own "

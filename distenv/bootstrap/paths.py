@@ -267,7 +267,7 @@ def predict(info: RankInfo, backends: tuple[str, ...]) -> Prediction:
         )
         raise RendezvousError(
             info.launcher,
-            f"rank {info.rank} of {info.world_size} on {prediction.hostname!r} has no route to "
+            f"{info.who} on {prediction.hostname!r} has no route to "
             f"the master {master!r} ({prediction.unreachable}); this node's addresses: "
             f"{offered or 'none but loopback'}",
             hint="this node shares no network with rank 0's node: check its interfaces "

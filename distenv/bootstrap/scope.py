@@ -152,7 +152,7 @@ class ScopeCheck:
             self.store.add(f"{keys}/{WRITTEN.name}", CUT)
         return RendezvousError(
             info.launcher,
-            f"rank {info.rank} of {info.world_size}: a size mismatch: rank 0's store at "
+            f"{info.who}: a size mismatch: rank 0's store at "
             f"{master_address(info)} holds this job ({scope.rpartition('/n')[0]!r}) started for "
             f"a world of {theirs} ranks, this rank's node for {ours}",
             hint=SIZE_HINT,
@@ -165,7 +165,7 @@ class ScopeCheck:
         info = self.info
         return RendezvousTimeoutError(
             info.launcher,
-            f"rank {info.rank} of {info.world_size} reached {master_address(info)}, but it is "
+            f"{info.who} reached {master_address(info)}, but it is "
             "a store not started by distenv, or rank 0 stalled before claiming it (no scope "
             f"written under {self.key!r})",
             hint="check rank 0's log; if another program uses that port, give this job its own "
@@ -207,7 +207,7 @@ def _taken(info: RankInfo, key: str, found: bytes, scope: str, *, wrote: bool = 
     )
     raise StoreTakenError(
         info.launcher,
-        f"rank {info.rank} of {info.world_size}: the store at {master_address(info)} is "
+        f"{info.who}: the store at {master_address(info)} is "
         f"{other}; this job is {scope}. It did not join, and {written}",
         hint="two jobs derived or were given the same MASTER_PORT on that host: export another "
         "MASTER_PORT for this job (or unset it where the launcher derives one), or start it "

@@ -231,7 +231,7 @@ class Session:
             info = self.info
             raise StoreTakenError(
                 info.launcher,
-                f"rank {info.rank} of {info.world_size}: the server at {self.master} answered "
+                f"{info.who}: the server at {self.master} answered "
                 f"a store request {during} with a length no torch store sends (std::bad_alloc)",
                 hint="another service holds that port: give this job its own MASTER_PORT",
                 variable="MASTER_PORT",
@@ -246,7 +246,7 @@ class Session:
         info = self.info
         return RendezvousError(
             info.launcher,
-            f"rank {info.rank} of {info.world_size}: {SAME_IDENTITY}, {self.scope!r} at "
+            f"{info.who}: {SAME_IDENTITY}, {self.scope!r} at "
             f"{self.master}: {what}; this job does not train",
             hint=COLLISION_HINT,
         )
@@ -256,8 +256,7 @@ class Session:
         info = self.info
         return RendezvousError(
             info.launcher,
-            f"rank {info.rank} of {info.world_size} lost rank 0's store at {self.master} "
-            f"{during}: {first_line(exc)}",
+            f"{info.who} lost rank 0's store at {self.master} {during}: {first_line(exc)}",
             hint="rank 0 ended: it died, or gave up at its own deadline (a rank that started "
             "later waits longer); its log says why and names any missing rank",
         )
@@ -319,8 +318,7 @@ class Bootstrap:
         info = self.session.info
         return RendezvousTimeoutError(
             info.launcher,
-            f"rank {info.rank} of {info.world_size}: the bootstrap did not end within "
-            f"{self.deadline.seconds:g} s",
+            f"{info.who}: the bootstrap did not end within {self.deadline.seconds:g} s",
             hint=f"check every rank's log; raise the limit with rendezvous_timeout= or "
             f"${TIMEOUT_VAR}",
         )

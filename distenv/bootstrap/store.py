@@ -228,7 +228,7 @@ def _wait_reachable(info: RankInfo, addresses: Sequence[Any], deadline: Deadline
         if remaining <= 0:
             raise RendezvousTimeoutError(
                 info.launcher,
-                f"rank {info.rank} of {info.world_size} could not reach rank 0's store at "
+                f"{info.who} could not reach rank 0's store at "
                 f"{host_port(host, port)} within {deadline.seconds:g} s (last error: {last})",
                 hint="check that rank 0 is running and that MASTER_ADDR/MASTER_PORT name a host "
                 "and port this node can reach (a firewall, or DISTENV_MASTER_ADDR_FORMAT for the "
@@ -267,7 +267,7 @@ def connect_store(
     def no_answer(problem: str) -> Callable[[], DistEnvError]:
         return lambda: RendezvousTimeoutError(
             info.launcher,
-            f"rank {info.rank} of {info.world_size}: {problem} within {deadline.seconds:g} s",
+            f"{info.who}: {problem} within {deadline.seconds:g} s",
             hint="check MASTER_ADDR and MASTER_PORT; with another service on that port, give "
             "this job its own MASTER_PORT",
             variable="MASTER_PORT",
@@ -307,8 +307,7 @@ def connect_store(
         if problem is not None:
             raise StoreTakenError(
                 info.launcher,
-                f"rank {info.rank} of {info.world_size}: {where} accepted a connection but is "
-                f"not a torch store: {problem}",
+                f"{info.who}: {where} accepted a connection but is not a torch store: {problem}",
                 hint="check MASTER_ADDR and MASTER_PORT; another service holds that port: give "
                 "this job its own MASTER_PORT",
                 variable="MASTER_PORT",

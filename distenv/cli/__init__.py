@@ -200,8 +200,7 @@ def _cmd_export(args: argparse.Namespace) -> int:
     if not info.is_resolved:
         raise MasterResolutionError(
             info.launcher,
-            f"rank {info.rank} of {info.world_size} has no MASTER_ADDR: rank 0 sends its master "
-            "over MPI at init",
+            f"{info.who} has no MASTER_ADDR: rank 0 sends its master over MPI at init",
             hint="pass --mpi to ask now (on every rank: it is collective), or export MASTER_ADDR "
             "and MASTER_PORT",
         )

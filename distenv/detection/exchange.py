@@ -190,7 +190,7 @@ def exchange_deadline(settings: Settings) -> Deadline:
 
 def _late(info: RankInfo, seconds: float, where: str = "") -> RendezvousTimeoutError:
     """The error of a rank whose exchange did not finish by the deadline."""
-    me = f"rank {info.rank} of {info.world_size}"
+    me = info.who
     if info.rank == 0:
         problem = f"{me}: could not send its master over MPI within {seconds:.0f} s{where}"
         hint = "a rank did not start MPI or crashed; check every rank's log"
@@ -286,8 +286,7 @@ def mpi_exchange(
 def _no_mpi4py(info: RankInfo) -> MasterResolutionError:
     return MasterResolutionError(
         info.launcher,
-        f"rank {info.rank} of {info.world_size} has no MASTER_ADDR and mpi4py is not "
-        "installed to ask rank 0 for its host",
+        f"{info.who} has no MASTER_ADDR and mpi4py is not installed to ask rank 0 for its host",
         hint="pip install 'distenv[mpi]', or export MASTER_ADDR and MASTER_PORT",
     )
 
@@ -302,7 +301,7 @@ def _unloadable(info: RankInfo, exc: ImportError) -> MasterResolutionError:
         return _no_mpi4py(info)
     return MasterResolutionError(
         info.launcher,
-        f"rank {info.rank} of {info.world_size} has no MASTER_ADDR and mpi4py, which would ask "
+        f"{info.who} has no MASTER_ADDR and mpi4py, which would ask "
         f"rank 0 for its host, cannot be loaded: {type(exc).__name__}: {exc}",
         hint="give every rank the master so that no MPI call is needed (`mpiexec -genv "
         "MASTER_ADDR <rank 0's host> -genv MASTER_PORT <free port>`; `mpirun -x` under Open "
@@ -373,7 +372,7 @@ def _exchange(
 def _interrupted(info: RankInfo, signum: int) -> RendezvousError:
     return RendezvousError(
         info.launcher,
-        f"rank {info.rank} of {info.world_size}: interrupted by {signal.Signals(signum).name} "
+        f"{info.who}: interrupted by {signal.Signals(signum).name} "
         "while waiting for rank 0's master over MPI",
         hint="the launcher ends the job; nothing to fix unless the signal was not intended",
     )

@@ -135,7 +135,7 @@ def scheduler_layout(who: str, env: Mapping[str, str]) -> Detection | None:
     if not isinstance(detection.launcher, Scheduler):
         raise ConfigurationError(
             who,
-            f"this distenv run is itself rank {info.rank} of {info.world_size} started by "
+            f"this distenv run is itself {info.who} started by "
             f"{info.launcher}; it takes the nodes only from a scheduler (Slurm, LSF, Flux)",
             hint=f"{PER_NODE_HINT}, or pass --nnodes, --node-rank and --master-addr",
         )
