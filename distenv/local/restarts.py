@@ -247,7 +247,8 @@ class Restarts:
         A rank killed by a signal (no report) comes first: a peer's failure makes a rank raise,
         not die by a signal. Among ranks that raised, the earliest report (one clock per node).
         A rank that did not end by itself (not in `own`: the stop ended it) reads as how it ended
-        before the stop, its report, with status 1.
+        before the stop, its report, with the status Python was ending it with (its report's:
+        1, or ``sys.exit``'s code).
         """
 
         def order(child: Child) -> tuple[int, bool, float]:
@@ -258,8 +259,9 @@ class Restarts:
         assert first.process is not None
         code = first.process.returncode
         status, how = exit_status(code), describe_exit(code)
-        if first not in own:
-            status, how = 1, "failed"
+        if first not in own:  # the status Python was ending it with: 1, or sys.exit's code
+            report = reports.get(first.rank)
+            status, how = 1 if report is None else report.status, "failed"
         return Failure.of_rank(
             attempt,
             self.plan.node_rank,
