@@ -4,16 +4,18 @@ With ``DISTENV_LOG_DIR`` (or ``init_dist(log_dir=)``), `distenv.postmortem.rankl
 rank's output: descriptors 1 and 2 become pipes that one thread copies to the console and to a
 bounded file, and ``sys.stdout``/``sys.stderr`` become streams writing both. Each job here is one
 process running a training-like loop (a 256x256 matmul and tanh on one CPU thread, and one
-``print(..., flush=True)`` of a typical 70-byte log line every step, or every 10 steps), its
+``print(..., flush=True)`` of a typical 65-byte log line every step, or every 10 steps), its
 console a file; it is run bare and with `ranklog.start` (what `init_dist` calls) in paired rounds
 whose order alternates. Measures, per variant:
 
   step      the loop's time per step (after a warm-up), bare and logged; the overhead is the
             median over rounds of each pair's logged/bare - 1, with its bootstrap 95 % interval
   print     the overhead per printed line in µs (the step's difference times the print interval)
+  line      the same, timed alone: each process prints the line 1000 times after its loop (the
+            median paired difference), the number the step's noise hides
   threads   the extra threads of a logged process (/proc/self/status: the copying thread, 1)
   children  the child processes of each process while it runs (the log starts none: 0)
-  bytes     the log file's size at the loop's end (what the console got, byte for byte)
+  bytes     the log file's size at the loop's end (the console's, byte for byte, at the end)
 
     python benchmarks/bench_ranklog.py [--rounds 16] [--steps 1500] [--smoke] [--out FILE]
 
@@ -40,6 +42,9 @@ MODES = ("bare", "logged")
 EVERY = (1, 10)
 SIZE = 256
 WARMUP = 50
+#: Lines printed alone after the loop, to time one line.
+LINES = 1000
+LINE = "step      0 loss 0.1234 lr 1.00e-04 grad_norm 0.731 1.02 ms/step"
 
 
 def _threads() -> int:
@@ -75,11 +80,17 @@ def child(mode: str, steps: int, every: int, folder: Path, result: Path) -> None
             )
     took = time.perf_counter() - start
     pid = os.getpid()
+    log_bytes = log.log.stat().st_size if mode == "logged" else 0
+    # The line alone, many times: its cost without the steps' noise.
+    start = time.perf_counter()
+    for _ in range(LINES):
+        print(LINE, flush=True)
     found = {
         "step_s": took / steps,
+        "line_s": (time.perf_counter() - start) / LINES,
         "threads_added": _threads() - threads_before,
         "children": len(Path(f"/proc/{pid}/task/{pid}/children").read_text().split()),
-        "log_bytes": log.log.stat().st_size if mode == "logged" else 0,
+        "log_bytes": log_bytes,
     }
     result.write_text(json.dumps(found))
 
@@ -106,7 +117,8 @@ def job(mode: str, steps: int, every: int, folder: Path) -> dict[str, Any]:
             check=True,
         )
     found: dict[str, Any] = json.loads(result.read_text())
-    found["console_bytes"] = (folder / "console").stat().st_size
+    # What the console had at the loop's end: all of it but the lines timed alone.
+    found["console_bytes"] = (folder / "console").stat().st_size - LINES * (len(LINE) + 1)
     return found
 
 
@@ -135,10 +147,8 @@ def main(argv: list[str] | None = None) -> int:
                 with tempfile.TemporaryDirectory() as folder:
                     runs[every][mode].append(job(mode, steps, every, Path(folder)))
     for every, by_mode in runs.items():
-        pairs = [
-            (lg["step_s"], b["step_s"])
-            for b, lg in zip(by_mode["bare"], by_mode["logged"], strict=True)
-        ]
+        paired = list(zip(by_mode["bare"], by_mode["logged"], strict=True))
+        pairs = [(lg["step_s"], b["step_s"]) for b, lg in paired]
 
         def overhead(sample: list[tuple[float, float]]) -> float:
             return median([lg / b - 1 for lg, b in sample]) * 100
@@ -151,6 +161,8 @@ def main(argv: list[str] | None = None) -> int:
             "overhead_pct": overhead(pairs),
             "overhead_pct_ci95": bootstrap_ci(pairs, overhead),
             "per_print_us": median(diffs) * every * 1e6,
+            "line_s": {mode: summary([x["line_s"] for x in by_mode[mode]]) for mode in MODES},
+            "line_us": median([lg["line_s"] - b["line_s"] for b, lg in paired]) * 1e6,
             "threads_added": {
                 mode: max(x["threads_added"] for x in by_mode[mode]) for mode in MODES
             },
