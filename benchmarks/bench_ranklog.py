@@ -177,6 +177,7 @@ def main(argv: list[str] | None = None) -> int:
         "rounds": rounds,
         "steps": steps,
         "warmup": WARMUP,
+        "lines": LINES,
         "matmul": SIZE,
         "variants": variants,
         "total_s": time.perf_counter() - start,
