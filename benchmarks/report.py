@@ -26,7 +26,17 @@ from _common import REPO
 
 MIB = 1024 * 1024
 # Every result the page reads, written by run_all.py under these names.
-NAMES = ("import", "bootstrap", "bootstrap_per_core", "allreduce", "scaling", "rendezvous_scale")
+NAMES = (
+    "import",
+    "bootstrap",
+    "bootstrap_per_core",
+    "allreduce",
+    "scaling",
+    "rendezvous_scale",
+    "ranklog",
+)
+# The per-rank log's budget while training (issue #40 item 4): a share of the bare step.
+RANKLOG_PCT = 1.0
 # Bootstrap times are bimodal on this machine; launches above this are counted separately
 # (the template's "launches > 200 ms" column).
 SLOW_S = 0.2
@@ -81,6 +91,12 @@ def cpu_share(extra_ms: float, d: dict[str, Any]) -> float:
     return float(extra_ms * d["nprocs"] / d["machine"]["logical_cpus"])
 
 
+def every(variant: dict[str, Any]) -> str:
+    """How often a ranklog variant printed its line: "every step", "every 10 steps"."""
+    n = variant["print_every"]
+    return "every step" if n == 1 else f"every {n} steps"
+
+
 class Page:
     """docs/benchmarks.md.in filled from the results in one directory."""
 
@@ -131,6 +147,11 @@ class Page:
             lines.append(self.fill("target_ar_mmengine", mm=mm, ok=mm >= 1.3))
         bound = max(25 * MIB, a["largest_grad_bytes"])
         lines.append(self.fill("target_ar_memory", d=d, ok=d["peak_extra_bytes"] <= bound))
+        for v in self.data["ranklog"]["variants"].values():
+            ok = v["overhead_pct"] <= RANKLOG_PCT
+            lines.append(self.fill("target_ranklog", v=v, label=every(v), ok=ok))
+        children = max(v["children"] for v in self.data["ranklog"]["variants"].values())
+        lines.append(self.fill("target_ranklog_procs", n=children, ok=children == 0))
         return "\n".join(lines)
 
     def phases(self, d: dict[str, Any]) -> str:
@@ -249,6 +270,11 @@ class Page:
             "targets": self.targets(),
             "import_rows": self.rows("import_row", ({"c": c} for c in cases)) + self.skipped(i),
             "ar_rows": self.rows("ar_row", ar) + self.skipped(a),
+            "r": d["ranklog"],
+            "ranklog_rows": self.rows("ranklog_row", (
+                {"v": v, "label": every(v), "floor_s": v["line_us"] / 1e6 / v["print_every"] * 100 / RANKLOG_PCT}
+                for v in d["ranklog"]["variants"].values()
+            )),
             **self.bootstrap(), **self.scaling(), "n_max": n_max, "top": top, "total_min": total / 60,
         })  # fmt: skip
 

@@ -47,6 +47,11 @@ BENCHMARKS: dict[str, tuple[str, list[str], list[str]]] = {
         ["--sizes", "2,4,8", "--repeats", "1", "--rollcall-sizes", "64,256,1024"],
     ),
     "placement": ("bench_placement.py", ["--repeats", "200"], ["--repeats", "20"]),
+    "ranklog": (
+        "bench_ranklog.py",
+        ["--rounds", "16", "--steps", "1500"],
+        ["--rounds", "3", "--steps", "500"],
+    ),
     "rendezvous_scale": (
         "bench_rendezvous_scale.py",
         ["--sizes", "4096,16384,131072", "--repeats", "3"],

@@ -176,6 +176,20 @@ def test_watchdog_benchmark_times_both_watchdogs_and_counts_no_process() -> None
     assert 0 < data["sample_s"] < 0.01
 
 
+def test_ranklog_benchmark_tees_every_byte_with_one_thread_and_no_process() -> None:
+    """The per-rank log benchmark runs the step loop bare and logged: the logged process has one
+    more thread (the copying thread) and no child, and its log holds what its console got."""
+    data = smoke("bench_ranklog.py", timeout=60)
+    assert data["benchmark"] == "ranklog"
+    [variant] = data["variants"].values()
+    assert variant["print_every"] == 1
+    assert variant["threads_added"] == {"bare": 0, "logged": 1}
+    assert variant["children"] == 0
+    # 150 lines of 65 bytes at least (50 untimed steps, 100 timed).
+    assert variant["log_bytes"] == variant["console_bytes"] >= 150 * 65
+    assert all(variant["step_s"][mode]["median"] > 0 for mode in ("bare", "logged"))
+
+
 def test_the_security_page_states_the_versions_benchmark_as_recorded() -> None:
     """docs/security.md's cost table is docs/benchmarks/versions.json's bootstrap rows, rounded."""
     repo = Path(__file__).resolve().parents[2]
