@@ -22,6 +22,7 @@ __all__ = [
     "PROBE_MAX_S",
     "PROBE_MIN_S",
     "PROBE_TIMEOUT_S",
+    "RELEASE_S",
     "SIGNAL_MARK_S",
     "SLICE_S",
     "STOP_S",
@@ -89,6 +90,9 @@ COLLISION_PEEK_S = 3.0
 #: readers have read: two of the others' longest pauses between probes of the port
 #: (`PROBE_MAX_S`).
 COLLISION_LINGER_S = 2.0
+#: How long a failed bootstrap keeps rank 0's store (and a leader its node's socket) after it
+#: raised: the others, which stop waiting at the same deadline, read its verdict and states then.
+RELEASE_S = 3.0
 #: Rank 0 publishes the verdict only after its own wait; the others allow it this much longer.
 VERDICT_GRACE_S = 10.0
 

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import contextlib
 import re
+import threading
 import traceback
 from collections.abc import Callable, Iterator, Sequence
 from typing import TYPE_CHECKING, Any, TypeVar
@@ -27,7 +28,7 @@ from distenv.deadline import Deadline, Watch, bounded, interruptible, watched
 from distenv.errors import DistEnvError, RendezvousError, RendezvousTimeoutError, StoreTakenError
 from distenv.rankinfo import RankInfo
 from distenv.settings import TIMEOUT_VAR, Settings
-from distenv.timing import GRACE_S, LOOKUP_S, MARGIN_S, SIGNAL_MARK_S
+from distenv.timing import GRACE_S, LOOKUP_S, MARGIN_S, RELEASE_S, SIGNAL_MARK_S
 
 if TYPE_CHECKING:
     from distenv.detection.pipeline import Detection
@@ -44,6 +45,24 @@ FOREIGN_HINT = (
 # A state record: the state, ``@`` a host name, and for "up" ``#`` a token of hex digits.
 MAX_STATE_BYTES = 512
 _TOKEN = re.compile(r"(?:[0-9a-f]{16})?")
+
+
+#: The store and channel of this process's last failed bootstrap (`Session.release`).
+_KEPT: list[list[Any]] = []
+
+
+def forget_failed(held: list[Any] | None = None) -> None:
+    """Close the channel and drop the store a failed bootstrap left (`Session.release`), or only
+    `held` if it is still the one kept: its port is free again once this returns."""
+    if not _KEPT or (held is not None and _KEPT[0] is not held):
+        return
+    held = _KEPT.pop()
+    kept = [item for item in held if item is not None]
+    held.clear()  # the timer's reference to the list holds nothing more
+    for item in kept:
+        if hasattr(item, "close"):
+            item.close()
+    del kept
 
 
 class Session:
@@ -80,6 +99,7 @@ class Session:
     @classmethod
     def of(cls, detection: Detection, info: RankInfo, settings: Settings) -> Session:
         """Return the session of the job `detection` found, for this rank (`info`)."""
+        forget_failed()
         return cls(
             info,
             job_scope(detection.job_tag, info.world_size, detection.mpi_token),
@@ -90,17 +110,25 @@ class Session:
         )
 
     def release(self, failure: BaseException) -> None:
-        """Let go of rank 0's store after a failed bootstrap, so that its port is free at once.
+        """Keep rank 0's store and this rank's channel `RELEASE_S` longer after a failed
+        bootstrap, then let them go, so that the port is free soon after.
 
-        torch's store has no close: its server stops when the last reference goes. The
-        `failure` the caller is about to raise holds, through its traceback (and the tracebacks
-        chained to it), the finished frames of every phase, whose locals reach the store: their
-        locals are cleared, so that the store goes now and an `init_dist` retried in the same
-        process can listen on the port again, instead of when the garbage collector next runs.
+        The others may still read this rank's verdict and states in the store (they stop
+        waiting at the same deadline), and a leader's members its last word. torch's store has
+        no close: its server stops when the last reference goes. The `failure` the caller is
+        about to raise holds, through its traceback (and the tracebacks chained to it), the
+        finished frames of every phase, whose locals reach the store: their locals are cleared,
+        so that `_KEPT` holds the only reference; a timer drops it (`forget_failed`), and so
+        does an `init_dist` retried in this process, which then listens on the port again at
+        once instead of when the garbage collector next runs.
         """
-        channel, self.channel, self.store = self.channel, None, None
-        if channel is not None:
-            channel.close()
+        forget_failed()
+        held = [self.store, self.channel]
+        _KEPT.append(held)
+        self.channel = self.store = None
+        timer = threading.Timer(RELEASE_S, forget_failed, (held,))
+        timer.daemon = True
+        timer.start()
         seen: set[int] = set()
         exc: BaseException | None = failure
         while exc is not None and id(exc) not in seen:

@@ -61,7 +61,8 @@ _FRAME = re.compile(rb'^\s+File "(.+)", line (\d+) in (.+)$')
 @functools.cache
 def _not_users() -> tuple[str, ...]:
     """Return the folders whose code is not the user's: distenv, the standard library, packages."""
-    package = os.path.dirname(os.path.abspath(__file__)) + os.sep
+    # distenv/, two levels above this module (distenv/postmortem/stacks.py).
+    package = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep
     paths = sysconfig.get_paths()
     folders = {
         paths[name] for name in ("stdlib", "platstdlib", "purelib", "platlib") if name in paths
