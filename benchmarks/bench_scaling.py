@@ -177,7 +177,7 @@ def rollcall(sizes: list[int], repeats: int) -> dict[str, Any]:
     from torch.distributed import PrefixStore, TCPStore
 
     from distenv import timing
-    from distenv.bootstrap import store as store_module
+    from distenv.bootstrap import waits
     from distenv.master import free_port
     from distenv.rankinfo import RankInfo
 
@@ -189,7 +189,7 @@ def rollcall(sizes: list[int], repeats: int) -> dict[str, Any]:
     out: dict[str, Any] = {"store": "TCPStore (libuv)" if master.libuvBackend else "TCPStore"}
     out["torch"] = torch.__version__
     out["poll_s"] = timing.POLL_S
-    out["chunk"] = store_module.CHUNK
+    out["chunk"] = waits.CHUNK
     out["ranks_per_host"] = RANKS_PER_NODE
     for n in sizes:
         infos = {
