@@ -171,6 +171,8 @@ def test_watchdog_benchmark_times_both_watchdogs_and_counts_no_process() -> None
     data = smoke("bench_watchdog.py", timeout=300)
     assert data["benchmark"] == "watchdog"
     assert set(data["steps_per_s"]) == {"plain", "run", "init"}
+    assert set(data["watched"]) == {"run", "init"}
+    assert all(data["step_s"][mode]["median"] > 0 for mode in ("plain", "run", "init"))
     assert data["threads"] == {"plain": 0, "run": 1, "init": 2}
     assert data["children"] == 0
     assert 0 < data["sample_s"] < 0.01
@@ -204,6 +206,38 @@ def test_the_security_page_states_the_versions_benchmark_as_recorded() -> None:
             f"[{low:+.1f}, {high:+.1f}] |"
         )
         assert expected in page, expected
+
+
+def watchdog_phrases(result: dict[str, Any]) -> list[str]:
+    """What docs/failures.md says of docs/benchmarks/watchdog.json, each number as it rounds it."""
+    rates = [rate for mode in result["steps_per_s"].values() for rate in mode]
+    load = result["load_average"]
+    phrases = [
+        f"1-minute load average {load['before']:.1f} to {load['after']:.1f}",
+        f"one sample took {result['sample_s'] * 1e6:.1f} µs "
+        f"({result['sample_period_pct']:.4f} % of a 0.25 s period)",
+        f"({min(rates):,} to {max(rates):,} steps/s from one job to the next)",
+    ]
+    for mode in ("run", "init"):
+        watched = result["watched"][mode]
+        low, high = watched["overhead_pct_ci95"]
+        phrases += [
+            f"at most {watched['threads_cpu_share_max'] * 100:.3f} %",
+            f"{watched['overhead_pct']:+.1f} % (median of {result['rounds']} paired rounds, "
+            f"95 % interval {low:+.1f} to {high:+.1f} %)",
+        ]
+    return phrases
+
+
+def test_the_failures_page_states_the_watchdog_benchmark_as_recorded() -> None:
+    """docs/failures.md's watchdog costs are docs/benchmarks/watchdog.json's numbers, rounded: the
+    page and the benchmarks page (rendered from the same JSON) cannot drift apart."""
+    repo = Path(__file__).resolve().parents[2]
+    result = json.loads((repo / "docs" / "benchmarks" / "watchdog.json").read_text())
+    page = " ".join((repo / "docs" / "failures.md").read_text().split())
+    assert not result["smoke"]
+    for phrase in watchdog_phrases(result):
+        assert phrase in page, phrase
 
 
 def test_rendezvous_scale_benchmark_counts_fewer_requests_per_node_with_leaders() -> None:
