@@ -11,6 +11,7 @@ import json
 import signal
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -229,14 +230,40 @@ def watchdog_phrases(result: dict[str, Any]) -> list[str]:
     return phrases
 
 
-def test_the_failures_page_states_the_watchdog_benchmark_as_recorded() -> None:
-    """docs/failures.md's watchdog costs are docs/benchmarks/watchdog.json's numbers, rounded: the
-    page and the benchmarks page (rendered from the same JSON) cannot drift apart."""
+def ranklog_phrases(result: dict[str, Any]) -> list[str]:
+    """What docs/failures.md says of docs/benchmarks/ranklog.json, each number as it rounds it."""
+    every, tenth = result["variants"]["every_1"], result["variants"]["every_10"]
+    low, high = every["overhead_pct_ci95"]
+    # The shortest step a line every step keeps within 1 % (benchmarks/report.py's floor).
+    floor_ms = every["line_us"] / 1e3 * 100
+    return [
+        f"1-minute load average {result['load_average']['before']:.1f}",
+        f"a {every['step_s']['bare']['median'] * 1e3:.2f} ms step",
+        f"{every['overhead_pct']:+.2f} % longer logged than bare (median of {result['rounds']} "
+        f"paired rounds, 95 % interval {low:+.2f} to {high:+.2f} %), "
+        f"{tenth['overhead_pct']:+.2f} % printing every 10 steps",
+        f"cost {every['line_us']:.1f} µs more logged than bare "
+        f"({every['line_s']['bare']['median'] * 1e6:.1f} µs)",
+        f"from {floor_ms:.2f} ms up",
+        f"held the {every['log_bytes']:,} bytes its console got",
+    ]
+
+
+@pytest.mark.parametrize(
+    ("name", "phrases"),
+    [("watchdog", watchdog_phrases), ("ranklog", ranklog_phrases)],
+)
+def test_the_failures_page_states_the_benchmarks_as_recorded(
+    name: str, phrases: Callable[[dict[str, Any]], list[str]]
+) -> None:
+    """docs/failures.md's costs of the watchdog and the per-rank log are the numbers of
+    docs/benchmarks/<name>.json, rounded: the page and the benchmarks page (rendered from the
+    same JSON) cannot drift apart."""
     repo = Path(__file__).resolve().parents[2]
-    result = json.loads((repo / "docs" / "benchmarks" / "watchdog.json").read_text())
+    result = json.loads((repo / "docs" / "benchmarks" / f"{name}.json").read_text())
     page = " ".join((repo / "docs" / "failures.md").read_text().split())
     assert not result["smoke"]
-    for phrase in watchdog_phrases(result):
+    for phrase in phrases(result):
         assert phrase in page, phrase
 
 
