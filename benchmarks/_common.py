@@ -17,6 +17,7 @@ import random
 import shutil
 import subprocess
 import sys
+import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
@@ -175,6 +176,14 @@ def env_sh(path: Path = ENV_SH) -> dict[str, str]:
     return out
 
 
+def load_average(before: float) -> dict[str, float]:
+    """Return the 1-minute load averages before (`before`, ``os.getloadavg()[0]``) and now.
+
+    How much else ran on the machine while a benchmark did (it may be shared), for its page.
+    """
+    return {"before": before, "after": os.getloadavg()[0]}
+
+
 def parser(description: str) -> argparse.ArgumentParser:
     """Return an argument parser with the options every benchmark has."""
     p = argparse.ArgumentParser(description=description)
@@ -183,10 +192,41 @@ def parser(description: str) -> argparse.ArgumentParser:
     return p
 
 
+def _json(result: dict[str, Any]) -> str:
+    return json.dumps(result, indent=1, sort_keys=True, default=str)
+
+
+def write_json(result: dict[str, Any], out: Path) -> None:
+    """Write `result` to `out` as the committed results are: indented, keys sorted."""
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(_json(result) + "\n")
+
+
 def emit(result: dict[str, Any], out: Path | None) -> None:
     """Print `result` as one JSON document on stdout, and write it to `out` if given."""
-    text = json.dumps(result, indent=1, sort_keys=True, default=str)
     if out is not None:
-        out.parent.mkdir(parents=True, exist_ok=True)
-        out.write_text(text + "\n")
-    print(text, flush=True)
+        write_json(result, out)
+    print(_json(result), flush=True)
+
+
+def time_verdict_parse(
+    key: str, raw: bytes, checkin: Any, info: Any, samples: int, placed_raw: bytes = b""
+) -> tuple[float, Any, bool]:
+    """Time what a rank does with the verdict it read: parse it against its schema, and where it
+    places ranks, its own place (`placed_raw`, written by rank 0 under place/<rank>), and take its
+    node from them.
+
+    Returns the seconds per parse (the mean of `samples`), the filled RankInfo and whether the
+    verdict placed ranks. distenv is imported here, so the module stays pure standard library.
+    """
+    from distenv.bootstrap.verdict import fill_layout, parse_place, parse_verdict
+
+    n = info.world_size
+    start = time.perf_counter()
+    for _ in range(samples):
+        read, placed = parse_verdict(key, raw, scope=checkin.scope, world_size=n)
+        if placed:
+            place = parse_place(f"place/{info.rank}", placed_raw, scope=checkin.scope, world_size=n)
+            read = read._replace(place=place)
+        filled = fill_layout(info, read, checkin)
+    return (time.perf_counter() - start) / samples, filled, placed

@@ -34,7 +34,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from _common import REPO, bootstrap_ci, emit, machine, median, parser, summary
+from _common import REPO, bootstrap_ci, emit, load_average, machine, median, parser, summary
 
 HERE = Path(__file__).resolve()
 MODES = ("bare", "logged")
@@ -136,7 +136,7 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     rounds, steps = (1, 100) if args.smoke else (args.rounds, args.steps)
     everies = EVERY[:1] if args.smoke else EVERY  # the smoke test's 10 s: two processes
-    load_before = os.getloadavg()
+    load_before = os.getloadavg()[0]
     start = time.perf_counter()
     variants: dict[str, Any] = {}
     runs: dict[int, dict[str, list[dict[str, Any]]]] = {e: {m: [] for m in MODES} for e in everies}
@@ -181,8 +181,7 @@ def main(argv: list[str] | None = None) -> int:
         "matmul": SIZE,
         "variants": variants,
         "total_s": time.perf_counter() - start,
-        # 1-minute load averages: how much else ran on the machine (it may be shared).
-        "load_average": {"before": load_before[0], "after": os.getloadavg()[0]},
+        "load_average": load_average(load_before),
     }
     emit(result, args.out)
     return 0

@@ -56,7 +56,7 @@ from collections.abc import Iterator, Sequence
 from typing import Any
 
 import _store_wire as wire
-from _common import SEED, emit, machine, note, parser, summary
+from _common import SEED, emit, load_average, machine, note, parser, summary, time_verdict_parse
 from bench_scaling import RANKS_PER_NODE, _checkin
 
 SIZES = (4096, 16384, 131072)
@@ -231,7 +231,6 @@ class Run:
         from distenv.bootstrap.role import Role
         from distenv.bootstrap.rollcall import roll_call
         from distenv.bootstrap.session import Bootstrap, Session
-        from distenv.bootstrap.verdict import fill_layout, parse_verdict
         from distenv.deadline import Deadline
 
         n, own = self.n, self.checkins[0]
@@ -326,11 +325,9 @@ class Run:
         # What the last rank does with it.
         last = _checkin(n - 1, n)
         last_info = _info(n - 1, n, self.port)
-        start = time.perf_counter()
-        for _ in range(PARSE_SAMPLE):
-            read, placed = parse_verdict(VERDICT.name, published, scope=last.scope, world_size=n)
-            filled = fill_layout(last_info, read, last)
-        out["verdict_parse_s"] = (time.perf_counter() - start) / PARSE_SAMPLE
+        out["verdict_parse_s"], filled, placed = time_verdict_parse(
+            VERDICT.name, published, last, last_info, PARSE_SAMPLE
+        )
         assert not placed, "a known layout places no rank"
         assert filled.node_rank == (n - 1) // RANKS_PER_NODE
         out["verdict_bytes"] = len(published)
@@ -481,7 +478,7 @@ def main(argv: list[str] | None = None) -> int:
             p.error(f"--sizes: {n} is not a multiple of {RANKS_PER_NODE} ranks of 2 nodes or more")
     _raise_descriptors()
     started = time.perf_counter()
-    load_before = os.getloadavg()
+    load_before = os.getloadavg()[0]
     store, port = _host_store()
     # One connection per leader (rank 0 leads its own node), at most FLAT_CONNECTIONS for flat.
     connections = max(max(n // RANKS_PER_NODE - 1, min(FLAT_CONNECTIONS, n - 1)) for n in sizes)
@@ -562,7 +559,7 @@ def main(argv: list[str] | None = None) -> int:
         "sources": _sources(),
     }
     result["total_s"] = time.perf_counter() - started
-    result["load_average"] = {"before": load_before[0], "after": os.getloadavg()[0]}
+    result["load_average"] = load_average(load_before)
     emit(result, args.out)
     with contextlib.suppress(Exception):
         del store

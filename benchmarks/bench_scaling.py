@@ -35,7 +35,17 @@ import time
 from pathlib import Path
 from typing import Any
 
-from _common import SEED, emit, machine, median, note, parser, summary
+from _common import (
+    SEED,
+    emit,
+    load_average,
+    machine,
+    median,
+    note,
+    parser,
+    summary,
+    time_verdict_parse,
+)
 from bench_bootstrap import launch
 
 STOP_AFTER_S = 60.0
@@ -112,7 +122,7 @@ def _one_roll_call(store: Any, info: Any, checkins: list[Any]) -> tuple[dict[str
     from distenv.bootstrap.flat import check_in
     from distenv.bootstrap.rollcall import roll_call
     from distenv.bootstrap.session import Bootstrap, Session
-    from distenv.bootstrap.verdict import fill_layout, parse_place, parse_verdict, validate
+    from distenv.bootstrap.verdict import validate
     from distenv.deadline import Deadline
 
     n = len(checkins)
@@ -152,14 +162,9 @@ def _one_roll_call(store: Any, info: Any, checkins: list[Any]) -> tuple[dict[str
     last = checkins[-1]
     last_info = info.replace(rank=n - 1, local_rank=last.local_rank, node_rank=last.node_rank)
     placed_raw = store.get(f"place/{n - 1}") if store.check([f"place/{n - 1}"]) else b""
-    start = time.perf_counter()
-    for _ in range(VERDICT_READ_SAMPLE):
-        read, placed = parse_verdict("verdict", raw, scope=last.scope, world_size=n)
-        if placed:
-            place = parse_place(f"place/{n - 1}", placed_raw, scope=last.scope, world_size=n)
-            read = read._replace(place=place)
-        filled = fill_layout(last_info, read, last)
-    times["verdict_parse"] = (time.perf_counter() - start) / VERDICT_READ_SAMPLE
+    times["verdict_parse"], filled, _ = time_verdict_parse(
+        "verdict", raw, last, last_info, VERDICT_READ_SAMPLE, placed_raw
+    )
     layout = (filled.node_rank, filled.num_nodes)
     assert layout == ((n - 1) // RANKS_PER_NODE, n // RANKS_PER_NODE), layout
     return times, len(raw) + len(placed_raw)
@@ -267,7 +272,7 @@ def main(argv: list[str] | None = None) -> int:
         rc_sizes = [int(s) for s in args.rollcall_sizes.split(",")]
         repeats, rc_repeats = args.repeats, args.rollcall_repeats
     started = time.perf_counter()
-    load_before = os.getloadavg()
+    load_before = os.getloadavg()[0]
     result = {
         "benchmark": "scaling",
         "smoke": args.smoke,
@@ -281,8 +286,7 @@ def main(argv: list[str] | None = None) -> int:
         "machine": machine(),
     }
     result["total_s"] = time.perf_counter() - started
-    # 1-minute load averages: how much else ran on the machine (it may be shared).
-    result["load_average"] = {"before": load_before[0], "after": os.getloadavg()[0]}
+    result["load_average"] = load_average(load_before)
     emit(result, args.out)
     return 0
 

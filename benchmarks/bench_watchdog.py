@@ -17,11 +17,14 @@ plus a hang thread that waits on a store key over a connection of its own). Meas
            watchdog's, and the in-process hang thread's), per second of the loop: what they
            take from training, free of the jobs' noise
 
-It also counts each rank's child processes while it runs (the threads start none: 0).
+It also counts each rank's child processes while it runs (the threads start none: 0). The
+rounds are paired: each runs the three ways, in an order that alternates from round to round, and a
+way's overhead is the median over rounds of its step time over plain's in the same round, minus 1,
+with its bootstrap 95 % interval.
 
-    python benchmarks/bench_watchdog.py [--rounds 5] [--steps 3000] [--smoke]
+    python benchmarks/bench_watchdog.py [--rounds 5] [--steps 3000] [--smoke] [--out FILE]
 
-``--smoke`` runs one round of 200 steps and prints the results as one JSON object.
+``--smoke`` runs one round of 200 steps.
 """
 
 from __future__ import annotations
@@ -29,22 +32,24 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import statistics
 import subprocess
 import sys
 import threading
 import time
 from pathlib import Path
+from typing import Any
+
+from _common import REPO, bootstrap_ci, emit, load_average, machine, median, parser, summary
 
 HERE = Path(__file__).resolve()
-REPO = HERE.parents[1]
-
-
 #: The ways a job runs: no watchdog, distenv run's, init_dist's (in-process).
 MODES = ("plain", "run", "init")
 #: distenv's threads in a watched rank: the watchdog (`distenv.postmortem.progress`), the in-process hang
 #: thread (`distenv.bootstrap.hang`).
 THREADS = ("distenv-watchdog", "distenv-hang")
+#: The hang timeout of a watched job, and the watchdog's sampling period (a quarter of it).
+HANG_TIMEOUT_S = 1
+PERIOD_S = HANG_TIMEOUT_S / 4
 
 
 def rank(steps: int, mode: str) -> None:
@@ -54,7 +59,7 @@ def rank(steps: int, mode: str) -> None:
 
     import distenv
 
-    distenv.init_dist(backend="gloo", hang_timeout=1 if mode == "init" else None)
+    distenv.init_dist(backend="gloo", hang_timeout=HANG_TIMEOUT_S if mode == "init" else None)
     a, x = torch.randn(64, 64), torch.ones(256)
     dist.barrier()
     start = time.perf_counter()
@@ -78,7 +83,7 @@ def rank(steps: int, mode: str) -> None:
 def job(steps: int, mode: str) -> dict[str, float]:
     """Run one 2-rank job; return rank 0's line."""
     command = [sys.executable, "-m", "distenv", "run", "-n", "2"]
-    command += ["--hang-timeout", "1"] if mode == "run" else []
+    command += ["--hang-timeout", str(HANG_TIMEOUT_S)] if mode == "run" else []
     env = {**os.environ, "PYTHONPATH": str(REPO)}
     env.pop("DISTENV_HANG_TIMEOUT", None)
     out = subprocess.run(
@@ -108,63 +113,61 @@ def sample_cost(samples: int = 20000) -> float:
     return (time.perf_counter() - start) / samples
 
 
-def machine() -> dict[str, int]:
-    """Return what the numbers were measured on."""
-    return {"logical_cpus": os.cpu_count() or 1}
+def overhead(pairs: list[tuple[float, float]]) -> float:
+    """The median over rounds of (watched step / plain step) - 1, in percent."""
+    return median([watched / plain - 1 for watched, plain in pairs]) * 100
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser()
-    parser.add_argument("--rounds", type=int, default=5)
-    parser.add_argument("--steps", type=int, default=3000)
-    parser.add_argument("--smoke", action="store_true", help="one round of 200 steps, as JSON")
-    parser.add_argument("--rank", type=int, default=None, help=argparse.SUPPRESS)
-    parser.add_argument("--mode", choices=MODES, default="plain", help=argparse.SUPPRESS)
-    args = parser.parse_args()
+def main(argv: list[str] | None = None) -> int:
+    p = parser(__doc__.splitlines()[0])
+    p.add_argument("--rounds", type=int, default=5)
+    p.add_argument("--steps", type=int, default=3000)
+    p.add_argument("--rank", type=int, default=None, help=argparse.SUPPRESS)
+    p.add_argument("--mode", choices=MODES, default="plain", help=argparse.SUPPRESS)
+    args = p.parse_args(argv)
     if args.rank is not None:
         rank(args.rank, args.mode)
-        return
+        return 0
     rounds, steps = (1, 200) if args.smoke else (args.rounds, args.steps)
+    load_before = os.getloadavg()[0]
+    start = time.perf_counter()
     cost = sample_cost(2000 if args.smoke else 20000)
-    rates: dict[str, list[float]] = {mode: [] for mode in MODES}
-    spent: dict[str, list[float]] = {mode: [] for mode in MODES}
-    threads: dict[str, int] = {}
-    for _ in range(rounds):
-        for mode in MODES:
-            found = job(steps, mode)
-            rates[mode].append(round(steps / found["seconds"]))
-            assert found["children"] == 0, found
-            spent[mode].append(found["watchdog_cpu"] / found["seconds"])
-            threads[mode] = int(found["threads"])
-    median = {mode: statistics.median(rates[mode]) for mode in MODES}
-    if args.smoke:
-        print(
-            json.dumps(
-                {
-                    "benchmark": "watchdog",
-                    "smoke": True,
-                    "machine": machine(),
-                    "sample_s": cost,
-                    "steps_per_s": median,
-                    "threads_cpu_share_max": {mode: max(spent[mode]) for mode in MODES},
-                    "threads": threads,
-                    "children": 0,
-                }
-            )
-        )
-        return
-    print(f"one sample: {cost * 1e6:.1f} us = {cost / 0.25 * 100:.4f} % of a 0.25 s period")
-    labels = {"plain": "plain", "run": "--hang-timeout 1", "init": "init_dist(hang_timeout=1)"}
-    for mode in MODES:
-        print(f"steps/s {labels[mode]} {median[mode]:.0f} {rates[mode]}")
+    runs: dict[str, list[dict[str, float]]] = {mode: [] for mode in MODES}
+    for r in range(rounds):
+        # Alternate the order: a drift in the machine's load falls on each way alike.
+        for mode in MODES if r % 2 == 0 else MODES[::-1]:
+            runs[mode].append(job(steps, mode))
+    step_s = {mode: [x["seconds"] / steps for x in runs[mode]] for mode in MODES}
+    watched: dict[str, Any] = {}
     for mode in MODES[1:]:
-        overhead = (median["plain"] / median[mode] - 1) * 100
-        print(
-            f"{labels[mode]}: overhead {overhead:+.2f} % (median of {rounds}); "
-            f"{threads[mode]} threads of distenv's, whose CPU per second of the loop was at most "
-            f"{max(spent[mode]) * 100:.4f} %; 0 child processes"
-        )
+        pairs = list(zip(step_s[mode], step_s["plain"], strict=True))
+        watched[mode] = {
+            "overhead_pct": overhead(pairs),
+            "overhead_pct_ci95": bootstrap_ci(pairs, overhead),
+            # distenv's threads' CPU time per second of the loop, the most of any round.
+            "threads_cpu_share_max": max(x["watchdog_cpu"] / x["seconds"] for x in runs[mode]),
+        }
+    result = {
+        "benchmark": "watchdog",
+        "smoke": args.smoke,
+        "machine": machine(),
+        "rounds": rounds,
+        "steps": steps,
+        "hang_timeout_s": HANG_TIMEOUT_S,
+        "period_s": PERIOD_S,
+        "sample_s": cost,
+        "sample_period_pct": cost / PERIOD_S * 100,
+        "step_s": {mode: summary(step_s[mode]) for mode in MODES},
+        "steps_per_s": {mode: [round(1 / s) for s in step_s[mode]] for mode in MODES},
+        "watched": watched,
+        "threads": {mode: max(int(x["threads"]) for x in runs[mode]) for mode in MODES},
+        "children": max(int(x["children"]) for mode in MODES for x in runs[mode]),
+        "total_s": time.perf_counter() - start,
+        "load_average": load_average(load_before),
+    }
+    emit(result, args.out)
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

@@ -34,9 +34,18 @@ NAMES = (
     "scaling",
     "rendezvous_scale",
     "ranklog",
+    "watchdog",
 )
-# The per-rank log's budget while training (issue #40 item 4): a share of the bare step.
+# The per-rank log's and the hang watchdog's budget while training (issue #40 item 4): a share of
+# the bare step.
 RANKLOG_PCT = 1.0
+WATCHDOG_PCT = 1.0
+# How each way of bench_watchdog's ran its job.
+WATCHED = {
+    "plain": "`distenv run -n 2`, no watchdog",
+    "run": "`distenv run -n 2 --hang-timeout 1`",
+    "init": "`init_dist(hang_timeout=1)` under `distenv run -n 2`",
+}
 # Bootstrap times are bimodal on this machine; launches above this are counted separately
 # (the template's "launches > 200 ms" column).
 SLOW_S = 0.2
@@ -57,12 +66,14 @@ UNITS = {
     "us": (1e6, ".0f"),
     "mib": (1 / MIB, ".1f"),
     "kib": (1 / 1024, ".0f"),
+    "pct": (100, ".2f"),
 }
 
 
 class Cells(string.Formatter):
     """`str.format` with the page's units as format specs: `ms` and `us` show seconds in ms (.1f)
-    and µs (.0f), `mib` and `kib` bytes (.1f, .0f), each with an optional precision after it
+    and µs (.0f), `mib` and `kib` bytes (.1f, .0f), `pct` a
+    fraction in percent (.2f), each with an optional precision after it
     (`ms.0f`); `spaced` a count with spaces between thousands; `met` a target's verdict. None and
     NaN show as n/a; a string shows as itself whatever the spec."""
 
@@ -152,7 +163,26 @@ class Page:
             lines.append(self.fill("target_ranklog", v=v, label=every(v), ok=ok))
         children = max(v["children"] for v in self.data["ranklog"]["variants"].values())
         lines.append(self.fill("target_ranklog_procs", n=children, ok=children == 0))
+        w = self.data["watchdog"]
+        for mode, res in ((m, w["watched"][m]) for m in WATCHED if m in w["watched"]):
+            ok = res["threads_cpu_share_max"] * 100 <= WATCHDOG_PCT
+            lines.append(self.fill("target_watchdog", w=w, res=res, label=WATCHED[mode], ok=ok))
+        lines.append(self.fill("target_watchdog_procs", n=w["children"], ok=w["children"] == 0))
         return "\n".join(lines)
+
+    def watchdog(self) -> Iterable[dict[str, Any]]:
+        """Section 7's rows: each way of running the job; plain is the baseline of the others."""
+        w = self.data["watchdog"]
+        for mode, label in WATCHED.items():
+            row = {"label": label, "t": w["step_s"][mode], "threads": w["threads"][mode]}
+            row["rates"] = ", ".join(f"{r:,}" for r in w["steps_per_s"][mode])
+            if (res := w["watched"].get(mode)) is None:
+                yield {**row, "overhead": "(the baseline)", "cpu": "", "children": w["children"]}
+                continue
+            low, high = res["overhead_pct_ci95"]
+            overhead = f"{res['overhead_pct']:+.1f} % [{low:+.1f}, {high:+.1f}]"
+            cpu = Cells().format_field(res["threads_cpu_share_max"], "pct.3f") + " %"
+            yield {**row, "overhead": overhead, "cpu": cpu, "children": w["children"]}
 
     def phases(self, d: dict[str, Any]) -> str:
         """Each launcher's phases (bench_bootstrap.phase_table): where distenv's overhead lies."""
@@ -275,6 +305,8 @@ class Page:
                 {"v": v, "label": every(v), "floor_s": v["line_us"] / 1e6 / v["print_every"] * 100 / RANKLOG_PCT}
                 for v in d["ranklog"]["variants"].values()
             )),
+            "w": d["watchdog"],
+            "watchdog_rows": self.rows("watchdog_row", self.watchdog()),
             **self.bootstrap(), **self.scaling(), "n_max": n_max, "top": top, "total_min": total / 60,
         })  # fmt: skip
 

@@ -52,6 +52,11 @@ BENCHMARKS: dict[str, tuple[str, list[str], list[str]]] = {
         ["--rounds", "16", "--steps", "1500"],
         ["--rounds", "3", "--steps", "500"],
     ),
+    "watchdog": (
+        "bench_watchdog.py",
+        ["--rounds", "5", "--steps", "3000"],
+        ["--rounds", "1", "--steps", "1000"],
+    ),
     "rendezvous_scale": (
         "bench_rendezvous_scale.py",
         ["--sizes", "4096,16384,131072", "--repeats", "3"],

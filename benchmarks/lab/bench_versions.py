@@ -66,7 +66,18 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import _trace_probes
 import bench_bootstrap
-from _common import HERE, REPO, SEED, bootstrap_ci, machine, median, note, parser, summary
+from _common import (
+    HERE,
+    REPO,
+    SEED,
+    bootstrap_ci,
+    machine,
+    median,
+    note,
+    parser,
+    summary,
+    write_json,
+)
 from bench_import import child_env
 
 DEFAULT_BASELINE = "a124b84"  # release 0.1.0
@@ -521,11 +532,6 @@ def busy_fraction(seconds: float = 1.0) -> float:
     except (OSError, ValueError, IndexError):
         return math.nan
     return (busy1 - busy0) / max(total1 - total0, 1)
-
-
-def write_json(result: dict[str, Any], out: Path) -> None:
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(result, indent=1, sort_keys=True, default=str) + "\n")
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -11,6 +11,7 @@ import json
 import signal
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -171,6 +172,8 @@ def test_watchdog_benchmark_times_both_watchdogs_and_counts_no_process() -> None
     data = smoke("bench_watchdog.py", timeout=300)
     assert data["benchmark"] == "watchdog"
     assert set(data["steps_per_s"]) == {"plain", "run", "init"}
+    assert set(data["watched"]) == {"run", "init"}
+    assert all(data["step_s"][mode]["median"] > 0 for mode in ("plain", "run", "init"))
     assert data["threads"] == {"plain": 0, "run": 1, "init": 2}
     assert data["children"] == 0
     assert 0 < data["sample_s"] < 0.01
@@ -204,6 +207,64 @@ def test_the_security_page_states_the_versions_benchmark_as_recorded() -> None:
             f"[{low:+.1f}, {high:+.1f}] |"
         )
         assert expected in page, expected
+
+
+def watchdog_phrases(result: dict[str, Any]) -> list[str]:
+    """What docs/failures.md says of docs/benchmarks/watchdog.json, each number as it rounds it."""
+    rates = [rate for mode in result["steps_per_s"].values() for rate in mode]
+    load = result["load_average"]
+    phrases = [
+        f"1-minute load average {load['before']:.1f} to {load['after']:.1f}",
+        f"one sample took {result['sample_s'] * 1e6:.1f} µs "
+        f"({result['sample_period_pct']:.4f} % of a 0.25 s period)",
+        f"({min(rates):,} to {max(rates):,} steps/s from one job to the next)",
+    ]
+    for mode in ("run", "init"):
+        watched = result["watched"][mode]
+        low, high = watched["overhead_pct_ci95"]
+        phrases += [
+            f"at most {watched['threads_cpu_share_max'] * 100:.3f} %",
+            f"{watched['overhead_pct']:+.1f} % (median of {result['rounds']} paired rounds, "
+            f"95 % interval {low:+.1f} to {high:+.1f} %)",
+        ]
+    return phrases
+
+
+def ranklog_phrases(result: dict[str, Any]) -> list[str]:
+    """What docs/failures.md says of docs/benchmarks/ranklog.json, each number as it rounds it."""
+    every, tenth = result["variants"]["every_1"], result["variants"]["every_10"]
+    low, high = every["overhead_pct_ci95"]
+    # The shortest step a line every step keeps within 1 % (benchmarks/report.py's floor).
+    floor_ms = every["line_us"] / 1e3 * 100
+    return [
+        f"1-minute load average {result['load_average']['before']:.1f}",
+        f"a {every['step_s']['bare']['median'] * 1e3:.2f} ms step",
+        f"{every['overhead_pct']:+.2f} % longer logged than bare (median of {result['rounds']} "
+        f"paired rounds, 95 % interval {low:+.2f} to {high:+.2f} %), "
+        f"{tenth['overhead_pct']:+.2f} % printing every 10 steps",
+        f"cost {every['line_us']:.1f} µs more logged than bare "
+        f"({every['line_s']['bare']['median'] * 1e6:.1f} µs)",
+        f"from {floor_ms:.2f} ms up",
+        f"held the {every['log_bytes']:,} bytes its console got",
+    ]
+
+
+@pytest.mark.parametrize(
+    ("name", "phrases"),
+    [("watchdog", watchdog_phrases), ("ranklog", ranklog_phrases)],
+)
+def test_the_failures_page_states_the_benchmarks_as_recorded(
+    name: str, phrases: Callable[[dict[str, Any]], list[str]]
+) -> None:
+    """docs/failures.md's costs of the watchdog and the per-rank log are the numbers of
+    docs/benchmarks/<name>.json, rounded: the page and the benchmarks page (rendered from the
+    same JSON) cannot drift apart."""
+    repo = Path(__file__).resolve().parents[2]
+    result = json.loads((repo / "docs" / "benchmarks" / f"{name}.json").read_text())
+    page = " ".join((repo / "docs" / "failures.md").read_text().split())
+    assert not result["smoke"]
+    for phrase in phrases(result):
+        assert phrase in page, phrase
 
 
 def test_rendezvous_scale_benchmark_counts_fewer_requests_per_node_with_leaders() -> None:
