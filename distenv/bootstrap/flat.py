@@ -311,8 +311,10 @@ def linger(boot: Bootstrap, until: Deadline) -> None:
 
     The other job's ranks may still be probing for a store with backoff (`PROBE_MAX_S` between
     probes); one that reaches this one before it goes reads the verdict and names the collision,
-    instead of reaching, later, another rank 0 of this identity and mixing with it.
+    instead of reaching, later, another rank 0 of this identity and mixing with it. After it,
+    the store goes as the bootstrap fails (`distenv.bootstrap.session.Session.release`).
     """
+    boot.session.keeps_store = False
     pause(max(min(until.left(), boot.waits.left()), 0.0))
 
 

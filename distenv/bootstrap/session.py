@@ -95,6 +95,9 @@ class Session:
         #: its role by the roll call (`distenv.bootstrap.rollcall.meet`) and kept for the
         #: group-up check; None before (a roll call held without `meet` is flat).
         self.channel: Any = None
+        #: Whether a failed bootstrap keeps its store `RELEASE_S` longer (`release`): not once a
+        #: signal ended it, nor after a collision, whose rank 0 lingered already (`flat.linger`).
+        self.keeps_store = True
 
     @classmethod
     def of(cls, detection: Detection, info: RankInfo, settings: Settings) -> Session:
@@ -111,7 +114,7 @@ class Session:
 
     def release(self, failure: BaseException) -> None:
         """Keep rank 0's store and this rank's channel `RELEASE_S` longer after a failed
-        bootstrap, then let them go, so that the port is free soon after.
+        bootstrap (not one a signal or a collision ended), then let them go, so that the port is free soon after.
 
         The others may still read this rank's verdict and states in the store (they stop
         waiting at the same deadline), and a leader's members its last word. torch's store has
@@ -135,6 +138,8 @@ class Session:
             seen.add(id(exc))
             traceback.clear_frames(exc.__traceback__)
             exc = exc.__cause__ or exc.__context__
+        if not self.keeps_store:  # stopped by a signal, or a collision: the port is free at once
+            forget_failed(held)
 
     @property
     def master(self) -> str:
@@ -339,6 +344,7 @@ class Bootstrap:
             return watched(lambda _: phases(self), self.watch)
 
     def _stopped(self, signal_name: str) -> None:
+        self.session.keeps_store = False
         if self.session.store is not None:
             self.session.mark(signal_name, wait=SIGNAL_MARK_S, aside=True)
 
