@@ -49,14 +49,16 @@ _TOKEN = re.compile(r"(?:[0-9a-f]{16})?")
 
 #: The store and channel of this process's last failed bootstrap (`Session.release`).
 _KEPT: list[list[Any]] = []
+_KEPT_LOCK = threading.Lock()
 
 
 def forget_failed(held: list[Any] | None = None) -> None:
     """Close the channel and drop the store a failed bootstrap left (`Session.release`), or only
     `held` if it is still the one kept: its port is free again once this returns."""
-    if not _KEPT or (held is not None and _KEPT[0] is not held):
-        return
-    held = _KEPT.pop()
+    with _KEPT_LOCK:  # the timer and a retried init_dist may both come here
+        if not _KEPT or (held is not None and _KEPT[0] is not held):
+            return
+        held = _KEPT.pop()
     kept = [item for item in held if item is not None]
     held.clear()  # the timer's reference to the list holds nothing more
     for item in kept:
@@ -127,7 +129,8 @@ class Session:
         """
         forget_failed()
         held = [self.store, self.channel]
-        _KEPT.append(held)
+        with _KEPT_LOCK:
+            _KEPT.append(held)
         self.channel = self.store = None
         timer = threading.Timer(RELEASE_S, forget_failed, (held,))
         timer.daemon = True
