@@ -93,6 +93,28 @@ def installed(module: str) -> bool:
         return False
 
 
+def python_c(code: str, env: dict[str, str]) -> tuple[float, str]:
+    """Run ``python -c code`` in `env`; return its wall time (spawn to exit) and its stdout.
+
+    The child runs in ``/``: ``-c`` puts its working directory on sys.path before PYTHONPATH, and
+    a checkout's distenv/ there would win over the one the benchmark means.
+    """
+    start = time.perf_counter()
+    proc = subprocess.run(
+        [sys.executable, "-c", code],
+        env=env,
+        cwd="/",
+        stdin=subprocess.DEVNULL,
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    wall = time.perf_counter() - start
+    if proc.returncode != 0:
+        raise SystemExit(f"`python -c {code!r}` failed:\n{proc.stderr.strip()[-3000:]}")
+    return wall, proc.stdout
+
+
 def note(text: str) -> None:
     """Print a note for the reader of the log (stderr: stdout carries the JSON)."""
     print(f"note: {text}", file=sys.stderr, flush=True)

@@ -15,12 +15,21 @@ from __future__ import annotations
 
 import os
 import random
-import subprocess
 import sys
-import time
 from typing import Any
 
-from _common import REPO, SEED, bootstrap_ci, emit, installed, machine, median, note, parser
+from _common import (
+    REPO,
+    SEED,
+    bootstrap_ci,
+    emit,
+    installed,
+    machine,
+    median,
+    note,
+    parser,
+    python_c,
+)
 from _common import summary as summarize
 
 # The check that distenv stayed light runs inside the timed child (microseconds): a failure makes
@@ -82,21 +91,8 @@ def child_env() -> dict[str, str]:
 
 def run_once(code: str, env: dict[str, str]) -> tuple[float, float]:
     """Run ``python -c code``; return (wall seconds, peak RSS in MiB) of that child alone."""
-    start = time.perf_counter()
-    # cwd=/ so that distenv comes from the installed package, not from the checkout on sys.path.
-    proc = subprocess.run(
-        [sys.executable, "-c", code + HWM_CODE],
-        env=env,
-        cwd="/",
-        stdin=subprocess.DEVNULL,
-        capture_output=True,
-        text=True,
-        check=False,
-    )
-    wall = time.perf_counter() - start
-    if proc.returncode != 0:
-        raise SystemExit(f"bench_import: `python -c {code!r}` failed: {proc.stderr.strip()}")
-    return wall, int(proc.stdout.split()[-1]) / 1024
+    wall, out = python_c(code + HWM_CODE, env)
+    return wall, int(out.split()[-1]) / 1024
 
 
 def main(argv: list[str] | None = None) -> int:
