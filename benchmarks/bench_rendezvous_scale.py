@@ -255,7 +255,7 @@ class Run:
             counts, _, wall, _ = self.clients.run(leader_checkins, ranks, (n, key, prefix), conns)
         out["connections"] = conns
         out["checkin_phase"] = {
-            "counts": counts.report(),
+            "counts": counts,
             "wall_s": wall,
             "store_thread_cpu_s": (wire.store_thread_cpu() or 0.0) - cpu0,
         }
@@ -297,7 +297,7 @@ class Run:
             "store_thread_cpu_s": (wire.store_thread_cpu() or 0.0) - store_cpu,
             "gc_s": sum(collector.seconds),
             "gc_collections": collector.collections,
-            "counts": rank0.report(),
+            "counts": rank0,
         }
         assert verdict.ok, verdict.problems
         if profiler is not None:
@@ -317,7 +317,7 @@ class Run:
         )
         assert lengths == {len(published): len(ranks)}, lengths
         out["verdict_phase"] = {
-            "counts": counts.report(),
+            "counts": counts,
             "wall_s": wall,
             "store_thread_cpu_s": (wire.store_thread_cpu() or 0.0) - cpu0,
         }
@@ -350,15 +350,8 @@ def _aggregate(n: int, records: list[dict[str, Any]]) -> dict[str, Any]:
         ("rank0", first["rank0"]["counts"]),
         ("verdict", first["verdict_phase"]["counts"]),
     ):
-        phases[phase] = counts
-        for kind, row in counts["by_type"].items():
-            mine = total.kinds[kind]
-            for i, name in enumerate(("requests", "bytes_in", "bytes_out")):
-                mine[i] += row[name]
-        for step, row in counts["by_step"].items():
-            mine = total.steps[step]
-            for i, name in enumerate(("requests", "bytes_in", "bytes_out")):
-                mine[i] += row[name]
+        phases[phase] = counts.report()
+        total.merge(counts)
     # Every rank (flat) or leader opens its own connection (validate, then ping): modelled from
     # the handshake measured on the simulated connections, which carry many ranks each.
     handshake = first["handshake"]
