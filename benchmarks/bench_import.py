@@ -1,12 +1,7 @@
 """Benchmark 1: the cost of importing distenv and detecting the launcher, against the alternatives.
 
-Each case is a fresh ``python -c <code>`` child; the parent measures its wall time (spawn to
-exit). Peak RSS is the child's own ``VmHWM`` (/proc/self/status), read as the child's last act:
-the rusage of ``os.wait4`` / ``RUSAGE_CHILDREN`` would charge each child with the *parent's* peak
-(Linux records the pre-exec address space's high-water mark at exec; the parent here is a
-16 MiB Python, so every case would read at least that). Cases are interleaved in a shuffled order
-every round, after warm-up rounds whose results are dropped. All children see the same simulated
-``srun -n 4`` step environment, so ``distenv.detect()`` parses real Slurm variables.
+Each case is a fresh ``python -c <code>`` child, timed spawn to exit, its peak RSS its own
+``VmHWM``; docs/benchmarks.md.in (section 1) says how and why.
 
     python benchmarks/bench_import.py [--runs 15] [--warmup 2] [--smoke] [--out FILE]
 """

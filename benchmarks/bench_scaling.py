@@ -1,24 +1,9 @@
 """Benchmark 5: bootstrap time against world size, and the roll call with many simulated ranks.
 
-Part A starts ``distenv run -n N`` (N = 2, 4, ... 32 local ranks: oversubscribed on this machine)
-of _bootstrap_worker.py, for distenv's ``init_dist`` and for a bare ``init_process_group`` under
-the same contract, interleaved; it stops after the first size whose launch took more than 60 s.
-
-Part B times `distenv.bootstrap.rollcall.roll_call` on rank 0 of N simulated ranks (64 .. 4096) over one
-real TCPStore on loopback: ranks 1..N-1 check in first (a loop making the same three store calls
-a rank makes), then rank 0's whole roll call is timed (its check-in, the gather of N records,
-`validate`, publishing the verdict). Also timed: `validate` alone, one ``multi_get`` of all N
-records (a possible one-round-trip gather), and a sample of verdict reads (every other rank reads
-the verdict once; in the timed roll call their acknowledgements are pre-counted).
-
-Part B runs each size twice per repetition, in a shuffled order: with the node layout known (every
-check-in names its node, as under srun) and with it left to the roll call (node index and count
-unknown, as under Open MPI 5 alone or Flux, 8 ranks per host): then rank 0 also writes each
-rank's place (its node, the node count), which every rank reads beside the verdict and parses
-(`parse_verdict`, `parse_place` and `fill_layout`, timed as "verdict_parse"; "verdict_bytes" is
-what one rank reads: the verdict and its place). Each size reports the roll-call layout's verdict
-bytes and rank-0 time as ratios to the known layout's in the same run (medians of the paired
-per-repetition ratios).
+Part A launches ``distenv run -n N`` of _bootstrap_worker.py (distenv and bare, interleaved) and
+stops after the first size whose launch took more than 60 s; part B times rank 0's
+`distenv.bootstrap.rollcall.roll_call` of N simulated ranks over one real TCPStore, with the node
+layout known and left to the roll call. docs/benchmarks.md.in (section 5) says how.
 
     python benchmarks/bench_scaling.py [--sizes 2,4,8,16,32] [--repeats 2] [--smoke] [--out F]
     python benchmarks/bench_scaling.py --rollcall-only --rollcall-sizes 1024,4096 --out F
