@@ -51,6 +51,8 @@ RANK = REPO / "tests" / "support" / "scripts" / "restart_rank.py"
 PYTHON = REPO / ".venv" / "bin" / "python"
 PHASES = ("start", "init", "train")
 HOWS = ("raise", "kill")
+# A recovery's time, and its three parts (the module's docstring says which).
+PARTS = ("recovery_s", "stopped_s", "restart_s", "rank_start_s")
 SEED = 20261125
 
 
@@ -166,10 +168,7 @@ def run(launcher: str, nproc: int, failures: list[tuple[int, int, str, str]]) ->
         "miscounted": miscounted,
         "orphans": left,
         "recoveries": recoveries,
-        "recovery_s": summary([r["recovery_s"] for r in recoveries]),
-        "stopped_s": summary([r["stopped_s"] for r in recoveries]),
-        "restart_s": summary([r["restart_s"] for r in recoveries]),
-        "rank_start_s": summary([r["rank_start_s"] for r in recoveries]),
+        **{k: summary([r[k] for r in recoveries]) for k in PARTS},
         "stderr_tail": done.stderr[-1500:],
     }
 
