@@ -192,36 +192,6 @@ def _handshake(sock: socket.socket, counts: Counts, timeout: float) -> None:
     counts.connections += 1
 
 
-class Connection:
-    """One blocking connection: a request, then its reply (for checks and single clients)."""
-
-    def __init__(self, host: str, port: int, timeout: float = 30.0) -> None:
-        self.counts = Counts()
-        self.sock = socket.create_connection((host, port), timeout=timeout)
-        self.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        self.buf = bytearray()
-        _handshake(self.sock, self.counts, timeout)
-
-    def call(self, request: Request) -> Any:
-        """Send `request` and return its reply (None for a request without one)."""
-        self.sock.sendall(request.data)
-        self.counts.sent(request)
-        if request.reply == NONE:
-            return None
-        while (parsed := _parse(self.buf, 0, request.reply)) is None:
-            chunk = self.sock.recv(1 << 20)
-            if not chunk:
-                raise ConnectionError("the store closed the connection")
-            self.buf += chunk
-        value, end = parsed
-        del self.buf[:end]
-        self.counts.received(request, end)
-        return value
-
-    def close(self) -> None:
-        self.sock.close()
-
-
 #: A simulated rank's part in a run: it yields a `Request` (and is sent its reply), and may return
 #: a value (`Mux.run` counts the values returned).
 Task = Generator[Request, Any, Any]
