@@ -54,6 +54,9 @@ _U32 = struct.Struct("=I")
 
 # What a request's reply is.
 NONE, VALUE, I64, BYTE, U32 = range(5)
+#: Tasks a connection runs at once (their requests pipelined), and connections opened at once (so
+#: that the listen backlog, ``somaxconn``, never overflows).
+WINDOW, WAVE = 8, 256
 #: The columns of every row `Counts.report` returns.
 FIELDS = ("requests", "bytes_in", "bytes_out")
 
@@ -213,23 +216,19 @@ class _Conn:
 class Mux:
     """Many connections to one store, each running simulated ranks' tasks (non-blocking).
 
-    Each connection runs up to `window` tasks at once, their requests pipelined in one stream
+    Each connection runs up to WINDOW tasks at once, their requests pipelined in one stream
     (the server answers a connection's requests in order); a task that ends makes room for the
-    connection's next. Connections are opened `wave` at a time, so that the listen backlog
-    (``somaxconn``) never overflows.
+    connection's next. Connections are opened WAVE at a time.
     """
 
-    def __init__(
-        self, host: str, port: int, connections: int, *, window: int = 8, wave: int = 256
-    ) -> None:
+    def __init__(self, host: str, port: int, connections: int) -> None:
         self.counts = Counts()
-        self.window = window
         self.selector = selectors.DefaultSelector()
         self.conns: list[_Conn] = []
         self.results: collections.Counter[Any] = collections.Counter()
         deadline = time.monotonic() + 60.0
-        for start in range(0, connections, wave):
-            self._open(host, port, min(wave, connections - start), deadline)
+        for start in range(0, connections, WAVE):
+            self._open(host, port, min(WAVE, connections - start), deadline)
 
     def _open(self, host: str, port: int, count: int, deadline: float) -> None:
         """Open `count` connections at once (non-blocking connects), validate each."""
@@ -275,7 +274,7 @@ class Mux:
         for i, task in enumerate(tasks):
             self.conns[i % n].queue.append(task)
         for conn in self.conns:
-            for _ in range(min(self.window, len(conn.queue))):
+            for _ in range(min(WINDOW, len(conn.queue))):
                 self._start(conn)
             self._flush(conn)
         deadline = time.monotonic() + timeout
@@ -362,12 +361,11 @@ class Mux:
 Factory = Callable[[Sequence[Any], Any], Iterable[Task]]
 
 
-def _serve(pipe: Any, host: str, port: int, connections: int, window: int) -> None:
+def _serve(pipe: Any, host: str, port: int, connections: int) -> None:
     """A client process: open the connections, then run each batch of tasks it is sent."""
     try:
-        start = time.perf_counter()
-        mux = Mux(host, port, connections, window=window)
-        pipe.send(("ready", mux.counts, time.perf_counter() - start))
+        mux = Mux(host, port, connections)
+        pipe.send(("ready", mux.counts))
         while (message := pipe.recv()) is not None:
             factory, items, extra, limit = message
             mux.counts = Counts()
@@ -389,26 +387,21 @@ class Clients:
     real ranks keep their connection to rank 0's store for the whole bootstrap.
     """
 
-    def __init__(
-        self, host: str, port: int, connections: int, processes: int = 2, window: int = 8
-    ) -> None:
+    def __init__(self, host: str, port: int, connections: int, processes: int = 2) -> None:
         ctx = multiprocessing.get_context("spawn")
         self.pipes = []
         self.procs = []
         self.counts = Counts()
-        self.connect_s = 0.0
         for i in range(processes):
             share = connections // processes + (i < connections % processes)
             parent, child = ctx.Pipe()
-            proc = ctx.Process(target=_serve, args=(child, host, port, share, window), daemon=True)
+            proc = ctx.Process(target=_serve, args=(child, host, port, share), daemon=True)
             proc.start()
             child.close()
             self.pipes.append(parent)
             self.procs.append(proc)
         for pipe in self.pipes:
-            _, counts, took = self._receive(pipe)
-            self.counts.merge(counts)
-            self.connect_s = max(self.connect_s, took)
+            self.counts.merge(self._receive(pipe)[1])
 
     @staticmethod
     def _receive(pipe: Any) -> tuple[Any, ...]:
