@@ -127,6 +127,14 @@ def _read(path: str) -> str:
         return ""
 
 
+def _field(path: str, name: str) -> str | None:
+    """The value of the first ``name: value`` line of `path` (/proc/cpuinfo, /proc/meminfo)."""
+    for line in _read(path).splitlines():
+        if line.startswith(name):
+            return line.split(":", 1)[1].strip()
+    return None
+
+
 def _version(dist: str) -> str | None:
     try:
         return importlib.metadata.version(dist)
@@ -153,19 +161,8 @@ def _slurm_env() -> dict[str, str]:
 
 def machine() -> dict[str, Any]:
     """Describe this machine and software, for the page's header."""
-    cpuinfo = _read("/proc/cpuinfo")
-    model = next(
-        (
-            line.split(":", 1)[1].strip()
-            for line in cpuinfo.splitlines()
-            if line.startswith("model name")
-        ),
-        platform.processor() or "unknown",
-    )
-    meminfo = _read("/proc/meminfo")
-    mem_kb = next(
-        (int(line.split()[1]) for line in meminfo.splitlines() if line.startswith("MemTotal:")), 0
-    )
+    model = _field("/proc/cpuinfo", "model name") or platform.processor() or "unknown"
+    mem_kb = int((_field("/proc/meminfo", "MemTotal") or "0").split()[0])
     commit = _command_line(["git", "-C", str(REPO), "rev-parse", "--short", "HEAD"])
     dirty = _command_line(["git", "-C", str(REPO), "status", "--porcelain", "--untracked-files=no"])
     return {

@@ -1,22 +1,10 @@
 """The restart matrix: many injected failures, restarted by ``distenv run --max-restarts``, then
 by ``torchrun --max-restarts``, with the same plan.
 
-One job of 4 ranks on this machine per launcher. A seeded plan fails one random rank at each of
-the first ``--crashes`` attempts, in a random phase (before init_dist, inside init_dist on entering
-init_process_group, or in training after an all_reduce) and a random way (an exception, or
-SIGKILL as the OOM killer sends); the attempt after the last passes. The ranks are
-tests/support/scripts/restart_rank.py, which logs each event with its wall time. Recorded per
-launcher:
-
-- miscounted attempts: an attempt number outside 0..crashes or missing, or a rank that saw
-  another restart count than its attempt's (must be 0);
-- orphans: processes of the job alive after the launcher exited (must be 0);
-- per failure, the recovery: from the failure to the last rank of the next attempt back in
-  init_dist, in three parts: until every rank of the failed attempt had exited (noticing the
-  failure, the stop signal, each rank's own exit: the interpreter's finalisation once torch is
-  imported, in any rank), until the next attempt's last rank process started (the
-  launcher's own agreement and spawn), and that rank's own time from its start to init_dist
-  (Python and ``import torch``, what a fresh rank costs anyway).
+One job of 4 ranks per launcher (tests/support/scripts/restart_rank.py, which logs each event with
+its wall time); a seeded plan fails one random rank at each of the first ``--crashes`` attempts, in
+a random phase and way. Recorded per launcher: miscounted attempts and orphans (both must be 0),
+and each failure's recovery in the three parts docs/restarts.md ("Measured") describes.
 
     .venv/bin/python benchmarks/lab/restart_matrix.py --out docs/benchmarks/restarts.json
 
