@@ -96,7 +96,9 @@ class Page:
         self.text = text.rstrip("\n") + "\n"
         # A fragment ends with its line's newline, which joining the rows puts back.
         self.frags = {parts[i]: parts[i + 1][:-1] for i in range(0, len(parts), 2)}
-        self.data = {n: json.loads((results / f"{n}.json").read_text()) for n in BENCHMARKS}
+        # Every result run_all.py writes, where it is there (a mode run apart may not be).
+        files = {n: results / f"{n}.json" for n in BENCHMARKS}
+        self.data = {n: json.loads(f.read_text()) for n, f in files.items() if f.is_file()}
 
     def fill(self, fragment: str, /, **values: Any) -> str:
         return Cells().vformat(self.frags[fragment], (), values)
