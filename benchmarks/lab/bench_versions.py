@@ -267,13 +267,9 @@ def run_pairs(
     return kept, orders
 
 
-def side_env(base: dict[str, str], side: Side) -> dict[str, str]:
-    return {**base, "PYTHONPATH": str(side.root)}
-
-
 def run_import(side: Side) -> tuple[float, float, str]:
     """Run the import child once; return (wall s, in-child s, distenv.__file__ it reported)."""
-    wall, out = python_c(IMPORT_CODE, side_env(child_env(), side))
+    wall, out = python_c(IMPORT_CODE, {**child_env(), "PYTHONPATH": str(side.root)})
     in_child, *files = out.splitlines()
     root = side.package.resolve()
     bad = [f for f in files if f == "None" or not Path(f).resolve().is_relative_to(root)]
