@@ -93,6 +93,28 @@ def installed(module: str) -> bool:
         return False
 
 
+def python_c(code: str, env: dict[str, str]) -> tuple[float, str]:
+    """Run ``python -c code`` in `env`; return its wall time (spawn to exit) and its stdout.
+
+    The child runs in ``/``: ``-c`` puts its working directory on sys.path before PYTHONPATH, and
+    a checkout's distenv/ there would win over the one the benchmark means.
+    """
+    start = time.perf_counter()
+    proc = subprocess.run(
+        [sys.executable, "-c", code],
+        env=env,
+        cwd="/",
+        stdin=subprocess.DEVNULL,
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    wall = time.perf_counter() - start
+    if proc.returncode != 0:
+        raise SystemExit(f"`python -c {code!r}` failed:\n{proc.stderr.strip()[-3000:]}")
+    return wall, proc.stdout
+
+
 def note(text: str) -> None:
     """Print a note for the reader of the log (stderr: stdout carries the JSON)."""
     print(f"note: {text}", file=sys.stderr, flush=True)
@@ -103,6 +125,14 @@ def _read(path: str) -> str:
         return Path(path).read_text()
     except OSError:
         return ""
+
+
+def _field(path: str, name: str) -> str | None:
+    """The value of the first ``name: value`` line of `path` (/proc/cpuinfo, /proc/meminfo)."""
+    for line in _read(path).splitlines():
+        if line.startswith(name):
+            return line.split(":", 1)[1].strip()
+    return None
 
 
 def _version(dist: str) -> str | None:
@@ -131,19 +161,8 @@ def _slurm_env() -> dict[str, str]:
 
 def machine() -> dict[str, Any]:
     """Describe this machine and software, for the page's header."""
-    cpuinfo = _read("/proc/cpuinfo")
-    model = next(
-        (
-            line.split(":", 1)[1].strip()
-            for line in cpuinfo.splitlines()
-            if line.startswith("model name")
-        ),
-        platform.processor() or "unknown",
-    )
-    meminfo = _read("/proc/meminfo")
-    mem_kb = next(
-        (int(line.split()[1]) for line in meminfo.splitlines() if line.startswith("MemTotal:")), 0
-    )
+    model = _field("/proc/cpuinfo", "model name") or platform.processor() or "unknown"
+    mem_kb = int((_field("/proc/meminfo", "MemTotal") or "0").split()[0])
     commit = _command_line(["git", "-C", str(REPO), "rev-parse", "--short", "HEAD"])
     dirty = _command_line(["git", "-C", str(REPO), "status", "--porcelain", "--untracked-files=no"])
     return {

@@ -11,7 +11,7 @@ The protocol, as torch 2.13's client (``TCPStore.cpp``) writes it and its libuv 
 (shipped in torch's wheel under ``torch/include``). Integers are in the machine's byte order;
 a string or a value is a ``uint64`` length and its bytes. Every key is sent with the client's
 prefix ``/`` (``TCPStore::keyPrefix_``), so a key this module names ``a/b`` is the key a Python
-client, or a ``PrefixStore("a", store)``, names ``b``.
+client, or a ``PrefixStore("a", store)``, names ``b``. The requests the simulated ranks make:
 
     request                              reply
     VALIDATE  u32 magic 0x3C85F7CE       none (a connection's first request; anything else closes it)
@@ -20,10 +20,8 @@ client, or a ``PrefixStore("a", store)``, names ``b``.
                                          `expected` is not empty)
     GET       key                        value (empty if absent: the Python client waits first)
     ADD       key, i64                   i64 (the new count)
-    CHECK     u64 n, n keys              u8 (0 ready, 1 not ready)
+    WAIT      u64 n, n keys              u8 (STOP_WAITING, once every key exists)
     APPEND    key, value                 none
-    MULTI_GET u64 n, n keys              n values
-    MULTI_SET u64 n, n (key, value)      none
     PING      u32 nonce                  u32 nonce
 
 Requests without a reply are ordered by the connection: the next request's reply proves them
@@ -34,7 +32,6 @@ from __future__ import annotations
 
 import collections
 import contextlib
-import heapq
 import multiprocessing
 import os
 import selectors
@@ -44,35 +41,10 @@ import time
 from collections.abc import Callable, Generator, Iterable, Sequence
 from typing import Any, NamedTuple
 
-__all__ = [
-    "ABSENT",
-    "Clients",
-    "Connection",
-    "CountedStore",
-    "Counts",
-    "Mux",
-    "Request",
-    "Task",
-    "add",
-    "append",
-    "check",
-    "compare_set",
-    "get",
-    "multi_get",
-    "multi_set",
-    "peek",
-    "ping",
-    "set_",
-    "store_thread_cpu",
-    "validate",
-    "wait",
-]
-
 MAGIC = 0x3C85F7CE
 KEY_PREFIX = "/"
 # QueryType (torch/csrc/distributed/c10d/TCPStoreBackend.hpp).
-VALIDATE, SET, COMPARE_SET, GET, ADD, CHECK, WAIT = 0, 1, 2, 3, 4, 5, 6
-APPEND, MULTI_GET, MULTI_SET, PING = 9, 10, 11, 13
+VALIDATE, SET, COMPARE_SET, GET, ADD, WAIT, APPEND, PING = 0, 1, 2, 3, 4, 6, 9, 13
 #: What `peek` compares with (distenv.bootstrap.store._ABSENT): never a value distenv writes.
 ABSENT = b"\x00distenv:absent"
 
@@ -81,7 +53,12 @@ _I64 = struct.Struct("=q")
 _U32 = struct.Struct("=I")
 
 # What a request's reply is.
-NONE, VALUE, I64, BYTE, U32, VALUES = range(6)
+NONE, VALUE, I64, BYTE, U32 = range(5)
+#: Tasks a connection runs at once (their requests pipelined), and connections opened at once (so
+#: that the listen backlog, ``somaxconn``, never overflows).
+WINDOW, WAVE = 8, 256
+#: The columns of every row `Counts.report` returns.
+FIELDS = ("requests", "bytes_in", "bytes_out")
 
 
 class Request(NamedTuple):
@@ -90,7 +67,6 @@ class Request(NamedTuple):
     kind: str
     data: bytes
     reply: int
-    values: int = 0  # values in a MULTI_GET reply
     step: str = ""  # what the protocol uses it for ("peek verdict"), for the counts
 
 
@@ -138,30 +114,15 @@ def add(key: str, amount: int, step: str = "") -> Request:
     return Request("add", bytes([ADD]) + _key(key) + _I64.pack(amount), I64, step=step)
 
 
-def check(keys: Sequence[str], step: str = "") -> Request:
-    data = bytes([CHECK]) + _U64.pack(len(keys)) + b"".join(_key(k) for k in keys)
-    return Request("check", data, BYTE, step=step)
-
-
 def append(key: str, value: str | bytes, step: str = "") -> Request:
     return Request("append", bytes([APPEND]) + _key(key) + _text(_bytes(value)), NONE, step=step)
-
-
-def multi_get(keys: Sequence[str], step: str = "") -> Request:
-    data = bytes([MULTI_GET]) + _U64.pack(len(keys)) + b"".join(_key(k) for k in keys)
-    return Request("multi_get", data, VALUES, len(keys), step=step)
-
-
-def multi_set(keys: Sequence[str], values: Sequence[str | bytes], step: str = "") -> Request:
-    body = b"".join(_key(k) + _text(_bytes(v)) for k, v in zip(keys, values, strict=True))
-    return Request("multi_set", bytes([MULTI_SET]) + _U64.pack(len(keys)) + body, NONE, step=step)
 
 
 def ping(nonce: int, step: str = "") -> Request:
     return Request("ping", bytes([PING]) + _U32.pack(nonce), U32, step=step)
 
 
-def _parse(buf: bytearray, pos: int, reply: int, count: int) -> tuple[Any, int] | None:
+def _parse(buf: bytearray, pos: int, reply: int) -> tuple[Any, int] | None:
     """Return one reply read from `buf` at `pos` and where it ends, or None if not all there."""
     end = len(buf)
     if reply == VALUE:
@@ -177,78 +138,43 @@ def _parse(buf: bytearray, pos: int, reply: int, count: int) -> tuple[Any, int] 
         return (buf[pos] == 0, pos + 1) if end > pos else None
     if reply == U32:
         return (_U32.unpack_from(buf, pos)[0], pos + 4) if end - pos >= 4 else None
-    if reply == VALUES:
-        values = []
-        for _ in range(count):
-            one = _parse(buf, pos, VALUE, 0)
-            if one is None:
-                return None
-            values.append(one[0])
-            pos = one[1]
-        return values, pos
     raise ValueError(f"no reply of kind {reply}")
 
 
 class Counts:
     """Requests and bytes per request type and per protocol step, as the store sees them.
 
-    ``in`` is what the store received (the requests' bytes), ``out`` what it sent (the replies').
+    ``bytes_in`` is what the store received (the requests' bytes), ``bytes_out`` what it sent (the
+    replies'). Picklable: the client processes send theirs to the parent.
     """
 
     def __init__(self) -> None:
-        self.kinds: dict[str, list[int]] = collections.defaultdict(lambda: [0, 0, 0])
-        self.steps: dict[str, list[int]] = collections.defaultdict(lambda: [0, 0, 0])
         self.connections = 0
+        self.rows: collections.Counter[tuple[str, str, str]] = collections.Counter()
+
+    def add(self, kind: str, step: str, **fields: int) -> None:
+        """Count `fields` (FIELDS' names) for the request type `kind` and the step `step`."""
+        for table, name in (("by_type", kind), ("by_step", step or kind)):
+            for field, value in fields.items():
+                self.rows[table, name, field] += value
 
     def sent(self, request: Request) -> None:
-        for table, name in ((self.kinds, request.kind), (self.steps, request.step or request.kind)):
-            row = table[name]
-            row[0] += 1
-            row[1] += len(request.data)
+        self.add(request.kind, request.step, requests=1, bytes_in=len(request.data))
 
     def received(self, request: Request, size: int) -> None:
-        self.kinds[request.kind][2] += size
-        self.steps[request.step or request.kind][2] += size
+        self.add(request.kind, request.step, bytes_out=size)
 
-    def snapshot(self) -> dict[str, Any]:
-        return {
-            "connections": self.connections,
-            "kinds": {k: list(v) for k, v in self.kinds.items()},
-            "steps": {k: list(v) for k, v in self.steps.items()},
-        }
-
-    def merge(self, snap: dict[str, Any]) -> None:
-        self.connections += snap["connections"]
-        for table, rows in ((self.kinds, snap["kinds"]), (self.steps, snap["steps"])):
-            for name, row in rows.items():
-                mine = table[name]
-                for i in range(3):
-                    mine[i] += row[i]
+    def merge(self, other: Counts) -> None:
+        self.connections += other.connections
+        self.rows.update(other.rows)
 
     def report(self) -> dict[str, Any]:
         """Return the totals, per request type and per step: requests, bytes in and out."""
-
-        def rows(table: dict[str, list[int]]) -> dict[str, dict[str, int]]:
-            return {
-                name: {"requests": r, "bytes_in": i, "bytes_out": o}
-                for name, (r, i, o) in sorted(table.items())
-            }
-
-        total = [sum(row[i] for row in self.kinds.values()) for i in range(3)]
-        return {
-            "connections": self.connections,
-            "requests": total[0],
-            "bytes_in": total[1],
-            "bytes_out": total[2],
-            "by_type": rows(self.kinds),
-            "by_step": rows(self.steps),
-        }
-
-
-def _connect(host: str, port: int, timeout: float) -> socket.socket:
-    sock = socket.create_connection((host, port), timeout=timeout)
-    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-    return sock
+        tables: dict[str, dict[str, dict[str, int]]] = {"by_type": {}, "by_step": {}}
+        for (table, name, field), value in sorted(self.rows.items()):
+            tables[table].setdefault(name, dict.fromkeys(FIELDS, 0))[field] = value
+        total = {f: sum(row[f] for row in tables["by_type"].values()) for f in FIELDS}
+        return {"connections": self.connections, **total, **tables}
 
 
 def _handshake(sock: socket.socket, counts: Counts, timeout: float) -> None:
@@ -260,7 +186,7 @@ def _handshake(sock: socket.socket, counts: Counts, timeout: float) -> None:
         counts.sent(request)
         if request.reply == NONE:
             continue
-        while (parsed := _parse(buf, 0, request.reply, 0)) is None:
+        while (parsed := _parse(buf, 0, request.reply)) is None:
             chunk = sock.recv(64)
             if not chunk:
                 raise ConnectionError("the store closed the connection during its handshake")
@@ -269,42 +195,9 @@ def _handshake(sock: socket.socket, counts: Counts, timeout: float) -> None:
     counts.connections += 1
 
 
-class Connection:
-    """One blocking connection: a request, then its reply (for checks and single clients)."""
-
-    def __init__(
-        self, host: str, port: int, counts: Counts | None = None, timeout: float = 30.0
-    ) -> None:
-        self.counts = counts if counts is not None else Counts()
-        self.sock = _connect(host, port, timeout)
-        self.buf = bytearray()
-        _handshake(self.sock, self.counts, timeout)
-
-    def call(self, request: Request) -> Any:
-        """Send `request` and return its reply (None for a request without one)."""
-        self.sock.sendall(request.data)
-        self.counts.sent(request)
-        if request.reply == NONE:
-            return None
-        while True:
-            parsed = _parse(self.buf, 0, request.reply, request.values)
-            if parsed is not None:
-                value, end = parsed
-                del self.buf[:end]
-                self.counts.received(request, end)
-                return value
-            chunk = self.sock.recv(1 << 20)
-            if not chunk:
-                raise ConnectionError("the store closed the connection")
-            self.buf += chunk
-
-    def close(self) -> None:
-        self.sock.close()
-
-
-#: A simulated rank's part in a run: it yields a `Request` (and is sent its reply), or a float
-#: (seconds to pause), and may return a value (`Mux.run` counts the values returned).
-Task = Generator["Request | float", Any, Any]
+#: A simulated rank's part in a run: it yields a `Request` (and is sent its reply), and may return
+#: a value (`Mux.run` counts the values returned).
+Task = Generator[Request, Any, Any]
 
 
 class _Conn:
@@ -323,32 +216,19 @@ class _Conn:
 class Mux:
     """Many connections to one store, each running simulated ranks' tasks (non-blocking).
 
-    Each connection runs up to `window` tasks at once, their requests pipelined in one stream
+    Each connection runs up to WINDOW tasks at once, their requests pipelined in one stream
     (the server answers a connection's requests in order); a task that ends makes room for the
-    connection's next. Connections are opened `wave` at a time, so that the listen backlog
-    (``somaxconn``) never overflows.
+    connection's next. Connections are opened WAVE at a time.
     """
 
-    def __init__(
-        self,
-        host: str,
-        port: int,
-        connections: int,
-        *,
-        window: int = 8,
-        wave: int = 256,
-        timeout: float = 60.0,
-    ) -> None:
+    def __init__(self, host: str, port: int, connections: int) -> None:
         self.counts = Counts()
-        self.window = window
         self.selector = selectors.DefaultSelector()
         self.conns: list[_Conn] = []
-        self.timers: list[tuple[float, int, _Conn, Task]] = []
-        self._tick = 0
         self.results: collections.Counter[Any] = collections.Counter()
-        deadline = time.monotonic() + timeout
-        for start in range(0, connections, wave):
-            self._open(host, port, min(wave, connections - start), deadline)
+        deadline = time.monotonic() + 60.0
+        for start in range(0, connections, WAVE):
+            self._open(host, port, min(WAVE, connections - start), deadline)
 
     def _open(self, host: str, port: int, count: int, deadline: float) -> None:
         """Open `count` connections at once (non-blocking connects), validate each."""
@@ -394,31 +274,18 @@ class Mux:
         for i, task in enumerate(tasks):
             self.conns[i % n].queue.append(task)
         for conn in self.conns:
-            for _ in range(min(self.window, len(conn.queue))):
+            for _ in range(min(WINDOW, len(conn.queue))):
                 self._start(conn)
             self._flush(conn)
         deadline = time.monotonic() + timeout
         while any(c.active for c in self.conns):
-            now = time.monotonic()
-            if now > deadline:
+            if time.monotonic() > deadline:
                 running = sum(c.active for c in self.conns)
                 raise TimeoutError(f"{running} simulated ranks still running after {timeout} s")
-            wait = 1.0
-            if self.timers:
-                wait = max(0.0, min(wait, self.timers[0][0] - now))
-            touched: set[_Conn] = set()
-            for key, events in self.selector.select(wait):
-                conn = key.data
+            for key, events in self.selector.select(1.0):
                 if events & selectors.EVENT_READ:
-                    self._read(conn)
-                touched.add(conn)
-            now = time.monotonic()
-            while self.timers and self.timers[0][0] <= now:
-                _, _, conn, task = heapq.heappop(self.timers)
-                self._advance(conn, task, None)
-                touched.add(conn)
-            for conn in touched:
-                self._flush(conn)
+                    self._read(key.data)
+                self._flush(key.data)
         return self.results
 
     def _start(self, conn: _Conn) -> None:
@@ -436,10 +303,6 @@ class Mux:
                 conn.active -= 1
                 if conn.queue:
                     self._start(conn)
-                return
-            if isinstance(step, float):
-                self._tick += 1
-                heapq.heappush(self.timers, (time.monotonic() + step, self._tick, conn, task))
                 return
             conn.out += step.data
             self.counts.sent(step)
@@ -459,7 +322,7 @@ class Mux:
         pos = 0
         while conn.waiting:
             task, request = conn.waiting[0]
-            parsed = _parse(conn.buf, pos, request.reply, request.values)
+            parsed = _parse(conn.buf, pos, request.reply)
             if parsed is None:
                 break
             value, end = parsed
@@ -498,23 +361,18 @@ class Mux:
 Factory = Callable[[Sequence[Any], Any], Iterable[Task]]
 
 
-def _serve(pipe: Any, host: str, port: int, connections: int, window: int) -> None:
+def _serve(pipe: Any, host: str, port: int, connections: int) -> None:
     """A client process: open the connections, then run each batch of tasks it is sent."""
     try:
-        start = time.perf_counter()
-        mux = Mux(host, port, connections, window=window)
-        pipe.send(("ready", mux.counts.snapshot(), time.perf_counter() - start))
-        mux.counts = Counts()
-        while True:
-            message = pipe.recv()
-            if message is None:
-                break
+        mux = Mux(host, port, connections)
+        pipe.send(("ready", mux.counts))
+        while (message := pipe.recv()) is not None:
             factory, items, extra, limit = message
+            mux.counts = Counts()
             start, cpu = time.perf_counter(), time.process_time()
             results = mux.run(factory(items, extra), limit=limit)
             wall, cpu = time.perf_counter() - start, time.process_time() - cpu
-            pipe.send(("done", mux.counts.snapshot(), dict(results), wall, cpu))
-            mux.counts = Counts()
+            pipe.send(("done", mux.counts, dict(results), wall, cpu))
         mux.close()
     except BaseException as exc:  # reported to the parent, which raises it
         with contextlib.suppress(Exception):
@@ -529,28 +387,21 @@ class Clients:
     real ranks keep their connection to rank 0's store for the whole bootstrap.
     """
 
-    def __init__(
-        self, host: str, port: int, connections: int, processes: int = 2, window: int = 8
-    ) -> None:
+    def __init__(self, host: str, port: int, connections: int, processes: int = 2) -> None:
         ctx = multiprocessing.get_context("spawn")
         self.pipes = []
         self.procs = []
         self.counts = Counts()
-        self.connect_s = 0.0
-        shares = [
-            connections // processes + (i < connections % processes) for i in range(processes)
-        ]
-        for share in shares:
+        for i in range(processes):
+            share = connections // processes + (i < connections % processes)
             parent, child = ctx.Pipe()
-            proc = ctx.Process(target=_serve, args=(child, host, port, share, window), daemon=True)
+            proc = ctx.Process(target=_serve, args=(child, host, port, share), daemon=True)
             proc.start()
             child.close()
             self.pipes.append(parent)
             self.procs.append(proc)
         for pipe in self.pipes:
-            reply = self._receive(pipe)
-            self.counts.merge(reply[1])
-            self.connect_s = max(self.connect_s, reply[2])
+            self.counts.merge(self._receive(pipe)[1])
 
     @staticmethod
     def _receive(pipe: Any) -> tuple[Any, ...]:
@@ -580,8 +431,8 @@ class Clients:
         results: collections.Counter[Any] = collections.Counter()
         wall = cpu = 0.0
         for pipe in self.pipes:
-            _, snap, returned, took, used = self._receive(pipe)
-            counts.merge(snap)
+            _, theirs, returned, took, used = self._receive(pipe)
+            counts.merge(theirs)
             results.update(returned)
             wall, cpu = max(wall, took), cpu + used
         return counts, results, wall, cpu
@@ -609,64 +460,57 @@ class CountedStore:
 
     def __init__(self, store: Any, prefix: str, counts: Counts, step: str = "rank 0") -> None:
         self.store, self.counts, self.step = store, counts, step
-        self.prefix = KEY_PREFIX + (prefix + "/" if prefix else "")
+        self.prefix = prefix + "/" if prefix else ""
 
-    def _key(self, key: str) -> int:
-        return 8 + len((self.prefix + key).encode())
+    def _count(self, request: Request, received: int) -> None:
+        """Count `request` as sent (a single key's: its bytes built as the wire's)."""
+        self._add(request.kind, len(request.data), received)
+
+    def _add(self, kind: str, sent: int, received: int) -> None:
+        self.counts.add(kind, f"{self.step} {kind}", requests=1, bytes_in=sent, bytes_out=received)
 
     def _keys(self, keys: Sequence[str]) -> int:
-        # One pass in C: rank 0 names every rank's key, and this runs inside its timed call.
-        return len(keys) * (8 + len(self.prefix.encode())) + len("".join(keys).encode())
-
-    def _count(self, kind: str, sent: int, received: int) -> None:
-        name = f"{self.step} {kind}"
-        for table, label in ((self.counts.kinds, kind), (self.counts.steps, name)):
-            row = table[label]
-            row[0] += 1
-            row[1] += sent
-            row[2] += received
-
-    def _wait(self, size: int) -> None:
-        self._count("wait", 1 + 8 + size, 1)
+        """The bytes of `keys` in a request (one pass in C: rank 0 names every rank's key, and
+        this runs inside its timed call)."""
+        size = 8 + len((KEY_PREFIX + self.prefix).encode())
+        return 1 + 8 + len(keys) * size + len("".join(keys).encode())
 
     def set(self, key: str, value: str | bytes) -> None:
-        self._count("set", 1 + self._key(key) + 8 + len(_bytes(value)), 0)
+        self._count(set_(self.prefix + key, value), 0)
         self.store.set(key, value)
 
     def compare_set(self, key: str, expected: str | bytes, desired: str | bytes) -> bytes:
         found = bytes(self.store.compare_set(key, expected, desired))
-        sent = 1 + self._key(key) + 16 + len(_bytes(expected)) + len(_bytes(desired))
-        self._count("compare_set", sent, 8 + len(found))
+        self._count(compare_set(self.prefix + key, expected, desired), 8 + len(found))
         return found
 
     def get(self, key: str) -> bytes:
         value = bytes(self.store.get(key))
-        self._wait(self._key(key))
-        self._count("get", 1 + self._key(key), 8 + len(value))
+        self._count(wait([self.prefix + key]), 1)
+        self._count(get(self.prefix + key), 8 + len(value))
         return value
 
     def add(self, key: str, amount: int) -> int:
-        self._count("add", 1 + self._key(key) + 8, 8)
+        self._count(add(self.prefix + key, amount), 8)
         return int(self.store.add(key, amount))
 
     def check(self, keys: list[str]) -> bool:
-        self._count("check", 1 + 8 + self._keys(keys), 1)
+        self._add("check", self._keys(keys), 1)
         return bool(self.store.check(keys))
 
     def append(self, key: str, value: str | bytes) -> None:
-        self._count("append", 1 + self._key(key) + 8 + len(_bytes(value)), 0)
+        self._count(append(self.prefix + key, value), 0)
         self.store.append(key, value)
 
     def multi_get(self, keys: list[str]) -> list[bytes]:
         values = [bytes(v) for v in self.store.multi_get(keys)]
-        size = self._keys(keys)
-        self._wait(size)
-        self._count("multi_get", 1 + 8 + size, 8 * len(values) + sum(map(len, values)))
+        self._add("wait", self._keys(keys), 1)
+        self._add("multi_get", self._keys(keys), 8 * len(values) + sum(map(len, values)))
         return values
 
     def multi_set(self, keys: list[str], values: list[str | bytes]) -> None:
-        body = sum(self._key(k) + 8 + len(_bytes(v)) for k, v in zip(keys, values, strict=True))
-        self._count("multi_set", 1 + 8 + body, 0)
+        body = sum(8 + len(_bytes(v)) for v in values)
+        self._add("multi_set", self._keys(keys) + body, 0)
         self.store.multi_set(keys, values)
 
     def set_timeout(self, timeout: Any) -> None:

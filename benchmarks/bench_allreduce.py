@@ -1,22 +1,8 @@
 """Benchmark 4: averaging ResNet-50-shaped gradients over 4 gloo ranks on one node.
 
-Ranks are started with ``distenv.launch``. Every rank holds 161 gradients in ResNet-50's shapes
-(25.6 M float32 values, 97.5 MiB). Methods, each leaving every gradient equal to the mean across
-ranks:
-
-  per_tensor      one ``all_reduce`` per tensor, then a divide
-  distenv_<N>mb   ``distenv.allreduce_grads(params, bucket_size_mb=N)`` (25 is the default)
-  mmengine_all    ``mmengine.dist.all_reduce_params(grads, coalesce=True, bucket_size_mb=-1,
-                  op="mean")``: mmengine's default, one buffer holding everything
-  mmengine_25mb   the same with ``bucket_size_mb=25``
-
-Each iteration runs every method once, in an order shuffled per iteration (the same on every
-rank), each after a barrier; a method's time for the iteration is the maximum over ranks. Warm-up
-iterations are dropped. Before timing, each method is checked once: the right average, and how many
-collectives it issued. Extra memory: one more call of each method under ``torch.profiler`` with
-``profile_memory=True``; the peak of the running sum of its allocation events is what the method
-allocated through torch's CPU allocator beyond the gradients themselves (gloo's internal buffers
-are not torch allocations and are not counted).
+per_tensor, distenv's buckets and mmengine's ``all_reduce_params``, each checked to average right,
+timed (the slowest rank's) and its extra memory profiled: docs/benchmarks.md.in (section 4) says
+how.
 
     python benchmarks/bench_allreduce.py [--iters 10] [--warmup 2] [--nprocs 4] [--smoke] [--out F]
 """

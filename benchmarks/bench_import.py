@@ -1,12 +1,7 @@
 """Benchmark 1: the cost of importing distenv and detecting the launcher, against the alternatives.
 
-Each case is a fresh ``python -c <code>`` child; the parent measures its wall time (spawn to
-exit). Peak RSS is the child's own ``VmHWM`` (/proc/self/status), read as the child's last act:
-the rusage of ``os.wait4`` / ``RUSAGE_CHILDREN`` would charge each child with the *parent's* peak
-(Linux records the pre-exec address space's high-water mark at exec; the parent here is a
-16 MiB Python, so every case would read at least that). Cases are interleaved in a shuffled order
-every round, after warm-up rounds whose results are dropped. All children see the same simulated
-``srun -n 4`` step environment, so ``distenv.detect()`` parses real Slurm variables.
+Each case is a fresh ``python -c <code>`` child, timed spawn to exit, its peak RSS its own
+``VmHWM``; docs/benchmarks.md.in (section 1) says how and why.
 
     python benchmarks/bench_import.py [--runs 15] [--warmup 2] [--smoke] [--out FILE]
 """
@@ -15,12 +10,21 @@ from __future__ import annotations
 
 import os
 import random
-import subprocess
 import sys
-import time
 from typing import Any
 
-from _common import REPO, SEED, bootstrap_ci, emit, installed, machine, median, note, parser
+from _common import (
+    REPO,
+    SEED,
+    bootstrap_ci,
+    emit,
+    installed,
+    machine,
+    median,
+    note,
+    parser,
+    python_c,
+)
 from _common import summary as summarize
 
 # The check that distenv stayed light runs inside the timed child (microseconds): a failure makes
@@ -82,21 +86,8 @@ def child_env() -> dict[str, str]:
 
 def run_once(code: str, env: dict[str, str]) -> tuple[float, float]:
     """Run ``python -c code``; return (wall seconds, peak RSS in MiB) of that child alone."""
-    start = time.perf_counter()
-    # cwd=/ so that distenv comes from the installed package, not from the checkout on sys.path.
-    proc = subprocess.run(
-        [sys.executable, "-c", code + HWM_CODE],
-        env=env,
-        cwd="/",
-        stdin=subprocess.DEVNULL,
-        capture_output=True,
-        text=True,
-        check=False,
-    )
-    wall = time.perf_counter() - start
-    if proc.returncode != 0:
-        raise SystemExit(f"bench_import: `python -c {code!r}` failed: {proc.stderr.strip()}")
-    return wall, int(proc.stdout.split()[-1]) / 1024
+    wall, out = python_c(code + HWM_CODE, env)
+    return wall, int(out.split()[-1]) / 1024
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -1,21 +1,8 @@
 """The cost of the per-rank log while training runs: a step loop bare and with its output teed.
 
-With ``DISTENV_LOG_DIR`` (or ``init_dist(log_dir=)``), `distenv.postmortem.ranklog` keeps a
-rank's output: descriptors 1 and 2 become pipes that one thread copies to the console and to a
-bounded file, and ``sys.stdout``/``sys.stderr`` become streams writing both. Each job here is one
-process running a training-like loop (a 256x256 matmul and tanh on one CPU thread, and one
-``print(..., flush=True)`` of a typical 65-byte log line every step, or every 10 steps), its
-console a file; it is run bare and with `ranklog.start` (what `init_dist` calls) in paired rounds
-whose order alternates. Measures, per variant:
-
-  step      the loop's time per step (after a warm-up), bare and logged; the overhead is the
-            median over rounds of each pair's logged/bare - 1, with its bootstrap 95 % interval
-  print     the overhead per printed line in µs (the step's difference times the print interval)
-  line      the same, timed alone: each process prints the line 1000 times after its loop (the
-            median paired difference), the number the step's noise hides
-  threads   the extra threads of a logged process (/proc/self/status: the copying thread, 1)
-  children  the child processes of each process while it runs (the log starts none: 0)
-  bytes     the log file's size at the loop's end (the console's, byte for byte, at the end)
+One process per job runs a training-like loop printing a log line every step (or every 10), bare
+and with `distenv.postmortem.ranklog.start`, in paired rounds: its step time, a line's cost, its
+threads, children and log bytes. docs/benchmarks.md.in (section 6) says how.
 
     python benchmarks/bench_ranklog.py [--rounds 16] [--steps 1500] [--smoke] [--out FILE]
 

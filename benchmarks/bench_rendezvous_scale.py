@@ -35,19 +35,16 @@ written), the members' hop to their leader on other nodes, connection set-up (re
 ``connect``), and a real network (loopback here).
 
     python benchmarks/bench_rendezvous_scale.py [--sizes 4096,16384,131072] [--repeats 3]
-        [--processes 2] [--profile] [--smoke] [--out F]
+        [--processes 2] [--smoke] [--out F]
 """
 
 from __future__ import annotations
 
 import collections
 import contextlib
-import cProfile
 import gc
-import io
 import multiprocessing
 import os
-import pstats
 import random
 import resource
 import sys
@@ -57,7 +54,7 @@ from typing import Any
 
 import _store_wire as wire
 from _common import SEED, emit, load_average, machine, note, parser, summary, time_verdict_parse
-from bench_scaling import RANKS_PER_NODE, _checkin
+from bench_scaling import RANKS_PER_NODE, _checkin, _info
 
 SIZES = (4096, 16384, 131072)
 MODES = ("flat", "leaders")
@@ -156,22 +153,6 @@ def _members(pipe: Any, role: Any, n: int, port: int) -> None:
 # ---- rank 0 (this process) ----------------------------------------------------------------------
 
 
-def _info(rank: int, n: int, port: int) -> Any:
-    from distenv.rankinfo import RankInfo
-
-    return RankInfo(
-        launcher="slurm",
-        rank=rank,
-        world_size=n,
-        local_rank=rank % RANKS_PER_NODE,
-        local_world_size=RANKS_PER_NODE,
-        node_rank=rank // RANKS_PER_NODE,
-        num_nodes=n // RANKS_PER_NODE,
-        master_addr="127.0.0.1",
-        master_port=port,
-    )
-
-
 def _host_store() -> tuple[Any, int]:
     """Start the store as distenv's rank 0 does for a literal MASTER_ADDR: its own code, which
     listens on the address family MASTER_ADDR resolves to (an IPv4 socket here).
@@ -221,7 +202,7 @@ class Run:
         self.nodes = n // RANKS_PER_NODE
         self.checkins = [_checkin(r, n) for r in range(RANKS_PER_NODE)]
 
-    def roll_call(self, mode: str, attempt: str, profile: bool = False) -> dict[str, Any]:
+    def roll_call(self, mode: str, attempt: str) -> dict[str, Any]:
         """Hold one roll call in `mode`; return its counts and timings."""
         from torch._C._distributed_c10d import PrefixStore
 
@@ -255,7 +236,7 @@ class Run:
             counts, _, wall, _ = self.clients.run(leader_checkins, ranks, (n, key, prefix), conns)
         out["connections"] = conns
         out["checkin_phase"] = {
-            "counts": counts.report(),
+            "counts": counts,
             "wall_s": wall,
             "store_thread_cpu_s": (wire.store_thread_cpu() or 0.0) - cpu0,
         }
@@ -278,18 +259,13 @@ class Run:
         # Rank 0's roll call, timed.
         scoped = wire.CountedStore(PrefixStore(prefix, self.store), prefix, rank0)
         boot = Bootstrap(session, 600.0, Deadline.after(660.0))
-        profiler = cProfile.Profile() if profile else None
         store_cpu, cpu, start = (
             wire.store_thread_cpu() or 0.0,
             time.process_time(),
             time.perf_counter(),
         )
         with GcClock() as collector:
-            if profiler is not None:
-                profiler.enable()
             verdict = roll_call(scoped, boot, own, channel=channel)
-            if profiler is not None:
-                profiler.disable()
         wall = time.perf_counter() - start
         out["rank0"] = {
             "wall_s": wall,
@@ -297,13 +273,9 @@ class Run:
             "store_thread_cpu_s": (wire.store_thread_cpu() or 0.0) - store_cpu,
             "gc_s": sum(collector.seconds),
             "gc_collections": collector.collections,
-            "counts": rank0.report(),
+            "counts": rank0,
         }
         assert verdict.ok, verdict.problems
-        if profiler is not None:
-            text = io.StringIO()
-            pstats.Stats(profiler, stream=text).sort_stats("cumulative").print_stats(25)
-            out["profile"] = text.getvalue().splitlines()
         if pipe is not None and members is not None:
             out["member_lines_bytes"] = pipe.recv()
             members.join(timeout=30)
@@ -317,7 +289,7 @@ class Run:
         )
         assert lengths == {len(published): len(ranks)}, lengths
         out["verdict_phase"] = {
-            "counts": counts.report(),
+            "counts": counts,
             "wall_s": wall,
             "store_thread_cpu_s": (wire.store_thread_cpu() or 0.0) - cpu0,
         }
@@ -350,15 +322,8 @@ def _aggregate(n: int, records: list[dict[str, Any]]) -> dict[str, Any]:
         ("rank0", first["rank0"]["counts"]),
         ("verdict", first["verdict_phase"]["counts"]),
     ):
-        phases[phase] = counts
-        for kind, row in counts["by_type"].items():
-            mine = total.kinds[kind]
-            for i, name in enumerate(("requests", "bytes_in", "bytes_out")):
-                mine[i] += row[name]
-        for step, row in counts["by_step"].items():
-            mine = total.steps[step]
-            for i, name in enumerate(("requests", "bytes_in", "bytes_out")):
-                mine[i] += row[name]
+        phases[phase] = counts.report()
+        total.merge(counts)
     # Every rank (flat) or leader opens its own connection (validate, then ping): modelled from
     # the handshake measured on the simulated connections, which carry many ranks each.
     handshake = first["handshake"]
@@ -403,7 +368,6 @@ def _aggregate(n: int, records: list[dict[str, Any]]) -> dict[str, Any]:
         "verdict_bytes": first["verdict_bytes"],
         "verdict_parse_s": summary([r["verdict_parse_s"] for r in records]),
         "waiters": first["waiters"],
-        **({"profile": first["profile"]} if "profile" in first else {}),
     }
 
 
@@ -466,11 +430,6 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--sizes", default=",".join(map(str, SIZES)))
     p.add_argument("--repeats", type=int, default=3, help="roll calls per size and mode")
     p.add_argument("--processes", type=int, default=2, help="client processes (at least 2)")
-    p.add_argument(
-        "--profile",
-        action="store_true",
-        help="also profile one extra roll call per mode at the largest size (not timed)",
-    )
     args = p.parse_args(argv)
     sizes = [64] if args.smoke else [int(s) for s in args.sizes.split(",")]
     for n in sizes:
@@ -518,10 +477,6 @@ def main(argv: list[str] | None = None) -> int:
                         f"{record['rank0']['gc_s'] * 1000:.0f} ms), check-ins "
                         f"{record['checkin_phase']['wall_s']:.1f} s"
                     )
-            if args.profile and n == max(sizes):
-                for mode in MODES:
-                    extra = run.roll_call(mode, f"{n}-profile-{mode}", profile=True)
-                    records[mode][0]["profile"] = extra["profile"]
             results[str(n)] = {
                 "repeats": repeats,
                 **{mode: _aggregate(n, records[mode]) for mode in MODES},

@@ -1,27 +1,11 @@
 """Benchmark 5: bootstrap time against world size, and the roll call with many simulated ranks.
 
-Part A starts ``distenv run -n N`` (N = 2, 4, ... 32 local ranks: oversubscribed on this machine)
-of _bootstrap_worker.py, for distenv's ``init_dist`` and for a bare ``init_process_group`` under
-the same contract, interleaved; it stops after the first size whose launch took more than 60 s.
-
-Part B times `distenv.bootstrap.rollcall.roll_call` on rank 0 of N simulated ranks (64 .. 4096) over one
-real TCPStore on loopback: ranks 1..N-1 check in first (a loop making the same three store calls
-a rank makes), then rank 0's whole roll call is timed (its check-in, the gather of N records,
-`validate`, publishing the verdict). Also timed: `validate` alone, one ``multi_get`` of all N
-records (a possible one-round-trip gather), and a sample of verdict reads (every other rank reads
-the verdict once; in the timed roll call their acknowledgements are pre-counted).
-
-Part B runs each size twice per repetition, in a shuffled order: with the node layout known (every
-check-in names its node, as under srun) and with it left to the roll call (node index and count
-unknown, as under Open MPI 5 alone or Flux, 8 ranks per host): then rank 0 also writes each
-rank's place (its node, the node count), which every rank reads beside the verdict and parses
-(`parse_verdict`, `parse_place` and `fill_layout`, timed as "verdict_parse"; "verdict_bytes" is
-what one rank reads: the verdict and its place). Each size reports the roll-call layout's verdict
-bytes and rank-0 time as ratios to the known layout's in the same run (medians of the paired
-per-repetition ratios).
+Part A launches ``distenv run -n N`` of _bootstrap_worker.py (distenv and bare, interleaved) and
+stops after the first size whose launch took more than 60 s; part B times rank 0's
+`distenv.bootstrap.rollcall.roll_call` of N simulated ranks over one real TCPStore, with the node
+layout known and left to the roll call. docs/benchmarks.md.in (section 5) says how.
 
     python benchmarks/bench_scaling.py [--sizes 2,4,8,16,32] [--repeats 2] [--smoke] [--out F]
-    python benchmarks/bench_scaling.py --rollcall-only --rollcall-sizes 1024,4096 --out F
 """
 
 from __future__ import annotations
@@ -117,6 +101,23 @@ def _checkin(rank: int, world: int, *, known: bool = True) -> Any:
     )
 
 
+def _info(rank: int, n: int, port: int) -> Any:
+    """Rank `rank`'s RankInfo in a world of `n` ranks, 8 a node, its master on loopback."""
+    from distenv.rankinfo import RankInfo
+
+    return RankInfo(
+        launcher="slurm",
+        rank=rank,
+        world_size=n,
+        local_rank=rank % RANKS_PER_NODE,
+        local_world_size=RANKS_PER_NODE,
+        node_rank=rank // RANKS_PER_NODE,
+        num_nodes=n // RANKS_PER_NODE,
+        master_addr="127.0.0.1",
+        master_port=port,
+    )
+
+
 def _one_roll_call(store: Any, info: Any, checkins: list[Any]) -> tuple[dict[str, float], int]:
     """Time one roll call of `checkins` on `store` (all of part B's steps); return the verdict's size."""
     from distenv.bootstrap.flat import check_in
@@ -184,7 +185,6 @@ def rollcall(sizes: list[int], repeats: int) -> dict[str, Any]:
     from distenv import timing
     from distenv.bootstrap import waits
     from distenv.master import free_port
-    from distenv.rankinfo import RankInfo
 
     rng = random.Random(SEED)
     port = free_port("127.0.0.1")
@@ -197,20 +197,8 @@ def rollcall(sizes: list[int], repeats: int) -> dict[str, Any]:
     out["chunk"] = waits.CHUNK
     out["ranks_per_host"] = RANKS_PER_NODE
     for n in sizes:
-        infos = {
-            layout: RankInfo(
-                launcher="slurm",
-                rank=0,
-                world_size=n,
-                local_rank=0,
-                local_world_size=RANKS_PER_NODE,
-                node_rank=0 if layout == "known" else None,
-                num_nodes=n // RANKS_PER_NODE if layout == "known" else None,
-                master_addr="127.0.0.1",
-                master_port=port,
-            )
-            for layout in LAYOUTS
-        }
+        rank0 = _info(0, n, port)
+        infos = {"known": rank0, "from_roll_call": rank0.replace(node_rank=None, num_nodes=None)}
         checkins = {
             layout: [_checkin(r, n, known=layout == "known") for r in range(n)]
             for layout in LAYOUTS
@@ -261,9 +249,6 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--repeats", type=int, default=2)
     p.add_argument("--rollcall-sizes", default=",".join(map(str, ROLLCALL_SIZES)))
     p.add_argument("--rollcall-repeats", type=int, default=5)
-    p.add_argument(
-        "--rollcall-only", action="store_true", help="part B only (no distenv run launches)"
-    )
     args = p.parse_args(argv)
     if args.smoke:
         sizes, repeats, rc_sizes, rc_repeats = [2], 1, [16], 1
@@ -279,9 +264,7 @@ def main(argv: list[str] | None = None) -> int:
         "repeats": repeats,
         "rollcall_repeats": rc_repeats,
         # --smoke: distenv's path only (one launch), to stay within the test's time.
-        "init": {}
-        if args.rollcall_only
-        else init_scaling(sizes, repeats, ("distenv",) if args.smoke else ("distenv", "bare")),
+        "init": init_scaling(sizes, repeats, ("distenv",) if args.smoke else ("distenv", "bare")),
         "rollcall": rollcall(rc_sizes, rc_repeats),
         "machine": machine(),
     }

@@ -1,26 +1,9 @@
 """The cost of the hang watchdog while training runs, 2 gloo ranks: distenv run's and init_dist's.
 
-Each watched job runs with a hang timeout of 1 s (a sample every 0.25 s), in one of two ways:
-``distenv run --hang-timeout 1`` (the rank wrapper's watchdog), or ``init_dist(hang_timeout=1)``
-under a plain ``distenv run -n 2`` (the in-process autopsy of any launcher: its watchdog thread,
-plus a hang thread that waits on a store key over a connection of its own). Measures:
-
-  sample   the watchdog's work per sample (`sys._current_frames`, two CPU clocks, the default
-           group's sequence number), timed in-process over many samples, as a share of its period
-           (a quarter of the hang timeout)
-  steps    steps per second of a loop (a 64x64 matmul and a 1 KiB all_reduce) under
-           ``distenv run -n 2``: plain, ``--hang-timeout 1``, ``init_dist(hang_timeout=1)``, in
-           alternating rounds; each job times ``--steps`` steps after a barrier (the slowest
-           rank's time)
-
-  cpu      distenv's threads' own CPU time in each watched rank (their thread clocks: the
-           watchdog's, and the in-process hang thread's), per second of the loop: what they
-           take from training, free of the jobs' noise
-
-It also counts each rank's child processes while it runs (the threads start none: 0). The
-rounds are paired: each runs the three ways, in an order that alternates from round to round, and a
-way's overhead is the median over rounds of its step time over plain's in the same round, minus 1,
-with its bootstrap 95 % interval.
+A step loop under ``distenv run -n 2`` plain, with ``--hang-timeout 1`` and with
+``init_dist(hang_timeout=1)``, in paired rounds; one sample's work timed alone; the watchdog
+threads' own CPU time and each rank's child processes counted. docs/benchmarks.md.in (section 7)
+says how.
 
     python benchmarks/bench_watchdog.py [--rounds 5] [--steps 3000] [--smoke] [--out FILE]
 

@@ -23,41 +23,21 @@ from pathlib import Path
 from typing import Any
 
 from _common import REPO
+from run_all import BENCHMARKS
 
 MIB = 1024 * 1024
-# Every result the page reads, written by run_all.py under these names.
-NAMES = (
-    "import",
-    "bootstrap",
-    "bootstrap_per_core",
-    "allreduce",
-    "scaling",
-    "rendezvous_scale",
-    "ranklog",
-    "watchdog",
-)
 # The per-rank log's and the hang watchdog's budget while training (issue #40 item 4): a share of
 # the bare step.
 RANKLOG_PCT = 1.0
 WATCHDOG_PCT = 1.0
-# How each way of bench_watchdog's ran its job.
-WATCHED = {
-    "plain": "`distenv run -n 2`, no watchdog",
-    "run": "`distenv run -n 2 --hang-timeout 1`",
-    "init": "`init_dist(hang_timeout=1)` under `distenv run -n 2`",
-}
+# bench_watchdog's ways of running its job, and bench_bootstrap's phases, in the page's order: the
+# template's fragments watched_<mode> and phase_<name> say what each is.
+WATCHED = ("plain", "run", "init")
 # Bootstrap times are bimodal on this machine; launches above this are counted separately
 # (the template's "launches > 200 ms" column).
 SLOW_S = 0.2
 TEMPLATE = REPO / "docs" / "benchmarks.md.in"
-PHASES = {
-    "before_store": "to the store (detection, device, checks)",
-    "store": "the store (create or connect)",
-    "roll_call": "distenv's roll call",
-    "process_group": "init_process_group",
-    "after_group": "distenv's group-up check",
-    "all_reduce": "the first all_reduce",
-}
+PHASES = ("before_store", "store", "roll_call", "process_group", "after_group", "all_reduce")
 
 
 # The units of Cells' format specs: how a value is scaled, and its default precision.
@@ -116,7 +96,9 @@ class Page:
         self.text = text.rstrip("\n") + "\n"
         # A fragment ends with its line's newline, which joining the rows puts back.
         self.frags = {parts[i]: parts[i + 1][:-1] for i in range(0, len(parts), 2)}
-        self.data = {n: json.loads((results / f"{n}.json").read_text()) for n in NAMES}
+        # Every result run_all.py writes, where it is there (a mode run apart may not be).
+        files = {n: results / f"{n}.json" for n in BENCHMARKS}
+        self.data = {n: json.loads(f.read_text()) for n, f in files.items() if f.is_file()}
 
     def fill(self, fragment: str, /, **values: Any) -> str:
         return Cells().vformat(self.frags[fragment], (), values)
@@ -131,14 +113,8 @@ class Page:
 
     def targets(self) -> str:
         c, boot = self.data["import"]["cases"]["distenv"], self.data["bootstrap"]
-        lines = [
-            self.fill(
-                "target_import",
-                c=c,
-                wall_ok=c["delta_wall_s"] <= 0.050,
-                rss_ok=c["delta_rss_mib"] <= 15,
-            )
-        ]
+        wall_ok, rss_ok = c["delta_wall_s"] <= 0.050, c["delta_rss_mib"] <= 15
+        lines = [self.fill("target_import", c=c, wall_ok=wall_ok, rss_ok=rss_ok)]
         for launcher, res in boot["launchers"].items():
             if ab := res.get("distenv_vs_bare"):
                 lines.append(self.fill(
@@ -147,9 +123,8 @@ class Page:
                     share=cpu_share(ab["median_paired_cpu_diff_ms"], boot),
                     cores=boot["machine"]["logical_cpus"],
                 ))  # fmt: skip
-        procs = max(
-            r["methods"]["distenv"]["events_per_rank_max"] for r in boot["launchers"].values()
-        )
+        res = boot["launchers"].values()
+        procs = max(r["methods"]["distenv"]["events_per_rank_max"] for r in res)
         lines.append(self.fill("target_procs", n=procs, ok=procs == 0))
         a = self.data["allreduce"]
         d, twice = a["methods"]["distenv_default"], a["methods"]["distenv_25mb"]
@@ -166,15 +141,20 @@ class Page:
         w = self.data["watchdog"]
         for mode, res in ((m, w["watched"][m]) for m in WATCHED if m in w["watched"]):
             ok = res["threads_cpu_share_max"] * 100 <= WATCHDOG_PCT
-            lines.append(self.fill("target_watchdog", w=w, res=res, label=WATCHED[mode], ok=ok))
+            label = self.fill(f"watched_{mode}")
+            lines.append(self.fill("target_watchdog", w=w, res=res, label=label, ok=ok))
         lines.append(self.fill("target_watchdog_procs", n=w["children"], ok=w["children"] == 0))
         return "\n".join(lines)
 
     def watchdog(self) -> Iterable[dict[str, Any]]:
         """Section 7's rows: each way of running the job; plain is the baseline of the others."""
         w = self.data["watchdog"]
-        for mode, label in WATCHED.items():
-            row = {"label": label, "t": w["step_s"][mode], "threads": w["threads"][mode]}
+        for mode in WATCHED:
+            row = {
+                "label": self.fill(f"watched_{mode}"),
+                "t": w["step_s"][mode],
+                "threads": w["threads"][mode],
+            }
             row["rates"] = ", ".join(f"{r:,}" for r in w["steps_per_s"][mode])
             if (res := w["watched"].get(mode)) is None:
                 yield {**row, "overhead": "(the baseline)", "cpu": "", "children": w["children"]}
@@ -187,9 +167,9 @@ class Page:
     def phases(self, d: dict[str, Any]) -> str:
         """Each launcher's phases (bench_bootstrap.phase_table): where distenv's overhead lies."""
         rows = [
-            {"launcher": launcher, "label": label, "row": row}
+            {"launcher": launcher, "label": self.fill(f"phase_{phase}"), "row": row}
             for launcher, res in d["launchers"].items()
-            for phase, label in PHASES.items()
+            for phase in PHASES
             if (row := res.get("phases", {}).get(phase)) is not None
         ]
         return self.fill("phases", rows=self.rows("phase_row", rows)) if rows else ""
@@ -246,12 +226,10 @@ class Page:
         ]
         sizes = numbered(scale["sizes"])
         largest, top = sizes[-1]
-        per_rank = {
-            mode: top[mode]["rank0_wall_s"]["median"] / int(largest) for mode in ("leaders", "flat")
-        }
-        per_node = {
-            mode: top[mode]["store"]["per_node"]["requests"] for mode in ("leaders", "flat")
-        }
+        modes = ("flat", "leaders")
+        per_rank = {m: top[m]["rank0_wall_s"]["median"] / int(largest) for m in modes}
+        per_node = {m: top[m]["store"]["per_node"]["requests"] for m in modes}
+        leaders = ({"n": n, "mode": m, "r": r[m]} for n, r in sizes for m in modes)
         projection = [
             {"gpus": gpus, "lead": per_rank["leaders"] * gpus, "flat": per_rank["flat"] * gpus,
              "lead_req": per_node["leaders"] * gpus / 8, "flat_req": per_node["flat"] * gpus / 8}
@@ -261,14 +239,7 @@ class Page:
             "init_rows": text,
             "rc_rows": self.rows("rc_row", rollcall),
             "layout_rows": self.rows("layout_row", layout),
-            "leaders_rows": self.rows(
-                "leaders_row",
-                (
-                    {"n": n, "mode": mode, "r": r[mode]}
-                    for n, r in sizes
-                    for mode in ("flat", "leaders")
-                ),
-            ),
+            "leaders_rows": self.rows("leaders_row", leaders),
             "scale_targets": self.rows(
                 "scale_target_row", ({"mode": m, "t": t} for m, t in scale["targets"].items())
             ),
@@ -283,14 +254,6 @@ class Page:
         n_max, top = numbered(s["rollcall"])[-1]
         cases = sorted(i["cases"].values(), key=lambda c: c["wall_s"]["median"])
         methods = sorted(a["methods"].items(), key=lambda nm: nm[1]["p50"])
-        ar = [
-            {
-                "name": n,
-                "m": m,
-                "mm": Cells().format_field(m["speedup_vs_mmengine_all"], ".2f") + "x",
-            }
-            for n, m in methods
-        ]
         # The Reproduce section's run time: the main benchmarks' (not the per-core or scale runs').
         total = sum(d[n].get("total_s", 0) for n in ("import", "bootstrap", "allreduce", "scaling"))
         total += sum(sum(c["raw_wall_s"]) for c in i["cases"].values())
@@ -299,7 +262,7 @@ class Page:
             "pc": d["bootstrap_per_core"], "slurm": i["machine"]["slurm"] or "not installed",
             "targets": self.targets(),
             "import_rows": self.rows("import_row", ({"c": c} for c in cases)) + self.skipped(i),
-            "ar_rows": self.rows("ar_row", ar) + self.skipped(a),
+            "ar_rows": self.rows("ar_row", ({"name": n, "m": m} for n, m in methods)) + self.skipped(a),
             "r": d["ranklog"],
             "ranklog_rows": self.rows("ranklog_row", (
                 {"v": v, "label": every(v), "floor_s": v["line_us"] / 1e6 / v["print_every"] * 100 / RANKLOG_PCT}
@@ -311,23 +274,19 @@ class Page:
         })  # fmt: skip
 
 
-def render(results: Path, page: Path) -> None:
-    filled = Page(TEMPLATE.read_text(), results)
-    page.write_text(filled.render())
-    img = page.parent / "benchmarks"
-    img.mkdir(parents=True, exist_ok=True)
-    from _plots import plot_all  # matplotlib: only where the plots are drawn
-
-    plot_all(filled.data, img)
-    print(f"wrote {page} and its plots in {img}/")
-
-
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--results", type=Path, default=REPO / "docs" / "benchmarks")
     p.add_argument("--page", type=Path, default=REPO / "docs" / "benchmarks.md")
     args = p.parse_args(argv)
-    render(args.results, args.page)
+    filled = Page(TEMPLATE.read_text(), args.results)
+    args.page.write_text(filled.render())
+    img = args.page.parent / "benchmarks"
+    img.mkdir(parents=True, exist_ok=True)
+    from _plots import plot_all  # matplotlib: only where the plots are drawn
+
+    plot_all(filled.data, img)
+    print(f"wrote {args.page} and its plots in {img}/")
     return 0
 
 

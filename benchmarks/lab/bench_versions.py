@@ -1,52 +1,44 @@
 """Benchmark: two versions of distenv against each other, paired and interleaved, in one run.
 
-Is a candidate version of distenv no slower than a baseline? The baseline is a git revision
-(default ``a124b84``, release 0.1.0); the candidate is the working tree's ``distenv/`` as it is on
-disk at the start, or another revision (``--candidate REV``). A revision is materialised with
-``git archive REV distenv | tar -x`` into a temporary directory (the repository is never checked
-out); the working tree's distenv/ is copied there (see `snapshot`). Each copy is byte-compiled
-and made read-only, so both sides are treated alike. Every child picks its copy with
-``PYTHONPATH=<dir holding distenv/>`` and proves it: it reports the file of every ``distenv``
-module it loaded, and the run stops if one comes from elsewhere (the venv's editable install of
-/work/main is a meta-path finder *after* PYTHONPATH, but the ``''`` that ``python -c`` puts
-*before* PYTHONPATH would win in a directory holding distenv/, so those children run with cwd=/).
+Is the working tree's distenv no slower than a baseline, a git revision (default ``a124b84``,
+release 0.1.0)? The baseline is materialised with ``git archive REV distenv | tar -x`` into a
+temporary directory (the repository is never checked out), the working tree's distenv/ copied
+beside it (`snapshot`); each copy is byte-compiled and made read-only, so both sides are treated
+alike. Every child picks its copy with ``PYTHONPATH=<dir holding distenv/>`` and proves it: it
+reports the file of every ``distenv`` module it loaded, and the run stops if one comes from
+elsewhere (the ``''`` that ``python -c`` puts *before* PYTHONPATH would win in a directory holding
+distenv/, so those children run with cwd=/).
 
 1. import + detect: a fresh ``python -c "import distenv; distenv.detect()"`` child, timed by the
-   parent from spawn to exit, under the simulated ``srun -n 4`` step environment of
-   bench_import.py. Target: upper bound of (candidate - baseline) <= 3 ms.
-2. bootstrap: one ``srun -n 4`` launch (test Slurm cluster "one") or ``torchrun --nproc-per-node
-   4`` launch of _bootstrap_worker.py's ``distenv`` method, started by bench_bootstrap.launch. The
-   ranks time themselves from a common start line (torch and distenv imported) to the first
-   finished all_reduce (gloo, CPU) and rank 0 reports the maximum over ranks. This script is the
-   ranks' entry point: it checks the copy, pins ``distenv.init_dist(launcher="slurm" |
-   "torchrun")`` and runs the worker unchanged. Target: upper bound <= 2 ms per launcher.
+   parent from spawn to exit, under bench_import.py's simulated ``srun -n 4`` step environment.
+   Target: upper bound of (candidate - baseline) <= 3 ms.
+2. bootstrap: one ``srun -n 4`` (test Slurm cluster "one") or ``torchrun --nproc-per-node 4``
+   launch of _bootstrap_worker.py's ``distenv`` method, started by bench_bootstrap.launch, which
+   reports the slowest rank's time from a common start line to the first finished all_reduce
+   (gloo, CPU) and each rank's phases (_trace_probes.py). This script is the ranks' entry point:
+   it checks the copy, pins ``distenv.init_dist(launcher="slurm" | "torchrun")`` and runs the
+   worker unchanged. Target: upper bound <= 2 ms per launcher.
 
-Each pair runs both versions back to back in a random order, balanced so that each side runs
-first in half the pairs (srun steps run back to back show an order effect of several ms); warm-up
-pairs are dropped (2 for the import, 1 per launcher for the bootstrap). Per measurement: the
-median paired difference (candidate - baseline, ms), its 95 % percentile-bootstrap interval over
-pairs (_common.bootstrap_ci), and the interval's upper end as the "upper bound"; PASS when it is
-at most the target. Prints a table, writes JSON, and exits 1 if a measurement FAILs (never with
---smoke). On a quiet 2-core machine the defaults (200 import pairs, 40 bootstrap pairs on 2
-launchers) take about 17 minutes (an import pair 0.15 s, an srun pair 10 s, a torchrun pair 14 s),
-``--smoke`` about 1. Noise floor there (A/A runs, one version against itself): the import's
-paired differences spread by ~12 ms (sd), so 40 pairs gave an upper bound of +6 to +8 ms even for
-identical code, 200 pairs (~35 s) one of 0 to +2 ms. The bootstrap's spread by 5-17 ms: 15 pairs
-gave an upper bound of +7 to +15 ms for identical code, so a 2 ms bound needs many pairs here.
-Other work on the machine swamps all this: the JSON records how busy the CPUs were just before
-and after.
+Each pair runs both versions back to back, each side first in half the pairs (srun steps run back
+to back show an order effect of several ms); warm-up pairs are dropped (2 for the import, 1 per
+launcher for the bootstrap). Per measurement: the median paired difference (candidate - baseline,
+ms), its 95 % percentile-bootstrap interval over pairs, and the interval's upper end as the "upper
+bound"; PASS when it is at most the target; exit 1 if a measurement FAILs (never with --smoke).
+On a quiet 2-core machine the defaults (200 import pairs, 40 bootstrap pairs on 2 launchers) take
+about 17 minutes, ``--smoke`` about 1. Noise floor there (A/A runs, one version against itself):
+the import's paired differences spread by ~12 ms (sd), so 40 pairs gave an upper bound of +6 to
++8 ms even for identical code, 200 pairs one of 0 to +2 ms; the bootstrap's spread by 5-17 ms, so
+15 pairs gave an upper bound of +7 to +15 ms. The JSON records how busy the CPUs were before and
+after. docs/security.md ("What it costs") quotes the result.
 
-    python benchmarks/lab/bench_versions.py [--baseline a124b84] [--candidate REV] [--import-pairs 200]
-        [--bootstrap-pairs 40] [--launchers srun,torchrun] [--smoke] [--out FILE]
-    python benchmarks/lab/bench_versions.py --check-paths   # show each side's copy, measure nothing
+    python benchmarks/lab/bench_versions.py [--baseline a124b84] [--import-pairs 200]
+        [--bootstrap-pairs 40] [--launchers srun,torchrun] [--trace] [--smoke] [--out FILE]
 """
 
 from __future__ import annotations
 
-import contextlib
 import functools
 import hashlib
-import json
 import math
 import os
 import random
@@ -56,15 +48,15 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Iterator
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+from unittest import mock
 
 # benchmarks/, whose modules this lab tool builds on, is not its own directory.
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-import _trace_probes
 import bench_bootstrap
 from _common import (
     HERE,
@@ -75,6 +67,7 @@ from _common import (
     median,
     note,
     parser,
+    python_c,
     summary,
     write_json,
 )
@@ -122,11 +115,7 @@ class Side:
         return self.root / "distenv"
 
     def describe(self) -> str:
-        origin = (
-            f"working tree {REPO / 'distenv'} (copied at start)"
-            if self.rev is None
-            else f"{self.rev} ({self.commit})"
-        )
+        origin = f"{self.rev} ({self.commit})" if self.rev else f"working tree {REPO / 'distenv'}"
         return f"{self.name}: {origin} -> PYTHONPATH={self.root}"
 
 
@@ -146,40 +135,35 @@ def foreign_modules(expect: Path) -> list[str]:
     return bad
 
 
+def check_copy(expect: Path) -> None:
+    if bad := foreign_modules(expect):
+        raise SystemExit(f"bench_versions rank: distenv not from {expect}: {bad}")
+
+
 def rank_main() -> int:
     """Check this rank's distenv copy, pin init_dist's launcher, run the worker unchanged."""
     expect = Path(os.environ[EXPECT_VAR])
     import distenv
 
-    real = (
-        distenv.init_dist
-    )  # loads distenv.bootstrap.init; the worker does the same before its clock
-    print(f"bench_versions rank: distenv from {distenv.__file__}", file=sys.stderr, flush=True)
-    bad = foreign_modules(expect)
-    if bad:
-        raise SystemExit(f"bench_versions rank: distenv not from {expect}: {bad}")
+    real = distenv.init_dist  # loads distenv.bootstrap.init; the worker does so before its clock
+    check_copy(expect)
     distenv.init_dist = functools.partial(real, launcher=os.environ[LAUNCHER_VAR])
-    # With $BENCH_TRACE_DIR the worker installs the phase probes (_trace_probes.py).
     sys.argv[0] = str(WORKER)
     try:
         runpy.run_path(str(WORKER), run_name="__main__")
     finally:
-        bad = foreign_modules(expect)
-        if bad:
-            raise SystemExit(f"bench_versions rank: distenv not from {expect}: {bad}")
+        check_copy(expect)
     return 0
 
 
 # --- the two copies ---------------------------------------------------------------------------
 
 
-def git(*args: str) -> str:
-    out = subprocess.run(
-        ["git", "-C", str(REPO), *args], capture_output=True, text=True, check=False
-    )
+def git(*args: str) -> bytes:
+    out = subprocess.run(["git", "-C", str(REPO), *args], capture_output=True, check=False)
     if out.returncode != 0:
-        raise SystemExit(f"bench_versions: git {' '.join(args)}: {out.stderr.strip()}")
-    return out.stdout.strip()
+        raise SystemExit(f"bench_versions: git {' '.join(args)}: {out.stderr.decode().strip()}")
+    return out.stdout
 
 
 def set_writable(root: Path, writable: bool) -> None:
@@ -195,48 +179,32 @@ def set_writable(root: Path, writable: bool) -> None:
         path.chmod(dir_mode if path.is_dir() else file_mode)
 
 
-def materialise(name: str, rev: str, dest: Path) -> Side:
+def materialise(rev: str, dest: Path) -> Side:
     """Extract `rev`'s distenv/ into `dest` with git archive | tar, byte-compile, lock it."""
-    commit = git("rev-parse", "--verify", "--quiet", f"{rev}^{{commit}}")
+    commit = git("rev-parse", "--verify", "--quiet", f"{rev}^{{commit}}").decode().strip()
     dest.mkdir()
-    archive = subprocess.Popen(
-        ["git", "-C", str(REPO), "archive", commit, "distenv"],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-    )
-    assert archive.stdout is not None
     untar = subprocess.run(
-        ["tar", "-x", "-C", str(dest)], stdin=archive.stdout, capture_output=True, check=False
+        ["tar", "-x", "-C", str(dest)], input=git("archive", commit, "distenv"), check=False
     )
-    archive.stdout.close()
-    archive_err = archive.stderr.read().decode() if archive.stderr else ""
-    if archive.wait() != 0 or untar.returncode != 0:
-        raise SystemExit(
-            f"bench_versions: git archive {rev} distenv | tar -x failed: "
-            f"{archive_err.strip()} {untar.stderr.decode().strip()}"
-        )
-    if not (dest / "distenv" / "__init__.py").is_file():
-        raise SystemExit(f"bench_versions: {rev} has no distenv/__init__.py")
+    if untar.returncode != 0 or not (dest / "distenv" / "__init__.py").is_file():
+        raise SystemExit(f"bench_versions: git archive {rev} distenv | tar -x gave no distenv/")
     compile_and_lock(dest)
-    return Side(name, rev, commit, dest)
+    return Side("baseline", rev, commit, dest)
 
 
-def snapshot(name: str, dest: Path, root: Path = REPO, label: str | None = None) -> Side:
-    """Copy `root`'s distenv/ (the working tree's: as on disk, no bytecode) into `dest`; compile, lock.
+def snapshot(dest: Path) -> Side:
+    """Copy the working tree's distenv/ (as on disk, no bytecode) into `dest`; compile, lock.
 
     A copy rather than PYTHONPATH=REPO: both sides then get the same treatment (fresh .pyc files,
     read-only, same file system), the ranks' inherited PYTHONDONTWRITEBYTECODE cannot make one
     side compile its sources at every launch, and edits made during the run do not leak into it.
     """
-    source = root / "distenv"
-    if not (source / "__init__.py").is_file():
-        raise SystemExit(f"bench_versions: no {source / '__init__.py'}")
     dest.mkdir()
     ignore = shutil.ignore_patterns("__pycache__", "*.pyc")
     # symlinks=False: distenv/scripts links to ../scripts, which a copy elsewhere would lose.
-    shutil.copytree(source, dest / "distenv", ignore=ignore, symlinks=False)
+    shutil.copytree(REPO / "distenv", dest / "distenv", ignore=ignore, symlinks=False)
     compile_and_lock(dest)
-    return Side(name, label, None, dest)
+    return Side("candidate", None, None, dest)
 
 
 def compile_and_lock(root: Path) -> None:
@@ -266,7 +234,7 @@ def fingerprint(package: Path) -> str:
     return digest.hexdigest()[:16]
 
 
-# --- measurement 1: import + detect -----------------------------------------------------------
+# --- the measurements -------------------------------------------------------------------------
 
 
 def pair_orders(warmup: int, pairs: int, rng: random.Random) -> list[str]:
@@ -282,30 +250,27 @@ def pair_orders(warmup: int, pairs: int, rng: random.Random) -> list[str]:
     return [rng.choice(["baseline", "candidate"]) for _ in range(warmup)] + kept
 
 
-def side_env(base: dict[str, str], side: Side) -> dict[str, str]:
-    return {**base, "PYTHONPATH": str(side.root)}
+def run_pairs(
+    sides: list[Side], warmup: int, pairs: int, rng: random.Random, run: Callable[[Side], Any]
+) -> tuple[dict[str, list[Any]], list[str]]:
+    """Run `run` on both sides `warmup` + `pairs` times, in pair_orders' order; return each
+    side's kept results and which side ran first in each kept pair."""
+    kept: dict[str, list[Any]] = {s.name: [] for s in sides}
+    orders = []
+    for index, first in enumerate(pair_orders(warmup, pairs, rng)):
+        order = sides if first == sides[0].name else sides[::-1]
+        results = [(side, run(side)) for side in order]
+        if index >= warmup:
+            orders.append(first)
+            for side, result in results:
+                kept[side.name].append(result)
+    return kept, orders
 
 
-def run_import(side: Side, env: dict[str, str]) -> tuple[float, float, str]:
+def run_import(side: Side) -> tuple[float, float, str]:
     """Run the import child once; return (wall s, in-child s, distenv.__file__ it reported)."""
-    start = time.perf_counter()
-    # cwd=/: `python -c` puts '' (the cwd) on sys.path *before* PYTHONPATH.
-    proc = subprocess.run(
-        [sys.executable, "-c", IMPORT_CODE],
-        env=env,
-        cwd="/",
-        stdin=subprocess.DEVNULL,
-        capture_output=True,
-        text=True,
-        check=False,
-    )
-    wall = time.perf_counter() - start
-    if proc.returncode != 0:
-        raise SystemExit(
-            f"bench_versions: the {side.name}'s import child failed "
-            f"(PYTHONPATH={side.root}):\n{proc.stderr.strip()[-3000:]}"
-        )
-    in_child, *files = proc.stdout.splitlines()
+    wall, out = python_c(IMPORT_CODE, {**child_env(), "PYTHONPATH": str(side.root)})
+    in_child, *files = out.splitlines()
     root = side.package.resolve()
     bad = [f for f in files if f == "None" or not Path(f).resolve().is_relative_to(root)]
     if not files or bad:
@@ -317,79 +282,31 @@ def run_import(side: Side, env: dict[str, str]) -> tuple[float, float, str]:
 
 
 def measure_import(sides: list[Side], pairs: int, rng: random.Random) -> dict[str, Any]:
-    envs = {s.name: side_env(child_env(), s) for s in sides}
-    walls: dict[str, list[float]] = {s.name: [] for s in sides}
-    inside: dict[str, list[float]] = {s.name: [] for s in sides}
-    orders = []
-    for index, first in enumerate(pair_orders(IMPORT_WARMUP, pairs, rng)):
-        order = sides if first == sides[0].name else sides[::-1]
-        for side in order:
-            wall, in_child, _ = run_import(side, envs[side.name])
-            if index >= IMPORT_WARMUP:
-                walls[side.name].append(wall)
-                inside[side.name].append(in_child)
-        if index >= IMPORT_WARMUP:
-            orders.append(order[0].name)
-    result = paired(walls["baseline"], walls["candidate"], IMPORT_TARGET_MS, orders)
+    runs, orders = run_pairs(sides, IMPORT_WARMUP, pairs, rng, run_import)
+    base, cand = runs["baseline"], runs["candidate"]
+    result = paired([r[0] for r in base], [r[0] for r in cand], IMPORT_TARGET_MS, orders)
     # For information (no verdict): the same pairs timed by the children themselves, from before
     # `import distenv` to after detect(): interpreter start-up and exit excluded, far less noise.
-    result["in_child"] = paired(inside["baseline"], inside["candidate"], None, orders)
+    result["in_child"] = paired([r[1] for r in base], [r[1] for r in cand], None, orders)
     return result
 
 
-# --- measurement 2: bootstrap -----------------------------------------------------------------
-
-
-@contextlib.contextmanager
-def rank_entry(side: Side, launcher: str, trace_dir: Path | None = None) -> Iterator[None]:
-    """Make bench_bootstrap.launch start this script, on `side`'s copy, as every rank.
-
-    launch() builds the ranks' environment from os.environ and their command from its module's
-    WORKER: both are set for the one call and restored after. With `trace_dir`, the ranks write
-    their phase probes' events there (_trace_probes.py).
-    """
+def launch_once(side: Side, launcher: str, nprocs: int, conf: str | None, sync: Path) -> Any:
+    """One bench_bootstrap.launch whose ranks start this script on `side`'s copy."""
     values = {
         "PYTHONPATH": str(side.root),
         EXPECT_VAR: str(side.package),
         LAUNCHER_VAR: INIT_LAUNCHER[launcher],
     }
-    if trace_dir is not None:
-        values[_trace_probes.TRACE_VAR] = str(trace_dir)
-    saved = {key: os.environ.get(key) for key in (*values, _trace_probes.TRACE_VAR)}
-    saved_worker = bench_bootstrap.WORKER
-    os.environ.update(values)
-    bench_bootstrap.WORKER = Path(__file__).resolve()
-    try:
-        yield
-    finally:
-        bench_bootstrap.WORKER = saved_worker
-        for key, value in saved.items():
-            if value is None:
-                os.environ.pop(key, None)
-            else:
-                os.environ[key] = value
-
-
-def launch_once(
-    side: Side,
-    launcher: str,
-    nprocs: int,
-    slurm_conf: str | None,
-    sync_root: Path,
-    trace: bool = False,
-) -> dict[str, Any]:
-    trace_dir = sync_root / f"trace-{time.monotonic_ns()}"
-    with rank_entry(side, launcher, trace_dir if trace else None):
-        record = bench_bootstrap.launch(launcher, "distenv", nprocs, slurm_conf, sync_root)
+    # launch() builds the ranks' environment from os.environ and their command from WORKER.
+    with (
+        mock.patch.dict(os.environ, values),
+        mock.patch.object(bench_bootstrap, "WORKER", Path(__file__).resolve()),
+    ):
+        record = bench_bootstrap.launch(launcher, "distenv", nprocs, conf, sync)
     if record.get("method") != "distenv" or record.get("world_size") != nprocs:
         raise SystemExit(f"bench_versions: unexpected record from {launcher}: {record}")
-    if trace:
-        files = sorted(trace_dir.glob("*.json"))
-        if len(files) != nprocs:
-            raise SystemExit(f"bench_versions: {len(files)} traces of {nprocs} in {trace_dir}")
-        ranks = [json.loads(f.read_text()) for f in files]
-        record["trace"] = {r["rank"]: _trace_probes.phases(r["events"]) for r in ranks}
-        shutil.rmtree(trace_dir, ignore_errors=True)
+    note(f"{launcher} {side.name}: {record['max_s'] * 1000:.1f} ms")
     return record
 
 
@@ -398,23 +315,14 @@ def measure_bootstrap(
     launcher: str,
     pairs: int,
     nprocs: int,
-    slurm_conf: str | None,
+    conf: str | None,
     rng: random.Random,
     trace: bool = False,
 ) -> dict[str, Any]:
-    records: dict[str, list[dict[str, Any]]] = {s.name: [] for s in sides}
-    orders = []
     with tempfile.TemporaryDirectory(prefix="distenv-versions-sync-") as tmp:
-        for index, first in enumerate(pair_orders(BOOTSTRAP_WARMUP, pairs, rng)):
-            order = sides if first == sides[0].name else sides[::-1]
-            for side in order:
-                record = launch_once(side, launcher, nprocs, slurm_conf, Path(tmp), trace)
-                tag = "warm-up" if index < BOOTSTRAP_WARMUP else f"pair {index - BOOTSTRAP_WARMUP}"
-                note(f"{launcher} {tag} {side.name}: {record['max_s'] * 1000:.1f} ms")
-                if index >= BOOTSTRAP_WARMUP:
-                    records[side.name].append(record)
-            if index >= BOOTSTRAP_WARMUP:
-                orders.append(order[0].name)
+        run = functools.partial(launch_once, launcher=launcher, nprocs=nprocs, conf=conf,
+                                sync=Path(tmp))  # fmt: skip
+        records, orders = run_pairs(sides, BOOTSTRAP_WARMUP, pairs, rng, run)
     base, cand = records["baseline"], records["candidate"]
     result = paired(
         [r["max_s"] for r in base], [r["max_s"] for r in cand], BOOTSTRAP_TARGET_MS, orders
@@ -435,14 +343,15 @@ def measure_bootstrap(
 def phase_rows(
     base: list[dict[str, Any]], cand: list[dict[str, Any]], orders: list[str]
 ) -> dict[str, dict[str, Any]]:
-    """Paired differences per phase: rank 0's, and the median over the other ranks'."""
+    """Paired differences per phase (bench_bootstrap.launch's "phases", ms): rank 0's, and the
+    median over the other ranks'."""
 
     def role(record: dict[str, Any], phase: str, zero: bool) -> float:
-        spans = [v[phase] for k, v in record["trace"].items() if (int(k) == 0) == zero]
+        spans = [v[phase] for k, v in record["phases"].items() if (int(k) == 0) == zero]
         return median(spans) / 1000
 
     rows = {}
-    names = list(next(iter(base[0]["trace"].values())))
+    names = list(next(iter(base[0]["phases"].values())))
     for zero, label in ((True, "rank 0"), (False, "others")):
         for phase in names:
             rows[f"{label} {phase}"] = paired(
@@ -450,9 +359,6 @@ def phase_rows(
                 None, orders,
             )  # fmt: skip
     return rows
-
-
-# --- statistics and output --------------------------------------------------------------------
 
 
 def paired(
@@ -494,28 +400,6 @@ def paired(
     }
 
 
-def table(rows: dict[str, dict[str, Any]]) -> str:
-    head = (
-        f"{'measurement':<20} {'pairs':>5} {'base ms':>9} {'cand ms':>9} {'diff ms':>8} "
-        f"{'95% CI ms':>17} {'upper':>7} {'target':>6}  verdict"
-    )
-    lines = [head, "-" * len(head)]
-    flat = []
-    for name, r in rows.items():
-        flat.append((name, r))
-        if "in_child" in r:
-            flat.append(("  in-child clock", r["in_child"]))
-    for name, r in flat:
-        low, high = r["ci95_diff_ms"]
-        target = "-" if r["target_ms"] is None else f"{r['target_ms']:.1f}"
-        lines.append(
-            f"{name:<20} {r['pairs']:>5} {r['baseline_ms']['median']:>9.2f} "
-            f"{r['candidate_ms']['median']:>9.2f} {r['median_diff_ms']:>+8.2f} "
-            f"{f'[{low:+.2f}, {high:+.2f}]':>17} {high:>+7.2f} {target:>6}  {r['verdict']}"
-        )
-    return "\n".join(lines)
-
-
 def busy_fraction(seconds: float = 1.0) -> float:
     """Share of CPU time (all CPUs) spent busy during `seconds` while this process sleeps."""
 
@@ -538,26 +422,13 @@ def main(argv: list[str] | None = None) -> int:
     p = parser(__doc__.splitlines()[0])
     p.set_defaults(out=DEFAULT_OUT)
     p.add_argument("--baseline", default=DEFAULT_BASELINE, help="git revision (default: 0.1.0)")
-    p.add_argument("--candidate", help="git revision (default: the working tree's distenv/)")
-    p.add_argument(
-        "--baseline-dir",
-        type=Path,
-        help="a folder holding the baseline's distenv/ (e.g. `git archive REV distenv | tar -x`), "
-        "for a machine with no git history; --baseline then only labels it",
-    )
     p.add_argument("--import-pairs", type=int, help="default 200 (3 with --smoke)")
     p.add_argument("--bootstrap-pairs", type=int, help="per launcher; default 40 (2 with --smoke)")
     p.add_argument("--launchers", default="srun,torchrun", help="subset of srun,torchrun or ''")
     p.add_argument("--nprocs", type=int, default=4, help="ranks per bootstrap launch")
     p.add_argument("--slurm-conf", help="slurm.conf of the test cluster (default: from env.sh)")
     p.add_argument(
-        "--check-paths", action="store_true", help="print each side's copy and check it; no timing"
-    )
-    p.add_argument(
-        "--trace",
-        action="store_true",
-        help="also time each bootstrap's phases on every rank (_trace_probes.py) and report "
-        "their paired differences (the probes add a few microseconds to both sides)",
+        "--trace", action="store_true", help="also report each phase's paired differences"
     )
     args = p.parse_args(argv)
     import_pairs = args.import_pairs if args.import_pairs is not None else 3 if args.smoke else 200
@@ -580,31 +451,14 @@ def main(argv: list[str] | None = None) -> int:
     rng = random.Random(SEED)
     tmp = Path(tempfile.mkdtemp(prefix="distenv-versions-"))
     try:
-        baseline = (
-            materialise("baseline", args.baseline, tmp / "baseline")
-            if args.baseline_dir is None
-            else snapshot("baseline", tmp / "baseline", args.baseline_dir, label=args.baseline)
-        )
-        candidate = (
-            snapshot("candidate", tmp / "candidate")
-            if args.candidate is None
-            else materialise("candidate", args.candidate, tmp / "candidate")
-        )
-        sides = [baseline, candidate]
-        for side in sides:
-            note(side.describe())
-        copied = fingerprint(candidate.package) if candidate.rev is None else None
-        if copied is not None and fingerprint(REPO / "distenv") != copied:
+        sides = [materialise(args.baseline, tmp / "baseline"), snapshot(tmp / "candidate")]
+        copied = fingerprint(sides[1].package)
+        if fingerprint(REPO / "distenv") != copied:
             raise SystemExit("bench_versions: distenv/ changed while it was copied; run again")
-
         found = {}
         for side in sides:  # one unmeasured child each: the copy that PYTHONPATH selects
-            *_, found[side.name] = run_import(side, side_env(child_env(), side))
-            note(f"{side.name}: the child imported {found[side.name]}")
-        if args.check_paths:
-            for side in sides:
-                print(f"{side.describe()}\n  child imported {found[side.name]}")
-            return 0
+            *_, found[side.name] = run_import(side)
+            note(f"{side.describe()}; the child imported {found[side.name]}")
         busy_start = busy_fraction()
         if busy_start > 0.25:
             note(f"WARNING: the CPUs are {busy_start:.0%} busy before the start: expect noise")
@@ -612,12 +466,10 @@ def main(argv: list[str] | None = None) -> int:
         rows: dict[str, dict[str, Any]] = {}
         elapsed: dict[str, float] = {}
         clock = time.perf_counter()
-        note(f"import + detect: {import_pairs} pairs after {IMPORT_WARMUP} warm-up pairs")
         rows["import+detect"] = measure_import(sides, import_pairs, rng)
         elapsed["import+detect"] = time.perf_counter() - clock
         for launcher in launchers:
             clock = time.perf_counter()
-            note(f"bootstrap {launcher}: {bootstrap_pairs} pairs after {BOOTSTRAP_WARMUP} warm-up")
             rows[f"bootstrap {launcher}"] = measure_bootstrap(
                 sides, launcher, bootstrap_pairs, args.nprocs, slurm_conf, rng, args.trace
             )
@@ -626,11 +478,9 @@ def main(argv: list[str] | None = None) -> int:
         set_writable(tmp, True)
         shutil.rmtree(tmp, ignore_errors=True)
 
-    changed = None
-    if copied is not None:
-        changed = fingerprint(REPO / "distenv") != copied
-        if changed:
-            note("the working tree's distenv/ changed during the run; measured: the copy at start")
+    changed = fingerprint(REPO / "distenv") != copied
+    if changed:
+        note("the working tree's distenv/ changed during the run; measured: the copy at start")
     verdict = "PASS" if all(r["verdict"] == "PASS" for r in rows.values()) else "FAIL"
     result = {
         "benchmark": "versions",
@@ -641,15 +491,6 @@ def main(argv: list[str] | None = None) -> int:
                 "commit": side.commit,
                 "pythonpath": str(side.root),
                 "distenv_file": found[side.name],
-                **(
-                    {
-                        "copied_from": str(REPO / "distenv"),
-                        "fingerprint": copied,
-                        "working_tree_changed_during_run": changed,
-                    }
-                    if side.rev is None
-                    else {}
-                ),
             }
             for side in sides
         },
@@ -671,12 +512,18 @@ def main(argv: list[str] | None = None) -> int:
         "total_s": time.perf_counter() - started,
         "machine": machine(),
     }
+    result["sides"]["candidate"].update(
+        copied_from=str(REPO / "distenv"),
+        fingerprint=copied,
+        working_tree_changed_during_run=changed,
+    )
     write_json(result, args.out)
-    print(f"{baseline.describe()}\n{candidate.describe()}")
-    print(table(rows))
     for name, row in rows.items():
-        if "phases" in row:
-            print(f"\n{name}, phases (ms; info only):\n{table(row['phases'])}")
+        for label, r in [(name, row), *row.get("phases", {}).items()]:
+            low, high = r["ci95_diff_ms"]
+            print(
+                f"{label}: {r['median_diff_ms']:+.2f} ms [{low:+.2f}, {high:+.2f}] {r['verdict']}"
+            )
     print(f"overall: {verdict} in {result['total_s']:.0f} s; JSON: {args.out}")
     return 0 if verdict == "PASS" or args.smoke else 1
 

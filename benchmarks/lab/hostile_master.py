@@ -28,7 +28,7 @@ from typing import Any
 REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO))
 
-from tests.conftest import scrubbed_environ  # noqa: E402
+from tests.process.test_bounds import _env  # noqa: E402
 from tests.support.hostile import MODES, hostile_listener  # noqa: E402
 
 RANK = "import distenv; distenv.init_dist()"
@@ -42,17 +42,8 @@ def _burn() -> None:
 
 def _one(mode: str, code: Path, timeout: int) -> dict[str, Any]:
     with hostile_listener(mode) as port:
-        env = scrubbed_environ()
-        env.update(
-            PYTHONPATH=str(code),
-            MASTER_ADDR="127.0.0.1",
-            MASTER_PORT=str(port),
-            RANK="1",
-            WORLD_SIZE="2",
-            LOCAL_RANK="1",
-            LOCAL_WORLD_SIZE="2",
-            DISTENV_TIMEOUT=str(timeout),
-        )
+        # Rank 1 of 2, as tests/process/test_bounds.py starts it, on `code`'s distenv.
+        env = {**_env(port, 1, timeout), "PYTHONPATH": str(code)}
         started = time.monotonic()
         run = subprocess.run(
             [sys.executable, "-c", RANK],

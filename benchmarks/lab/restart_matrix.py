@@ -1,22 +1,10 @@
 """The restart matrix: many injected failures, restarted by ``distenv run --max-restarts``, then
 by ``torchrun --max-restarts``, with the same plan.
 
-One job of 4 ranks on this machine per launcher. A seeded plan fails one random rank at each of
-the first ``--crashes`` attempts, in a random phase (before init_dist, inside init_dist on entering
-init_process_group, or in training after an all_reduce) and a random way (an exception, or
-SIGKILL as the OOM killer sends); the attempt after the last passes. The ranks are
-tests/support/scripts/restart_rank.py, which logs each event with its wall time. Recorded per
-launcher:
-
-- miscounted attempts: an attempt number outside 0..crashes or missing, or a rank that saw
-  another restart count than its attempt's (must be 0);
-- orphans: processes of the job alive after the launcher exited (must be 0);
-- per failure, the recovery: from the failure to the last rank of the next attempt back in
-  init_dist, in three parts: until every rank of the failed attempt had exited (noticing the
-  failure, the stop signal, each rank's own exit: the interpreter's finalisation once torch is
-  imported, in any rank), until the next attempt's last rank process started (the
-  launcher's own agreement and spawn), and that rank's own time from its start to init_dist
-  (Python and ``import torch``, what a fresh rank costs anyway).
+One job of 4 ranks per launcher (tests/support/scripts/restart_rank.py, which logs each event with
+its wall time); a seeded plan fails one random rank at each of the first ``--crashes`` attempts, in
+a random phase and way. Recorded per launcher: miscounted attempts and orphans (both must be 0),
+and each failure's recovery in the three parts docs/restarts.md ("Measured") describes.
 
     .venv/bin/python benchmarks/lab/restart_matrix.py --out docs/benchmarks/restarts.json
 
@@ -51,6 +39,8 @@ RANK = REPO / "tests" / "support" / "scripts" / "restart_rank.py"
 PYTHON = REPO / ".venv" / "bin" / "python"
 PHASES = ("start", "init", "train")
 HOWS = ("raise", "kill")
+# A recovery's time, and its three parts (the module's docstring says which).
+PARTS = ("recovery_s", "stopped_s", "restart_s", "rank_start_s")
 SEED = 20261125
 
 
@@ -166,10 +156,7 @@ def run(launcher: str, nproc: int, failures: list[tuple[int, int, str, str]]) ->
         "miscounted": miscounted,
         "orphans": left,
         "recoveries": recoveries,
-        "recovery_s": summary([r["recovery_s"] for r in recoveries]),
-        "stopped_s": summary([r["stopped_s"] for r in recoveries]),
-        "restart_s": summary([r["restart_s"] for r in recoveries]),
-        "rank_start_s": summary([r["rank_start_s"] for r in recoveries]),
+        **{k: summary([r[k] for r in recoveries]) for k in PARTS},
         "stderr_tail": done.stderr[-1500:],
     }
 

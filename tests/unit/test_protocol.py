@@ -127,17 +127,23 @@ class Side:
 
     def run(self, task: Any, port: int) -> Any:
         """Run one simulated rank's task over its own wire connection; count what it sends."""
-        connection = self.wire.Connection("127.0.0.1", port)
-        connection.counts = self.counts  # the handshake is not the protocol's
-        try:
-            request, result = next(task), None
+        mux = self.wire.Mux("127.0.0.1", port, 1)
+        mux.counts = self.counts  # the handshake is not the protocol's
+
+        def recorded() -> Any:
+            reply = None
             while True:
+                try:
+                    request = task.send(reply)
+                except StopIteration as stop:
+                    return stop.value
                 self.sent.append(request)
-                request = task.send(connection.call(request))
-        except StopIteration as stop:
-            result = stop.value
+                reply = yield request
+
+        try:
+            [result] = mux.run([recorded()])
         finally:
-            connection.close()
+            mux.close()
         return result
 
     def sent_since(self, start: int, real: bool) -> list[bytes]:
