@@ -238,7 +238,8 @@ def absent(session: Session, wanted: str, hosts: Mapping[int, str], by: Deadline
     missing = [
         (rank, state)
         for rank, state in states.items()
-        if state is None or order.get(state[0], -1) < order[wanted]
+        if rank != session.info.rank  # this rank knows where it is: naming itself helps nobody
+        and (state is None or order.get(state[0], -1) < order[wanted])
     ]
     parts = []
     for rank, state in missing[:MAX_SHOWN]:

@@ -108,10 +108,14 @@ def join_group(
             raise init_failure(info.launcher, where, backend, first_line(exc)) from None
 
     def not_joined() -> DistEnvError:
+        # Where the group-up check follows, a rank whose init returned has recorded itself up
+        # by now: the others are still in their connect (gloo: a peer stopped in its connect
+        # holds some peers' inits, docs/faults.md). Where the release follows, nobody records it.
+        wanted = "joining" if proven else "up"
         return RendezvousTimeoutError(
             info.launcher,
             f"{where}: init_process_group did not return within {deadline.seconds:g} s: "
-            f"{absent(session, 'joining', hosts, deadline)}",
+            f"{absent(session, wanted, hosts, deadline)}",
             hint="a rank died or was stopped after checking in; its log (or the launcher's exit "
             "codes) says why",
         )

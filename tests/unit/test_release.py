@@ -27,7 +27,7 @@ VALUE = "0123456789abcdef"
 SCOPE = "slurm/7/0"
 
 
-def _release(before: dict[str, str], within: float = 20.0) -> dict[int, object]:
+def _release(before: dict[str, str], within: float = 60.0) -> dict[int, object]:
     """Run rank 0's release and every other rank's wait, the store holding `before` (keys under
     the session's prefix) first; return each rank's outcome (None, or the error it raised)."""
     import datetime
@@ -74,10 +74,11 @@ def _key(phase: str, name: str) -> str:
 
 
 def test_rank_0_releases_every_rank_with_its_verdicts_value() -> None:
-    """No extra claim: every rank returns at once, having read the verdict's value."""
+    """No extra claim: every rank returns, having read the verdict's value, long before the
+    deadline (60 s; generous for a loaded machine)."""
     start = time.monotonic()
     assert _release({}) == dict.fromkeys(range(WORLD))
-    assert time.monotonic() - start < 5
+    assert time.monotonic() - start < 30
 
 
 def test_an_extra_claim_after_the_verdict_fails_every_rank_naming_the_collision() -> None:
