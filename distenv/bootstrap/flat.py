@@ -142,12 +142,16 @@ class StoreChannel(Channel):
         return held is None
 
     def release(self, boot: Bootstrap, value: str) -> None:
-        release(boot, value, self.hand_on)
+        release(boot, value, self.hand_release)
 
     def await_release(
         self, boot: Bootstrap, value: str, missing: Callable[[], DistEnvError]
     ) -> None:
-        await_release(boot, value, missing, self.hand_on)
+        await_release(boot, value, missing, self.hand_release)
+
+    def hand_release(self, boot: Bootstrap, line: str) -> None:
+        """Hand rank 0's release (a `Message.RELEASE` line) on to those this rank speaks for:
+        nobody but for a leader (`distenv.bootstrap.nodes.LeaderChannel` overrides)."""
 
 
 class FlatChannel(StoreChannel):

@@ -87,6 +87,9 @@ class LeaderChannel(StoreChannel):
     def hand_on(self, boot: Bootstrap, line: str) -> None:
         self.node.answer(line, boot.waits)
 
+    def hand_release(self, boot: Bootstrap, line: str) -> None:
+        self.node.tell(line, boot.waits)
+
     def report_up(self, boot: Bootstrap, token: str) -> str:
         session = boot.session
         info, keys = session.info, session.keys(UP)
