@@ -2,7 +2,8 @@
 
 The roll call (`distenv.bootstrap.rollcall`) and the group-up check (`distenv.bootstrap.group`) are
 the same phases for every rank: reach rank 0, check in, (rank 0) gather and publish, await the
-verdict and hand it on, report up, await the acknowledgement. What varies is the path, and a
+verdict and hand it on, report up, await the acknowledgement (or, where the backend proves the
+group, `distenv.bootstrap.proof`, only await rank 0's release). What varies is the path, and a
 `Channel` hides it, chosen once from the rank's `distenv.bootstrap.role.Role`
 (`distenv.bootstrap.nodes.open_channel`) and held by the session:
 
@@ -17,7 +18,7 @@ import abc
 from collections.abc import Callable, Mapping
 from typing import Any, NamedTuple
 
-from distenv.bootstrap.protocol import READ
+from distenv.bootstrap.protocol import COLLIDED, READ
 from distenv.bootstrap.records import MAX_SHOWN, CheckIn
 from distenv.bootstrap.scope import ScopeCheck
 from distenv.bootstrap.session import FOREIGN_HINT, Bootstrap, Session
@@ -33,8 +34,11 @@ __all__ = [
     "Channel",
     "Reached",
     "absent",
+    "check_release",
     "forged_echo",
+    "forged_release",
     "late",
+    "refused_group",
 ]
 
 # Ranks whose state the others read when the group does not come up: a failure-only cost, bounded.
@@ -132,6 +136,18 @@ class Channel(abc.ABC):
         """Return once rank 0's acknowledgement of this rank holds `echo`; hand it on."""
         raise NotImplementedError
 
+    def release(self, boot: Bootstrap, value: str) -> None:
+        """Rank 0, where the backend proves the group: release it with the verdict's `value`,
+        or refuse it (COLLIDED) where a process of this identity claimed a rank since."""
+        raise NotImplementedError(f"{type(self).__name__} is never rank 0's")
+
+    @abc.abstractmethod
+    def await_release(
+        self, boot: Bootstrap, value: str, missing: Callable[[], DistEnvError]
+    ) -> None:
+        """Return once rank 0 released the group with `value`; hand it on."""
+        raise NotImplementedError
+
     def unacknowledged(self, session: Session, hosts: Mapping[int, str], by: Deadline) -> str:
         """Return whom this rank names when the group-up check was not acknowledged in time,
         having looked by `by`."""
@@ -152,6 +168,43 @@ def late(info: RankInfo, checkin: CheckIn, timeout: float, after: str) -> DistEn
         hint="start every rank within the rendezvous timeout of rank 0 (raise it with "
         f"rendezvous_timeout= or ${TIMEOUT_VAR}); rank 0's log names every missing rank",
     )
+
+
+def forged_release(session: Session) -> RendezvousError:
+    """Return the error of a group release that is not the value of rank 0's verdict."""
+    info = session.info
+    return RendezvousError(
+        info.launcher,
+        f"{info.who}: the release of the process group in the store at {session.master} was "
+        "not written by this job's rank 0 (it is not the value rank 0's verdict announced)",
+        hint=FOREIGN_HINT,
+    )
+
+
+def refused_group(session: Session) -> RendezvousError:
+    """Return the error of a rank whose group rank 0 refused (its acknowledgement or release
+    said COLLIDED): a second process of this job's identity."""
+    return session.collided(
+        "rank 0 found another process of this identity in the roll call after its verdict, "
+        "and refused the group"
+    )
+
+
+def check_release(
+    session: Session, found: bytes | None, value: str, missing: Callable[[], DistEnvError]
+) -> None:
+    """Return if `found`, the group's release as read, is the `value` of rank 0's verdict.
+
+    Raises:
+        RendezvousTimeoutError: None was found in time (`missing`).
+        RendezvousError: Rank 0 refused the group (COLLIDED), or another process wrote it.
+    """
+    if found is None:
+        raise missing()
+    if found == COLLIDED:
+        raise refused_group(session)
+    if not value or found != value.encode():
+        raise forged_release(session)
 
 
 def forged_echo(session: Session) -> RendezvousError:
@@ -185,7 +238,8 @@ def absent(session: Session, wanted: str, hosts: Mapping[int, str], by: Deadline
     missing = [
         (rank, state)
         for rank, state in states.items()
-        if state is None or order.get(state[0], -1) < order[wanted]
+        if rank != session.info.rank  # this rank knows where it is: naming itself helps nobody
+        and (state is None or order.get(state[0], -1) < order[wanted])
     ]
     parts = []
     for rank, state in missing[:MAX_SHOWN]:

@@ -12,8 +12,9 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-from distenv.bootstrap.channel import Channel, Reached, absent, forged_echo
+from distenv.bootstrap.channel import Channel, Reached, absent, forged_echo, refused_group
 from distenv.bootstrap.gather import gather_checkins
+from distenv.bootstrap.guard import await_release, extra_claims, refuse, release
 from distenv.bootstrap.limits import ensure_descriptors
 from distenv.bootstrap.paths import dial, offer, predict, probed_backends
 from distenv.bootstrap.protocol import (
@@ -25,7 +26,6 @@ from distenv.bootstrap.protocol import (
     EXTRA,
     EXTRAS,
     PLACE,
-    ROLLCALL,
     SEEN,
     UP,
     VERDICT,
@@ -38,10 +38,10 @@ from distenv.bootstrap.session import FOREIGN_HINT, Bootstrap, Session
 from distenv.bootstrap.store import connect_store
 from distenv.bootstrap.verdict import Verdict, parse_place, parse_verdict
 from distenv.bootstrap.waits import wait_count, wait_value, write_many
-from distenv.deadline import Deadline, bounded, pause
+from distenv.deadline import bounded
 from distenv.errors import DistEnvError, RendezvousError, RendezvousTimeoutError
 from distenv.rankinfo import RankInfo
-from distenv.timing import COLLISION_LINGER_S, COLLISION_PEEK_S, VERDICT_GRACE_S
+from distenv.timing import COLLISION_PEEK_S, VERDICT_GRACE_S
 
 __all__ = [
     "FLAT",
@@ -49,7 +49,6 @@ __all__ = [
     "StoreChannel",
     "channel_of",
     "check_in",
-    "linger",
     "parse_for",
     "publish",
     "read_verdict",
@@ -142,6 +141,18 @@ class StoreChannel(Channel):
         """Return whether this rank's check-in holds a key of its own (`held`: `check_in`'s)."""
         return held is None
 
+    def release(self, boot: Bootstrap, value: str) -> None:
+        release(boot, value, self.hand_release)
+
+    def await_release(
+        self, boot: Bootstrap, value: str, missing: Callable[[], DistEnvError]
+    ) -> None:
+        await_release(boot, value, missing, self.hand_release)
+
+    def hand_release(self, boot: Bootstrap, line: str) -> None:
+        """Hand rank 0's release (a `Message.RELEASE` line) on to those this rank speaks for:
+        nobody but for a leader (`distenv.bootstrap.nodes.LeaderChannel` overrides)."""
+
 
 class FlatChannel(StoreChannel):
     """Every rank a client of rank 0's store: its own check-in, its own verdict read and ack."""
@@ -204,17 +215,12 @@ class FlatChannel(StoreChannel):
                 f"{absent(session, 'up', hosts, boot.deadline) if len(up) < world else 'none'}",
                 hint=FOREIGN_HINT,
             )
-        if int(store.add(f"{session.keys(ROLLCALL)}/{EXTRAS.name}", 0)):
-            # A positive verdict counted no extra claim: one filed since is a second process of
-            # this identity (a rank that lost its key, a rank 0 that found the port taken).
+        if extra_claims(session):
             write_many(
                 store, [(f"{keys}/{ACK.of(rank)}", COLLIDED.decode()) for rank in range(1, world)]
             )
             wait_count(store, f"{keys}/{SEEN.name}", world - 1, boot.waits.within(VERDICT_GRACE_S))
-            linger(boot, Deadline.after(COLLISION_LINGER_S))
-            raise session.collided(
-                "a process of this identity claimed a rank in the roll call after the verdict"
-            )
+            raise refuse(boot)
         write_many(
             store, [(f"{keys}/{ACK.of(rank)}", str(tokens[rank])) for rank in range(1, world)]
         )
@@ -228,10 +234,7 @@ class FlatChannel(StoreChannel):
             raise missing()
         if found == COLLIDED:
             session.store.add(f"{session.keys(UP)}/{SEEN.name}", 1)
-            raise session.collided(
-                "rank 0 found another process of this identity in the roll call after its "
-                "verdict, and refused the group"
-            )
+            raise refused_group(session)
         if found != echo.encode():
             raise forged_echo(session)
 
@@ -304,18 +307,6 @@ def second_rank0(
         "another rank 0 of this identity holds its port; this one claimed rank 0 in that "
         "roll call too, so that neither job trains"
     )
-
-
-def linger(boot: Bootstrap, until: Deadline) -> None:
-    """Rank 0 that found two processes of its job's identity: keep the store until `until`.
-
-    The other job's ranks may still be probing for a store with backoff (`PROBE_MAX_S` between
-    probes); one that reaches this one before it goes reads the verdict and names the collision,
-    instead of reaching, later, another rank 0 of this identity and mixing with it. After it,
-    the store goes as the bootstrap fails (`distenv.bootstrap.session.Session.release`).
-    """
-    boot.session.keeps_store = False
-    pause(max(min(until.left(), boot.waits.left()), 0.0))
 
 
 def publish(

@@ -20,6 +20,7 @@ from typing import Any
 
 from distenv.bootstrap.channel import absent
 from distenv.bootstrap.flat import channel_of
+from distenv.bootstrap.proof import proves_group
 from distenv.bootstrap.protocol import PG
 from distenv.bootstrap.session import Bootstrap
 from distenv.bootstrap.store import first_line
@@ -27,7 +28,7 @@ from distenv.device import set_current_device
 from distenv.errors import DistEnvError, InitError, RendezvousTimeoutError
 from distenv.timing import FAILED_MARK_S, LOOKUP_S, MIN_CONNECT_S
 
-__all__ = ["group_up", "init_failure", "join_group", "torch_timeout"]
+__all__ = ["group_up", "init_failure", "join_group", "release_group", "torch_timeout"]
 
 # Random bytes in a rank's group-up token (`distenv.bootstrap.session.Session.mark`).
 TOKEN_BYTES = 8
@@ -40,12 +41,14 @@ def join_group(
     device: int | None,
     timeout: float | None,
     hosts: Mapping[int, str],
+    release: str = "",
 ) -> None:
     """Create the default process group over the session's store by the deadline; check it is up.
 
     Runs inside `Bootstrap.run`, after the roll call. `timeout` is the group's collective timeout
     (torch's default if None); `hosts` maps ranks to the hosts their check-ins named, for
-    messages (rank 0 knows them).
+    messages (rank 0 knows them); `release` is the release value of rank 0's verdict
+    (`release_group`).
 
     Raises:
         RendezvousTimeoutError: A rank did not join or come up by the deadline (named).
@@ -67,6 +70,7 @@ def join_group(
     if device is not None and "nccl" in backend.lower():
         # Binds the communicator to this device and lets NCCL connect eagerly (torch >= 2.3).
         options["device_id"] = torch.device("cuda", device)
+    proven = proves_group(backend, eager_device="device_id" in options, environ=os.environ)
 
     collective = torch_timeout(timeout)
     # Private since torch 2.1; without it the group keeps the user's timeout from the start and
@@ -104,10 +108,14 @@ def join_group(
             raise init_failure(info.launcher, where, backend, first_line(exc)) from None
 
     def not_joined() -> DistEnvError:
+        # Where the group-up check follows, a rank whose init returned has recorded itself up
+        # by now: the others are still in their connect (gloo: a peer stopped in its connect
+        # holds some peers' inits, docs/faults.md). Where the release follows, nobody records it.
+        wanted = "joining" if proven else "up"
         return RendezvousTimeoutError(
             info.launcher,
             f"{where}: init_process_group did not return within {deadline.seconds:g} s: "
-            f"{absent(session, 'joining', hosts, deadline)}",
+            f"{absent(session, wanted, hosts, deadline)}",
             hint="a rank died or was stopped after checking in; its log (or the launcher's exit "
             "codes) says why",
         )
@@ -117,7 +125,10 @@ def join_group(
         init()
         if restore is not None:
             restore(collective, None)
-        group_up(boot, hosts)
+        if proven:
+            release_group(boot, release)
+        else:
+            group_up(boot, hosts)
     finally:
         channel.close()
         session.channel = None
@@ -216,3 +227,37 @@ def group_up(boot: Bootstrap, hosts: Mapping[int, str]) -> None:
             channel.acknowledge(boot, hosts, missing)
         else:
             channel.await_ack(boot, echo, missing)
+
+
+def release_group(boot: Bootstrap, value: str) -> None:
+    """Where the backend's init proved the group: rank 0 releases it, the others await that.
+
+    Rank 0's init returned, so every rank joined; what the backend cannot tell is whether two
+    jobs of one identity joined one group (docs/security.md). Rank 0 reads the roll call's extra
+    claims once and writes the release, `value` (the fresh value its verdict announced, so that
+    nothing written before the verdict passes for it), or COLLIDED; every other rank waits for
+    it once (a member through its node's leader). A rank released by nobody names rank 0.
+
+    Raises:
+        RendezvousTimeoutError: Rank 0 released nothing by the deadline.
+        RendezvousError: Rank 0 refused the group (a collision), or another process wrote it.
+    """
+    session, deadline = boot.session, boot.deadline
+    info = session.info
+    channel = channel_of(session)
+
+    def unreleased() -> DistEnvError:
+        return RendezvousTimeoutError(
+            info.launcher,
+            f"{info.who}: this rank's init_process_group returned, but rank 0 did not release "
+            f"the process group within {deadline.seconds:g} s (rank 0, or this node's leader, "
+            "stopped after its init returned?)",
+            hint="rank 0's log (or the launcher's exit codes) says why",
+        )
+
+    boot.enter("the release of the group", deadline.sooner(LOOKUP_S), unreleased)
+    with session.losing("after joining the group"):
+        if info.rank == 0:
+            channel.release(boot, value)
+        else:
+            channel.await_release(boot, value, unreleased)

@@ -148,7 +148,14 @@ def _init_process_group(
         placed = fill_layout(info, verdict, checkin)
         _export_paths(network_exports(verdict, checkin), info)
         hosts = {c.rank: c.hostname for c in verdict.checkins}
-        join_group(boot, backend=backend, device=device, timeout=timeout, hosts=hosts)
+        join_group(
+            boot,
+            backend=backend,
+            device=device,
+            timeout=timeout,
+            hosts=hosts,
+            release=verdict.release,
+        )
         return placed
 
     try:

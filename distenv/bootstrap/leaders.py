@@ -207,6 +207,11 @@ class NodeListener:
             _send(member.lines.sock, line, deadline)
         self.close_door(deadline)
 
+    def tell(self, line: str, deadline: Deadline) -> None:
+        """Send `line` to every member (after the roll call: the door is closed already)."""
+        for member in self.members:
+            _send(member.lines.sock, line, deadline)
+
     def close_door(self, deadline: Deadline) -> None:
         """Stop taking members: whoever connected or connects now is told it came late."""
         self.selector.unregister(self.sock)

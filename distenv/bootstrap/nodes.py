@@ -5,7 +5,8 @@ gathers its members' check-ins over the node's socket, reports them as one `Batc
 0's verdict once and hands it on (`LeaderChannel`); a member checks in through it and reaches
 rank 0's store only for the process group (`MemberChannel`). The group-up check goes the same
 way: the leader reports its node's tokens as one `UpBatch`, rank 0 echoes them to the leader, the
-leader each member's to it. `open_channel` chooses the channel once, from the rank's role.
+leader each member's to it; where the backend proves the group, the leader hands rank 0's release
+on to its members instead. `open_channel` chooses the channel once, from the rank's role.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from distenv.bootstrap.channel import (
     Channel,
     Reached,
     absent,
+    check_release,
     forged_echo,
     late,
 )
@@ -84,6 +86,9 @@ class LeaderChannel(StoreChannel):
 
     def hand_on(self, boot: Bootstrap, line: str) -> None:
         self.node.answer(line, boot.waits)
+
+    def hand_release(self, boot: Bootstrap, line: str) -> None:
+        self.node.tell(line, boot.waits)
 
     def report_up(self, boot: Bootstrap, token: str) -> str:
         session = boot.session
@@ -244,6 +249,16 @@ class MemberChannel(Channel):
             raise missing()
         if line != echo:
             raise forged_echo(boot.session)
+
+    def await_release(
+        self, boot: Bootstrap, value: str, missing: Callable[[], DistEnvError]
+    ) -> None:
+        line = self._link().receive(boot.waits)
+        found = None
+        if line is not None:
+            kind, _, rest = Message.decode(line)
+            found = rest.encode() if kind is Message.RELEASE else b"-"
+        check_release(boot.session, found, value, missing)
 
     def unacknowledged(self, session: Session, hosts: Mapping[int, str], by: Deadline) -> str:
         return NODE_UNACKNOWLEDGED

@@ -41,6 +41,7 @@ __all__ = [
     "PG",
     "PLACE",
     "READ",
+    "RELEASE",
     "ROLLCALL",
     "SEEN",
     "SIZES",
@@ -62,8 +63,9 @@ ROLLCALL, DOCTOR, PG, UP, HANG = "rollcall", "doctor", "pg", "up", "hang"
 #: What rank 0 writes under an absent rank's check-in key when it stops waiting (never a record:
 #: JSON).
 CLOSED = b"closed"
-#: What rank 0 writes under a rank's group-up acknowledgement instead of its token when a second
-#: process of this job's identity claimed a key after the verdict (docs/security.md).
+#: What rank 0 writes under a rank's group-up acknowledgement (or the group's release) instead of
+#: its token (or the verdict's release value) when a second process of this job's identity
+#: claimed a key after the verdict (docs/security.md).
 COLLIDED = b"collided"
 #: What rank 0 adds to the count of checked-in ranks when it stops waiting: a leader whose own
 #: addition returns at least this came too late, and knows it (the flat roll call's `CLOSED`).
@@ -169,6 +171,14 @@ ACK = Key(
     "that rank (or leader)",
     "its token, or its node's tokens (UpBatch.echo), or COLLIDED",
 )
+RELEASE = Key(
+    "release",
+    "",
+    UP,
+    "rank 0, once its init_process_group returned, where the backend proves the group",
+    "every rank (or leader) but 0",
+    "the release value of rank 0's verdict, or COLLIDED",
+)
 SEEN = Key(
     "seen",
     "",
@@ -233,6 +243,7 @@ KEYS = (
     STATE,
     COUNT,
     ACK,
+    RELEASE,
     SEEN,
     HUNG,
     ALARM,
@@ -276,6 +287,8 @@ class Message(enum.Enum):
     UP = "up"
     #: leader → member: rank 0 saw the whole job up; the member's token echoed.
     ACK = "ack"
+    #: leader → member: rank 0 released the group (the verdict's release value, or "collided").
+    RELEASE = "release"
 
     def encode(self, *fields: str) -> str:
         """Return the line of this message with `fields` (without its newline)."""

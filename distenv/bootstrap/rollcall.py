@@ -30,7 +30,8 @@ from typing import Any
 
 from distenv._hosts import this_host
 from distenv.bootstrap.channel import Channel, late
-from distenv.bootstrap.flat import FLAT, linger, publish
+from distenv.bootstrap.flat import FLAT, publish
+from distenv.bootstrap.guard import linger
 from distenv.bootstrap.nodes import open_channel
 from distenv.bootstrap.paths import judged, network_exports, probed_backends
 from distenv.bootstrap.protocol import CLOSED, READ, Message
@@ -45,6 +46,9 @@ from distenv.device import device_identity
 from distenv.errors import DistEnvError, RendezvousError, RendezvousTimeoutError
 from distenv.rankinfo import RankInfo
 from distenv.timing import COLLISION_LINGER_S, VERDICT_GRACE_S
+
+#: Random bytes in a positive verdict's release value (`Verdict.release`).
+RELEASE_BYTES = 8
 
 __all__ = [
     "fill_layout",
@@ -140,6 +144,8 @@ def roll_call(
             verdict, readers = channel.gather(boot, store, checkin)
         if verdict.ok and checkin.net is not None:
             verdict = judged(verdict, checkin)
+        if verdict.ok:  # fresh: nothing written before the verdict can pass for the release
+            verdict = verdict._replace(release=os.urandom(RELEASE_BYTES).hex())
         readable = channel.place_readers(verdict)
         published = publish(store, info, verdict, checkin, timeout, readable)
         place = verdict.place_of(checkin.hostname)

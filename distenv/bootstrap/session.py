@@ -98,7 +98,7 @@ class Session:
         #: group-up check; None before (a roll call held without `meet` is flat).
         self.channel: Any = None
         #: Whether a failed bootstrap keeps its store `RELEASE_S` longer (`release`): not once a
-        #: signal ended it, nor after a collision, whose rank 0 lingered already (`flat.linger`).
+        #: signal ended it, nor after a collision, whose rank 0 lingered already (`guard.linger`).
         self.keeps_store = True
 
     @classmethod

@@ -9,6 +9,7 @@ never pays for creating its classes. Pure: no torch, no store, no process state.
 """
 
 import json
+import re
 from collections import Counter
 from collections.abc import Sequence
 from collections.abc import Set as AbstractSet
@@ -123,6 +124,10 @@ class Verdict(NamedTuple):
     sizes: tuple[int, ...] = ()
     paths: tuple[Switch, ...] = ()
     place: Place | None = None
+    #: A fresh value of rank 0's (`distenv.bootstrap.rollcall.roll_call`), in a positive verdict: where the backend
+    #: proves the group, rank 0 releases it by writing this back (`distenv.bootstrap.protocol.RELEASE`),
+    #: so that nothing written before the verdict can pass for the release.
+    release: str = ""
 
     @property
     def placed(self) -> bool:
@@ -136,6 +141,7 @@ class Verdict(NamedTuple):
             "ok": self.ok,
             "problems": [_problems().problem_json(p) for p in self.problems[:MAX_PROBLEMS]],
             "placed": self.placed,
+            "release": self.release,
         }
         return json.dumps(published, separators=(",", ":"))
 
@@ -212,7 +218,9 @@ class Verdict(NamedTuple):
         return any(isinstance(p, absent) for p in self.problems)
 
 
-_VERDICT_FIELDS = frozenset(("scope", "ok", "problems", "placed"))
+_VERDICT_FIELDS = frozenset(("scope", "ok", "problems", "placed", "release"))
+# A release value: 8 random bytes in hex, or empty (a negative verdict releases nothing).
+_RELEASE = re.compile(r"(?:[0-9a-f]{16})?")
 
 
 def parse_verdict(
@@ -236,7 +244,10 @@ def parse_verdict(
     placed = fields.flag("placed")
     if placed and not ok:
         raise ForeignRecordError(key, "a negative verdict places no rank")
-    return Verdict(ok, problems, (), scope), placed
+    release = fields.data["release"]
+    if type(release) is not str or not _RELEASE.fullmatch(release) or (release and not ok):
+        raise ForeignRecordError(key, "field 'release' is not a positive verdict's release value")
+    return Verdict(ok, problems, (), scope, release=release), placed
 
 
 # ---- validation of a complete set of check-ins (rank 0) -----------------------------------------

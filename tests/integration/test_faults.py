@@ -132,6 +132,30 @@ def test_rank_stopped_after_init_is_named_by_the_group_up_check(launches: Launch
     assert o.result.returncode not in (0, None), o.text()
 
 
+def test_rank_stopped_in_its_gloo_connect_is_named_within_the_bound(launches: Launches) -> None:
+    """Rank 2 SIGSTOPped right after gloo published its address, before it connected (Open MPI
+    mpirun): gloo lets some peers' inits return and holds the others past its own timeout, so no
+    returned init proves the group. The first rank to fail names rank 2 and its host (still at
+    joining) within the bound, whether its init returned (the group-up check) or not (the
+    deadline in init_process_group); no rank passes init_dist."""
+    o = outcome(launches, "stopped-after-publish")
+    errors = o.errors()
+    assert 2 not in errors, o.text()
+    assert all(o.first(rank, "ok") is None for rank in range(4)), o.text()
+    host = o.first(2, "start")["host"]  # type: ignore[index]
+    named = [
+        r for r, e in errors.items() if f"rank 2 on {host!r} (still at joining)" in e["message"]
+    ]
+    # mpirun stops the others once one fails: the first to fail names rank 2.
+    assert named, o.text()
+    ended_in_time(o, tuple(named))
+    for rank in named:
+        message = errors[rank]["message"]
+        assert "within 15 s" in message, o.text()
+        assert f"rank {rank} on" not in message, o.text()  # never itself
+    assert o.result.returncode not in (0, None), o.text()
+
+
 def test_forged_group_up_keys_let_no_rank_pass_a_stopped_one(launches: Launches) -> None:
     """Rank 2 writes the "all up" key and 1000 on the up count, then SIGSTOPs itself (Open MPI
     mpirun). 0.2.0 trusted that key: the others passed init_dist and hung in their first

@@ -106,7 +106,16 @@ def test_forged_ok_verdict_fails_within_the_bound() -> None:
     def forge(store: Any, scope: str) -> None:
         _checked_in(store, 2)
         store.set(
-            "verdict", json.dumps({"scope": scope, "ok": True, "problems": [], "placed": False})
+            "verdict",
+            json.dumps(
+                {
+                    "scope": scope,
+                    "ok": True,
+                    "problems": [],
+                    "placed": False,
+                    "release": "0123456789abcdef",
+                }
+            ),
         )
 
     results, elapsed = _run(forge)
@@ -155,7 +164,9 @@ def _missing_verdict(scope: str, rank: int, host: str) -> str:
     from distenv.bootstrap.problems import Missing, problem_json
 
     problem = problem_json(Missing(1, 3, (rank,), ((host,),), (None,)))
-    return json.dumps({"scope": scope, "ok": False, "problems": [problem], "placed": False})
+    return json.dumps(
+        {"scope": scope, "ok": False, "problems": [problem], "placed": False, "release": ""}
+    )
 
 
 def test_a_verdict_naming_a_rank_that_checked_in_missing_is_named_as_forged() -> None:
@@ -187,7 +198,13 @@ def test_a_verdict_listing_other_claimers_of_a_rank_is_named_as_forged() -> None
     def forge(store: Any, scope: str) -> None:
         _checked_in(store, 2)
         problem = problem_json(ClaimedTwice(1, (11, 12), ("a", "b")))
-        verdict = {"scope": scope, "ok": False, "problems": [problem], "placed": False}
+        verdict = {
+            "scope": scope,
+            "ok": False,
+            "problems": [problem],
+            "placed": False,
+            "release": "",
+        }
         store.set("verdict", json.dumps(verdict))
 
     results, _ = _run(forge)

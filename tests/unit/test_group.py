@@ -66,3 +66,40 @@ def test_two_address_families_are_named_as_such() -> None:
     assert "advertise addresses of two families (IPv4 and IPv6)" in str(error)
     assert "GLOO_SOCKET_IFNAME on every node to an interface of the same family" in str(error)
     assert "nccl needs CUDA" not in str(error)
+
+
+def test_the_ranks_named_absent_are_the_others_never_this_one() -> None:
+    """A rank whose init did not return names the ranks not yet up from their records (a peer
+    stopped in its gloo connect is still at joining), and never itself."""
+    import datetime
+
+    from torch.distributed import TCPStore
+
+    from distenv import RankInfo
+    from distenv.bootstrap.channel import absent
+    from distenv.bootstrap.session import Session
+    from distenv.deadline import Deadline
+
+    server = TCPStore(
+        "127.0.0.1", 0, 4, True, timeout=datetime.timedelta(seconds=30), wait_for_workers=False
+    )
+    sessions = []
+    for rank in range(4):
+        info = RankInfo(
+            launcher="pytorch", rank=rank, world_size=4, local_rank=rank, local_world_size=4,
+            node_rank=0, num_nodes=1, master_addr="127.0.0.1", master_port=server.port,
+        )  # fmt: skip
+        session = Session(info, "pytorch/none/4")
+        session.store = server
+        sessions.append(session)
+    sessions[0].mark("joining")
+    sessions[1].mark("up", token="0123456789abcdef")  # noqa: S106 - a group-up token
+    sessions[3].mark("joining")  # rank 2 wrote nothing
+    hosts = {2: "n2"}
+    named = absent(sessions[0], "up", hosts, Deadline.after(30))
+    assert named.startswith("rank 2 on 'n2' (checked in, then never got this far")
+    assert ", rank 3 on " in named
+    assert "(still at joining)" in named
+    assert "rank 0 on" not in named
+    assert "rank 1 on" not in named
+    assert absent(sessions[3], "up", hosts, Deadline.after(30)).count("(still at joining)") == 1

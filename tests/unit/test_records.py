@@ -300,7 +300,10 @@ def test_forged_verdicts_are_refused(verdict: dict[str, Any], why: str) -> None:
     """Free text, contradictions, another scope, out-of-range ranks: refused, never rendered."""
     with pytest.raises(ForeignRecordError) as info:
         parse_verdict(
-            "verdict", json.dumps({"placed": False, **verdict}), scope=SCOPE, world_size=4
+            "verdict",
+            json.dumps({"placed": False, "release": "", **verdict}),
+            scope=SCOPE,
+            world_size=4,
         )
     assert why in info.value.why
     assert "EVIL" not in str(info.value)
@@ -441,7 +444,7 @@ LOCAL = {
 )
 def test_forged_layout_problems_are_refused(problem: dict[str, Any], why: str) -> None:
     """The layout cross-checks' problems are validated like the others: never free text."""
-    verdict = {"scope": SCOPE, "ok": False, "problems": [problem], "placed": False}
+    verdict = {"scope": SCOPE, "ok": False, "problems": [problem], "placed": False, "release": ""}
     with pytest.raises(ForeignRecordError) as info:
         parse_verdict("verdict", json.dumps(verdict), scope=SCOPE, world_size=4)
     assert why in info.value.why
@@ -575,7 +578,7 @@ OTHER = {"code": "other_size", "world_size": 4, "sizes": [6], "hosts": ["gpu001"
 )
 def test_forged_size_mismatches_are_refused(problem: dict[str, Any], why: str) -> None:
     """A size mismatch in a verdict names rank 0's own world and valid sizes and hosts only."""
-    verdict = {"scope": SCOPE, "ok": False, "problems": [problem], "placed": False}
+    verdict = {"scope": SCOPE, "ok": False, "problems": [problem], "placed": False, "release": ""}
     with pytest.raises(ForeignRecordError) as info:
         parse_verdict("verdict", json.dumps(verdict), scope=SCOPE, world_size=4)
     assert why in info.value.why

@@ -361,6 +361,19 @@ def _stopped_in_group_up(harness: Harness, name: str, fault: str, what: str) -> 
                    stopped_pid=pid)  # fmt: skip
 
 
+def stopped_after_publish(harness: Harness) -> Outcome:
+    """Rank 2 SIGSTOPs itself inside init_process_group, right after gloo published its address
+    and before it connected to any peer (Open MPI mpirun -np 4).
+
+    gloo's connect then returns on the peers that connect to rank 2 and holds the others past its
+    own timeout (docs/faults.md, "Which check proves the group"): the ones whose init returned
+    name rank 2 in the group-up check, the others at the bootstrap's deadline. The test SIGKILLs
+    it once every other rank has ended.
+    """
+    return _stopped_in_group_up(harness, "stopped-after-publish", "2:stop-after-publish",
+                                "a rank SIGSTOPped in its gloo connect, its address published")  # fmt: skip
+
+
 def forged_up_then_stopped(harness: Harness) -> Outcome:
     """Rank 2 writes the forged "all up" key and count, then SIGSTOPs itself (mpirun -np 4).
 
@@ -507,6 +520,7 @@ FAULTS: dict[str, Callable[[Harness], Outcome]] = {
     "sigterm-two-in-roll-call": sigterm_two_in_roll_call,
     "stopped-after-init": stopped_after_init,
     "forged-up-stopped": forged_up_then_stopped,
+    "stopped-after-publish": stopped_after_publish,
     "rank0-killed-in-init": rank0_killed_in_init,
     "killed-in-init-torchrun": killed_in_init_torchrun,
     "silent-master-port": silent_master_port,

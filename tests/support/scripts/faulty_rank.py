@@ -31,7 +31,9 @@ launcher or the store), one ``--fault RANK:WHAT[:SECONDS]`` each:
 - ``forge-batch``: (a node leader) append what a forger on the network would to the roll call's
   batches (a line of garbage, no newline), then report its node as usual;
 - ``kill-after-init``: SIGKILL itself once its init_process_group returned (before the group-up
-  check).
+  check);
+- ``stop-after-publish``: SIGSTOP itself inside init_process_group, right after gloo published its
+  address in the store and before it connected to any peer (its store's first ``set``).
 
 The marker ``--tag`` (in argv) lets the test find every process of the launch in /proc.
 """
@@ -174,12 +176,60 @@ def inject(what: str, events: Events) -> None:
         distenv.bootstrap.nodes.check_in_batch = forged_batch
     elif what == "kill-after-init":
         before(distenv.bootstrap.group, "group_up", die(signal.SIGKILL, "after init_process_group"))
+    elif what == "stop-after-publish":
+        init = dist.init_process_group
+        stop = die(signal.SIGSTOP, "after publishing its gloo address")
+
+        def publishing(*args: Any, store: Any, **kwargs: Any) -> Any:
+            return init(*args, store=stop_after_first_set(store, stop), **kwargs)
+
+        dist.init_process_group = publishing  # type: ignore[assignment]
     elif what == "hold-init":
         before(dist, "init_process_group", hold("init_process_group"))
     elif what == "hold-groupup":
         before(distenv.bootstrap.group, "group_up", hold("the group-up check"))
     else:
         raise SystemExit(f"faulty_rank.py: unknown fault {what!r}")
+
+
+def stop_after_first_set(store: Any, stop: Callable[[], None]) -> Any:
+    """Return `store` wrapped so that `stop` runs right after its first ``set``: gloo's first
+    write in ``init_process_group`` is this rank's address, before it connects to any peer."""
+    import torch.distributed as dist
+
+    class Stopping(dist.Store):  # type: ignore[misc]
+        def __init__(self) -> None:
+            super().__init__()
+            self.sets = 0
+
+        def set(self, key: str, value: Any) -> None:
+            store.set(key, value)
+            self.sets += 1
+            if self.sets == 1:
+                stop()
+
+        def get(self, key: str) -> Any:
+            return store.get(key)
+
+        def wait(self, keys: Any, timeout: Any = None) -> Any:
+            return store.wait(keys) if timeout is None else store.wait(keys, timeout)
+
+        def add(self, key: str, amount: int) -> Any:
+            return store.add(key, amount)
+
+        def check(self, keys: Any) -> Any:
+            return store.check(keys)
+
+        def compare_set(self, key: str, expected: Any, desired: Any) -> Any:
+            return store.compare_set(key, expected, desired)
+
+        def multi_get(self, keys: Any) -> Any:
+            return store.multi_get(keys)
+
+        def multi_set(self, keys: Any, values: Any) -> Any:
+            return store.multi_set(keys, values)
+
+    return Stopping()
 
 
 # Actions run right after this rank's check-in is written (the roll call's "written" count).
