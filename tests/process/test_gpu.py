@@ -56,6 +56,32 @@ def test_device_set_before_group_and_passed(monkeypatch):
     assert dist.get_backend() == "nccl"
 
 
+def test_eager_nccl_skips_the_group_up_round_trip(monkeypatch):
+    """NCCL given device_id= creates its communicator in init, collectively: the group-up round
+    trip is skipped and rank 0 only releases the group (distenv.bootstrap.proof); the group works."""
+    import distenv.bootstrap.group as group
+
+    taken = []
+    release, group_up = group.release_group, group.group_up
+
+    def recording_release(*args, **kwargs):
+        taken.append("release")
+        return release(*args, **kwargs)
+
+    def recording_group_up(*args, **kwargs):
+        taken.append("group_up")
+        return group_up(*args, **kwargs)
+
+    monkeypatch.setattr(group, "release_group", recording_release)
+    monkeypatch.setattr(group, "group_up", recording_group_up)
+    distenv.init_dist()
+    assert dist.get_backend() == "nccl"
+    assert taken == ["release"]
+    tensor = torch.ones(2, device="cuda")
+    dist.all_reduce(tensor)
+    assert tensor.tolist() == [1.0, 1.0]
+
+
 def test_all_reduce_on_cuda():
     """A 1-rank NCCL group reduces a CUDA tensor; allreduce helpers accept CUDA tensors."""
     distenv.init_dist()
