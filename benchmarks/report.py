@@ -36,6 +36,8 @@ NAMES = (
     "ranklog",
     "watchdog",
 )
+# Results the page shows where they exist (a mode run apart): name -> its part's placeholder.
+OPTIONAL = ("bootstrap_profile",)
 # The per-rank log's and the hang watchdog's budget while training (issue #40 item 4): a share of
 # the bare step.
 RANKLOG_PCT = 1.0
@@ -117,6 +119,9 @@ class Page:
         # A fragment ends with its line's newline, which joining the rows puts back.
         self.frags = {parts[i]: parts[i + 1][:-1] for i in range(0, len(parts), 2)}
         self.data = {n: json.loads((results / f"{n}.json").read_text()) for n in NAMES}
+        for name in OPTIONAL:
+            if (results / f"{name}.json").is_file():
+                self.data[name] = json.loads((results / f"{name}.json").read_text())
 
     def fill(self, fragment: str, /, **values: Any) -> str:
         return Cells().vformat(self.frags[fragment], (), values)
@@ -194,6 +199,25 @@ class Page:
         ]
         return self.fill("phases", rows=self.rows("phase_row", rows)) if rows else ""
 
+    def cpu_profile(self) -> str:
+        """bench_bootstrap.py --profile's table: each launcher's CPU per phase and rank, or a
+        line saying how to measure it where no result is kept."""
+        d = self.data.get("bootstrap_profile")
+        if d is None:
+            return self.fill("no_cpu_profile")
+        rows = [
+            {"launcher": launcher, "phase": phase,
+             "bare": res["methods"]["bare"]["phases"].get(phase, {"rank0": 0.0, "others": 0.0}),
+             "dist": res["methods"]["distenv"]["phases"].get(phase, {"rank0": 0.0, "others": 0.0})}
+            for launcher, res in d["launchers"].items()
+            for phase in [*res["order"], "total"]
+            if phase in res["methods"]["distenv"]["phases"] or phase in res["methods"]["bare"]["phases"]
+        ]  # fmt: skip
+        diffs = [{"launcher": launcher, "res": res} for launcher, res in d["launchers"].items()]
+        return self.fill(
+            "cpu_profile", p=d, rows=self.rows("cpu_row", rows), diffs=self.rows("cpu_diff", diffs)
+        )
+
     def bootstrap(self) -> dict[str, str]:
         boot, alone = self.data["bootstrap"], self.data["bootstrap_per_core"]
         runs = [
@@ -221,6 +245,7 @@ class Page:
             "phases": self.phases(boot),
             "per_core_rows": self.rows("per_core_row", per_core),
             "per_core_phases": self.phases(alone),
+            "cpu_profile": self.cpu_profile(),
         }
 
     def scaling(self) -> dict[str, Any]:
