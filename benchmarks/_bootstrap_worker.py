@@ -14,7 +14,8 @@ barrier in $BENCH_SYNC_DIR lines the ranks up, so that one rank's slow ``import 
 counted as another rank's bootstrap. The clock stops when the first all_reduce returns; each rank
 also reports the CPU time its process (every thread) spent in between. An audit hook counts the
 processes started in between. With ``$BENCH_TRACE_DIR`` each rank also times its
-bootstrap's phases (_trace_probes.py) and writes them there. Rank 0 gathers every rank's numbers and prints one
+bootstrap's phases (_trace_probes.py) and writes them there; with ``$BENCH_CPU_DIR`` it measures
+where its CPU goes instead, per phase (_cpu_probes.py). Rank 0 gathers every rank's numbers and prints one
 JSON line prefixed with ``BENCH``.
 """
 
@@ -41,6 +42,7 @@ def _audit(event: str, args: tuple[object, ...]) -> None:
 
 sys.addaudithook(_audit)
 
+import _cpu_probes  # noqa: E402
 import _trace_probes  # noqa: E402
 import torch  # noqa: E402 - after the hook, so the hook sees everything that follows
 import torch.distributed as dist  # noqa: E402
@@ -115,12 +117,19 @@ def main() -> int:
 
     if TRACE_VAR in os.environ:
         bootstrap = _trace_probes.install(rank, Path(os.environ[TRACE_VAR]))(bootstrap)
+    meter_on, meter_off = (
+        _cpu_probes.install(rank, Path(os.environ[_cpu_probes.CPU_VAR]))
+        if _cpu_probes.CPU_VAR in os.environ
+        else (lambda: None, lambda: None)
+    )
     _line_up(rank, size)
     counting = True
+    meter_on()
     start, cpu_start = time.perf_counter(), time.process_time()
     bootstrap()
     dist.all_reduce(torch.ones(1))
     elapsed, cpu = time.perf_counter() - start, time.process_time() - cpu_start
+    meter_off()
     counting = False
 
     mine = torch.tensor([elapsed, float(len(events)), cpu], dtype=torch.float64)

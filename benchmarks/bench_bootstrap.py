@@ -10,7 +10,13 @@ over paired rounds, with a paired bootstrap 95 % interval. Every rank also times
 phases (_trace_probes.py: the store, distenv's roll call, init_process_group, distenv's group-up
 check, ...), reported per method with distenv's paired difference per phase.
 
+With ``--profile`` every rank measures where its CPU goes instead (_cpu_probes.py: detection,
+the check-in record, the store, the verdict, the network prediction, imports, torch's calls, ...),
+and the result is the per-phase CPU table (ms per rank, medians over launches) of distenv and bare
+``env://``: run_all.py's ``bootstrap_profile``, docs/benchmarks/bootstrap_profile.json.
+
     python benchmarks/bench_bootstrap.py [--rounds 15] [--mmengine-rounds 5] [--smoke] [--out F]
+    python benchmarks/bench_bootstrap.py --profile [--rounds 10] [--launchers torchrun,srun]
 """
 
 from __future__ import annotations
@@ -28,6 +34,7 @@ import uuid
 from pathlib import Path
 from typing import Any
 
+import _cpu_probes
 import _trace_probes
 from _common import (
     HERE,
@@ -56,31 +63,75 @@ def clean_env() -> dict[str, str]:
 
 
 def launch(
-    launcher: str, method: str, nprocs: int, slurm_conf: str | None, sync_root: Path
+    launcher: str,
+    method: str,
+    nprocs: int,
+    slurm_conf: str | None,
+    sync_root: Path,
+    *,
+    profile: bool = False,
 ) -> dict[str, Any]:
-    """Run one launch; return rank 0's record plus the launch's own wall time."""
+    """Run one launch; return rank 0's record plus the launch's own wall time, and every rank's
+    phases: their spans (ms), or with `profile` their CPU (_cpu_probes.py)."""
     env = clean_env()
     env["BENCH_SYNC_DIR"] = str(sync_root / uuid.uuid4().hex)
     trace_dir = sync_root / f"trace-{uuid.uuid4().hex}"
-    env[_trace_probes.TRACE_VAR] = str(trace_dir)
+    env[_cpu_probes.CPU_VAR if profile else _trace_probes.TRACE_VAR] = str(trace_dir)
     worker = [sys.executable, str(WORKER), "--method", method]
+    # Another process may take torchrun's free port before its agent listens: a new port then.
+    for attempt in range(3):
+        for folder in (env["BENCH_SYNC_DIR"], trace_dir):  # nothing left of a failed try
+            shutil.rmtree(folder, ignore_errors=True)
+        argv = launch_argv(launcher, nprocs, worker, env, slurm_conf)
+        start = time.perf_counter()
+        returncode, stdout, stderr = run(argv, env)
+        if not (launcher == "torchrun" and returncode and "EADDRINUSE" in stderr):
+            break
+        note(f"torchrun's port was taken (try {attempt + 1}); again with another")
+    wall = time.perf_counter() - start
+    shutil.rmtree(env["BENCH_SYNC_DIR"], ignore_errors=True)
+    lines = [line for line in stdout.splitlines() if line.startswith("BENCH ")]
+    if returncode != 0 or len(lines) != 1:
+        raise SystemExit(
+            f"bench_bootstrap: {' '.join(argv)} exited {returncode}\n"
+            f"{stdout[-2000:]}\n{stderr[-4000:]}"
+        )
+    record: dict[str, Any] = json.loads(lines[0][len("BENCH ") :])
+    record["launch_wall_s"] = wall
+    ranks = [json.loads(f.read_text()) for f in sorted(trace_dir.glob("*.json"))]
+    shutil.rmtree(trace_dir, ignore_errors=True)
+    if len(ranks) != nprocs:
+        raise SystemExit(f"bench_bootstrap: {len(ranks)} phase traces of {nprocs} ranks")
+    if profile:
+        record["cpu_phases"] = {r["rank"]: r["phases"] for r in ranks}
+    else:
+        record["phases"] = {r["rank"]: _trace_probes.phases(r["events"]) for r in ranks}
+    return record
+
+
+def launch_argv(
+    launcher: str, nprocs: int, worker: list[str], env: dict[str, str], slurm_conf: str | None
+) -> list[str]:
+    """Return the command line of one launch of `worker` (setting what `env` needs for it)."""
     if launcher == "srun":
         env["SLURM_CONF"] = str(slurm_conf)
         argv = ["srun", "-n", str(nprocs), "--job-name", "distenv-bench", "--kill-on-bad-exit=1"]
-        argv += worker
-    elif launcher == "torchrun":
+        return argv + worker
+    if launcher == "torchrun":
         torchrun = str(Path(sys.executable).with_name("torchrun"))
         from distenv.master import free_port
 
         # An explicit free port: `--master-port 0` makes the workers wait forever (torch 2.13).
         port = str(free_port("127.0.0.1"))
-        argv = [torchrun, "--nproc-per-node", str(nprocs), "--master-port", port, *worker[1:]]
-    elif launcher == "distenv-run":
-        argv = [sys.executable, "-m", "distenv", "run", "-n", str(nprocs), *worker[1:]]
-    else:
-        raise ValueError(launcher)
-    start = time.perf_counter()
-    # Own session, so that a launch that hangs is killed whole (torchrun's workers included).
+        return [torchrun, "--nproc-per-node", str(nprocs), "--master-port", port, *worker[1:]]
+    if launcher == "distenv-run":
+        return [sys.executable, "-m", "distenv", "run", "-n", str(nprocs), *worker[1:]]
+    raise ValueError(launcher)
+
+
+def run(argv: list[str], env: dict[str, str]) -> tuple[int, str, str]:
+    """Run one launch in its own session (killed whole if it hangs, torchrun's workers
+    included); return its exit status, stdout and stderr."""
     proc = subprocess.Popen(
         argv,
         env=env,
@@ -96,22 +147,7 @@ def launch(
         os.killpg(proc.pid, signal.SIGKILL)
         stdout, stderr = proc.communicate()
         stderr += f"\n(killed after {STEP_TIMEOUT_S} s)"
-    wall = time.perf_counter() - start
-    shutil.rmtree(env["BENCH_SYNC_DIR"], ignore_errors=True)
-    lines = [line for line in stdout.splitlines() if line.startswith("BENCH ")]
-    if proc.returncode != 0 or len(lines) != 1:
-        raise SystemExit(
-            f"bench_bootstrap: {' '.join(argv)} exited {proc.returncode}\n"
-            f"{stdout[-2000:]}\n{stderr[-4000:]}"
-        )
-    record: dict[str, Any] = json.loads(lines[0][len("BENCH ") :])
-    record["launch_wall_s"] = wall
-    ranks = [json.loads(f.read_text()) for f in sorted(trace_dir.glob("*.json"))]
-    shutil.rmtree(trace_dir, ignore_errors=True)
-    if len(ranks) != nprocs:
-        raise SystemExit(f"bench_bootstrap: {len(ranks)} phase traces of {nprocs} ranks")
-    record["phases"] = {r["rank"]: _trace_probes.phases(r["events"]) for r in ranks}
-    return record
+    return proc.returncode, stdout, stderr
 
 
 def find_slurm_conf(given: str | None) -> str | None:
@@ -128,12 +164,15 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--nprocs", type=int, default=4)
     p.add_argument("--slurm-conf", help="slurm.conf of the test cluster (default: from env.sh)")
     p.add_argument("--launchers", default="srun,torchrun")
+    p.add_argument("--profile", action="store_true", help="per-phase CPU of distenv and bare")
     args = p.parse_args(argv)
     rounds, mm_rounds, warmup = (1, 1, 0) if args.smoke else (args.rounds, args.mmengine_rounds, 1)
     nprocs = 2 if args.smoke else args.nprocs
 
     methods = ["distenv", "bare"]
     skipped: dict[str, str] = {}
+    if args.profile:
+        mm_rounds = 0
     if not mm_rounds:
         skipped["mmengine"] = "--mmengine-rounds 0"
     elif installed("mmengine"):
@@ -162,13 +201,15 @@ def main(argv: list[str] | None = None) -> int:
                 order = [m for m in methods if m != "mmengine" or round_ < skip + mm_rounds]
                 rng.shuffle(order)
                 for method in order:
-                    record = launch(launcher, method, nprocs, slurm_conf, sync_root)
+                    record = launch(
+                        launcher, method, nprocs, slurm_conf, sync_root, profile=args.profile
+                    )
                     if round_ >= skip:
                         records[method].append(record)
                     note(f"{launcher} round {round_} {method}: {record['max_s'] * 1000:.1f} ms")
-            results[launcher] = analyse(records)
+            results[launcher] = cpu_table(records) if args.profile else analyse(records)
     result = {
-        "benchmark": "bootstrap",
+        "benchmark": "bootstrap_profile" if args.profile else "bootstrap",
         "smoke": args.smoke,
         "nprocs": nprocs,
         "rounds": rounds,
@@ -221,6 +262,38 @@ def analyse(records: dict[str, list[dict[str, Any]]]) -> dict[str, Any]:
             "ratio": ratio_of_medians(ab),
             "ratio_ci": [low, high],
         }
+    return out
+
+
+def cpu_table(records: dict[str, list[dict[str, Any]]]) -> dict[str, Any]:
+    """Each method's CPU per phase (_cpu_probes.PROBES, then "other" and the total): rank 0's and
+    the other ranks' (their mean in a launch), each the median over launches (ms); and distenv's
+    median paired difference with bare in the CPU of a rank (the mean over a launch's ranks)."""
+    order = [*_cpu_probes.PROBES, _cpu_probes.OTHER]
+    out: dict[str, Any] = {"order": order, "methods": {}}
+    for method, recs in records.items():
+        if not recs:
+            continue
+        rows: dict[str, Any] = {}
+        for phase in order:
+            rank0 = [r["cpu_phases"][0].get(phase, 0.0) for r in recs]
+            others = [
+                median([v.get(phase, 0.0) for k, v in r["cpu_phases"].items() if k != 0])
+                for r in recs
+            ]
+            if any(rank0) or any(others):
+                rows[phase] = {"rank0": median(rank0), "others": median(others)}
+        rows["total"] = {
+            "rank0": median([1000 * r["cpu_per_rank_s"][0] for r in recs]),
+            "others": median([1000 * median(r["cpu_per_rank_s"][1:]) for r in recs]),
+        }
+        out["methods"][method] = {"phases": rows, "cpu_per_rank_ms": median(
+            [_cpu_ms(r) for r in recs]
+        )}  # fmt: skip
+    pairs = list(zip(records["distenv"], records["bare"], strict=False))
+    if pairs:
+        out["median_paired_cpu_diff_ms"] = median([_cpu_ms(a) - _cpu_ms(b) for a, b in pairs])
+        out["pairs"] = len(pairs)
     return out
 
 

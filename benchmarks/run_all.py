@@ -40,6 +40,12 @@ BENCHMARKS: dict[str, tuple[str, list[str], list[str]]] = {
         ["--nprocs", "2", "--launchers", "torchrun", "--rounds", "15", "--mmengine-rounds", "0"],
         ["--nprocs", "2", "--launchers", "torchrun", "--rounds", "3", "--mmengine-rounds", "0"],
     ),
+    # Where each rank's CPU goes, per phase, distenv beside bare env:// (_cpu_probes.py).
+    "bootstrap_profile": (
+        "bench_bootstrap.py",
+        ["--profile", "--rounds", "11", "--mmengine-rounds", "0"],
+        ["--profile", "--rounds", "3", "--mmengine-rounds", "0"],
+    ),
     "allreduce": ("bench_allreduce.py", ["--iters", "12", "--warmup", "2"], ["--iters", "3"]),
     "scaling": (
         "bench_scaling.py",

@@ -71,6 +71,25 @@ def test_bootstrap_benchmark_under_srun_and_torchrun_starts_no_process() -> None
         assert methods["bare"]["cpu_per_rank_ms"] > 0
 
 
+def test_bootstrap_profile_puts_distenv_cpu_in_its_phases() -> None:
+    """``--profile`` under torchrun: every rank's CPU per phase, adding up to its process CPU;
+    distenv's detection, store and roll call are phases of their own, bare has none of them."""
+    data = smoke("bench_bootstrap.py", "--profile", "--launchers", "torchrun", timeout=120)
+    assert data["benchmark"] == "bootstrap_profile"
+    result = data["launchers"]["torchrun"]
+    distenv, bare = result["methods"]["distenv"]["phases"], result["methods"]["bare"]["phases"]
+    for phase in ("detection", "store connect", "check-in", "init_process_group", "all_reduce"):
+        assert distenv[phase]["rank0"] > 0, phase
+        assert distenv[phase]["others"] > 0, phase
+    assert distenv["gather and verdict (rank 0)"]["rank0"] > 0
+    assert "detection" not in bare
+    assert bare["init_process_group"]["rank0"] > 0
+    for phases in (distenv, bare):
+        parts = sum(row["rank0"] for name, row in phases.items() if name != "total")
+        assert parts == pytest.approx(phases["total"]["rank0"], abs=0.01)
+    assert "median_paired_cpu_diff_ms" in result
+
+
 def test_allreduce_benchmark_averages_with_fewer_collectives() -> None:
     """Every method averages correctly; distenv's buckets issue fewer collectives than tensors."""
     data = smoke("bench_allreduce.py")

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import subprocess
+import sys
 import time
 import tracemalloc
 
@@ -183,6 +185,30 @@ def test_count_matches_python_hostlist(
         return
     assert count_hosts(text) == expected
     assert len(expand_nodelist("slurm", "V", text)) == expected
+
+
+@given(
+    st.lists(st.text(alphabet="abcXY019._-", min_size=1, max_size=6), min_size=1, max_size=8).map(
+        ",".join
+    )
+)
+def test_a_list_without_ranges_expands_as_hostlist_does(text: str) -> None:
+    """A nodelist without brackets, split without python-hostlist, gives hostlist's hosts: the
+    names in order, each once."""
+    assert expand_nodelist("slurm", "SLURM_NODELIST", text) == hostlist.expand_hostlist(text)
+
+
+def test_a_list_without_ranges_does_not_import_hostlist() -> None:
+    """A one-node (or bracket-free) nodelist costs no import of python-hostlist; a range does."""
+    code = (
+        "import sys; from distenv._hosts import expand_nodelist as e; "
+        "print(e('slurm', 'V', 'vm,gpu-2,vm'), 'hostlist' in sys.modules); "
+        "print(e('slurm', 'V', 'n[1-2]'), 'hostlist' in sys.modules)"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=True
+    )
+    assert out.stdout.splitlines() == ["['vm', 'gpu-2'] False", "['n1', 'n2'] True"]
 
 
 @given(st.text(max_size=40))
