@@ -2,12 +2,10 @@
 
     python benchmarks/report.py [--results docs/benchmarks] [--page docs/benchmarks.md]
 
-The words are docs/benchmarks.md.in: the page, its tables' headers and a line per row, with named
-placeholders (`{b[nprocs]}` is bootstrap.json's "nprocs"), then the fragments
-(`<!-- fragment: NAME -->`) that repeated rows and optional parts are written from. This script
-picks the rows, computes what no result holds (a share, a projection, a target's verdict) and
-fills them in, nothing else. run_all.py calls it after the benchmarks; run it alone to re-render
-the same numbers.
+The words are docs/benchmarks.md.in: the page with named placeholders (`{b[nprocs]}` is
+bootstrap.json's "nprocs"), then the fragments (`<!-- fragment: NAME -->`) that rows and optional
+parts are written from. This script picks the rows and computes what no result holds (a share, a
+projection, a target's verdict), nothing else. run_all.py calls it after the benchmarks.
 """
 
 from __future__ import annotations
@@ -156,12 +154,9 @@ class Page:
         """Section 7's rows: each way of running the job; plain is the baseline of the others."""
         w = self.data["watchdog"]
         for mode in WATCHED:
-            row = {
-                "label": self.fill(f"watched_{mode}"),
-                "t": w["step_s"][mode],
-                "threads": w["threads"][mode],
-            }
-            row["rates"] = ", ".join(f"{r:,}" for r in w["steps_per_s"][mode])
+            rates = ", ".join(f"{r:,}" for r in w["steps_per_s"][mode])
+            row = {"label": self.fill(f"watched_{mode}"), "t": w["step_s"][mode], "rates": rates}
+            row["threads"] = w["threads"][mode]
             if (res := w["watched"].get(mode)) is None:
                 yield {**row, "overhead": "(the baseline)", "cpu": "", "children": w["children"]}
                 continue
@@ -208,14 +203,11 @@ class Page:
         # overhead is its ranks' extra CPU time, paid in wall time where ranks share cores.
         per_core = []
         for d in (boot, alone):
-            res = d["launchers"].get("torchrun", {})
-            ab = res.get("distenv_vs_bare", {})
-            if "median_paired_cpu_diff_ms" in ab:
-                m = res["methods"]
+            r = d["launchers"].get("torchrun", {})
+            if "median_paired_cpu_diff_ms" in (ab := r.get("distenv_vs_bare", {})):
                 share = cpu_share(ab["median_paired_cpu_diff_ms"], d)
-                per_core.append(
-                    {"d": d, "bare": m["bare"], "dist": m["distenv"], "ab": ab, "share": share}
-                )
+                m = r["methods"]
+                per_core.append({"d": d, "bare": m["bare"], "dist": m["distenv"], "ab": ab, "share": share})  # fmt: skip
         return {
             "boot_rows": self.rows("boot_row", runs),
             "proc_rows": self.rows("proc_row", runs),
