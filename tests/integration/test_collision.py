@@ -26,6 +26,7 @@ from tests.support.integration.helpers import (
     Launch,
     Result,
 )
+from tests.support.nodes import node_options
 
 COLLIDER = str(REPO / "tests" / "support" / "scripts" / "collider.py")
 QUICK = {"DISTENV_TIMEOUT": "5"}
@@ -65,8 +66,8 @@ def _collide(
 
 def _intruder(port: int) -> list[str]:
     """Job B: the second node of a `distenv run` whose master is A's port."""
-    return [DISTENV, "run", "-n", "2", "--nnodes", "2", "--node-rank", "1", "--master-addr",
-            "127.0.0.1", "--master-port", str(port), "--run-id", "job-b", COLLIDER]  # fmt: skip
+    _, node1 = node_options(2, ranks=2, run_id="job-b", port=port)
+    return [DISTENV, "run", *node1, COLLIDER]
 
 
 def _victim_trained(a: Result, world: int) -> None:
