@@ -8,8 +8,6 @@ the same node. B's ranks find A's scope in the store before they write anything:
 
 from __future__ import annotations
 
-import contextlib
-import socket
 import time
 from pathlib import Path
 from typing import Any
@@ -37,13 +35,13 @@ TRAIN_S = 90.0
 INTRUDER_S = 25.0
 
 
-def _listening(port: int, limit: float = 60.0) -> None:
+def _training(victim: Launch, stop: Path, world: int = 2, limit: float = 60.0) -> None:
+    """Return once every rank of job A passed init_dist (collider.py's ``init-<rank>`` files)."""
     deadline = time.monotonic() + limit
-    while time.monotonic() < deadline:
-        with contextlib.suppress(OSError), socket.create_connection(("127.0.0.1", port), 0.5):
-            return
+    while len(list(stop.parent.glob("init-*"))) < world:
+        assert victim.proc.poll() is None, f"job A ended before it trained: {victim.argv}"
+        assert time.monotonic() < deadline, f"job A's ranks not all past init_dist: {victim.argv}"
         time.sleep(0.1)
-    raise AssertionError(f"job A never listened on {port}")
 
 
 def _victim(harness: Harness, argv: list[str], **kw: Any) -> tuple[Launch, Path]:
@@ -54,11 +52,10 @@ def _victim(harness: Harness, argv: list[str], **kw: Any) -> tuple[Launch, Path]
 
 
 def _collide(
-    harness: Harness, victim: Launch, stop: Path, port: int, intruder: list[str], **kw: Any
+    harness: Harness, victim: Launch, stop: Path, intruder: list[str], **kw: Any
 ) -> tuple[Result, Result]:
-    """Once A listens on `port` and trains, run B to its end, then let A finish."""
-    _listening(port)
-    time.sleep(2.0)  # A's ranks are past the roll call and training
+    """Once A's ranks train, run B to its end, then let A finish."""
+    _training(victim, stop)
     b = harness.run(intruder, timeout=60, **kw)
     stop.touch()
     return victim.wait(), b
@@ -99,7 +96,7 @@ def test_distenv_run_rank_of_another_run_is_refused(harness: Harness) -> None:
         harness,
         [DISTENV, "run", "-n", "2", "--master-port", str(port), "--run-id", "job-a"],
     )
-    a, b = _collide(harness, victim, stop, port, _intruder(port), env=harness.env(extra=QUICK))
+    a, b = _collide(harness, victim, stop, _intruder(port), env=harness.env(extra=QUICK))
     _victim_trained(a, 2)
     _intruder_refused(b, 2, "pytorch/job-a/-/n2")
 
@@ -112,7 +109,7 @@ def test_torchrun_job_is_not_joined_by_another_job(harness: Harness) -> None:
         [TORCHRUN, "--nnodes", "1", "--nproc-per-node", "2", "--master-addr", "127.0.0.1",
          "--master-port", str(port), "--rdzv-id", "job-a"],
     )  # fmt: skip
-    a, b = _collide(harness, victim, stop, port, _intruder(port), env=harness.env(extra=QUICK))
+    a, b = _collide(harness, victim, stop, _intruder(port), env=harness.env(extra=QUICK))
     _victim_trained(a, 2)
     _intruder_refused(b, 2, "pytorch/job-a/0/n2")
 
@@ -128,7 +125,6 @@ def test_two_slurm_jobs_forced_onto_one_port(harness: Harness) -> None:
         harness,
         victim,
         stop,
-        port,
         ["srun", "-J", JOB_NAME, "-n", "2", PYTHON, COLLIDER],
         env={**env, **QUICK},
     )
