@@ -17,15 +17,13 @@ from distenv.master import free_port
 from tests.support.envs.azureml import pytorch_processes
 from tests.support.envs.vertex import JOB_ID, two_replicas
 from tests.support.integration.helpers import (
-    PYTHON,
+    DISTENV_RUN,
     REPO,
     Harness,
     Result,
     rank_check,
     wait_all,
 )
-
-DISTENV_RUN = [PYTHON, "-m", "distenv", "run"]
 
 
 @pytest.fixture

@@ -8,8 +8,6 @@ the same node. B's ranks find A's scope in the store before they write anything:
 
 from __future__ import annotations
 
-import contextlib
-import socket
 import time
 from pathlib import Path
 from typing import Any
@@ -26,6 +24,7 @@ from tests.support.integration.helpers import (
     Launch,
     Result,
 )
+from tests.support.nodes import node_options
 
 COLLIDER = str(REPO / "tests" / "support" / "scripts" / "collider.py")
 QUICK = {"DISTENV_TIMEOUT": "5"}
@@ -36,13 +35,13 @@ TRAIN_S = 90.0
 INTRUDER_S = 25.0
 
 
-def _listening(port: int, limit: float = 60.0) -> None:
+def _training(victim: Launch, stop: Path, world: int = 2, limit: float = 60.0) -> None:
+    """Return once every rank of job A passed init_dist (collider.py's ``init-<rank>`` files)."""
     deadline = time.monotonic() + limit
-    while time.monotonic() < deadline:
-        with contextlib.suppress(OSError), socket.create_connection(("127.0.0.1", port), 0.5):
-            return
+    while len(list(stop.parent.glob("init-*"))) < world:
+        assert victim.proc.poll() is None, f"job A ended before it trained: {victim.argv}"
+        assert time.monotonic() < deadline, f"job A's ranks not all past init_dist: {victim.argv}"
         time.sleep(0.1)
-    raise AssertionError(f"job A never listened on {port}")
 
 
 def _victim(harness: Harness, argv: list[str], **kw: Any) -> tuple[Launch, Path]:
@@ -53,11 +52,10 @@ def _victim(harness: Harness, argv: list[str], **kw: Any) -> tuple[Launch, Path]
 
 
 def _collide(
-    harness: Harness, victim: Launch, stop: Path, port: int, intruder: list[str], **kw: Any
+    harness: Harness, victim: Launch, stop: Path, intruder: list[str], **kw: Any
 ) -> tuple[Result, Result]:
-    """Once A listens on `port` and trains, run B to its end, then let A finish."""
-    _listening(port)
-    time.sleep(2.0)  # A's ranks are past the roll call and training
+    """Once A's ranks train, run B to its end, then let A finish."""
+    _training(victim, stop)
     b = harness.run(intruder, timeout=60, **kw)
     stop.touch()
     return victim.wait(), b
@@ -65,8 +63,8 @@ def _collide(
 
 def _intruder(port: int) -> list[str]:
     """Job B: the second node of a `distenv run` whose master is A's port."""
-    return [DISTENV, "run", "-n", "2", "--nnodes", "2", "--node-rank", "1", "--master-addr",
-            "127.0.0.1", "--master-port", str(port), "--run-id", "job-b", COLLIDER]  # fmt: skip
+    _, node1 = node_options(2, ranks=2, run_id="job-b", port=port)
+    return [DISTENV, "run", *node1, COLLIDER]
 
 
 def _victim_trained(a: Result, world: int) -> None:
@@ -98,7 +96,7 @@ def test_distenv_run_rank_of_another_run_is_refused(harness: Harness) -> None:
         harness,
         [DISTENV, "run", "-n", "2", "--master-port", str(port), "--run-id", "job-a"],
     )
-    a, b = _collide(harness, victim, stop, port, _intruder(port), env=harness.env(extra=QUICK))
+    a, b = _collide(harness, victim, stop, _intruder(port), env=harness.env(extra=QUICK))
     _victim_trained(a, 2)
     _intruder_refused(b, 2, "pytorch/job-a/-/n2")
 
@@ -111,7 +109,7 @@ def test_torchrun_job_is_not_joined_by_another_job(harness: Harness) -> None:
         [TORCHRUN, "--nnodes", "1", "--nproc-per-node", "2", "--master-addr", "127.0.0.1",
          "--master-port", str(port), "--rdzv-id", "job-a"],
     )  # fmt: skip
-    a, b = _collide(harness, victim, stop, port, _intruder(port), env=harness.env(extra=QUICK))
+    a, b = _collide(harness, victim, stop, _intruder(port), env=harness.env(extra=QUICK))
     _victim_trained(a, 2)
     _intruder_refused(b, 2, "pytorch/job-a/0/n2")
 
@@ -127,7 +125,6 @@ def test_two_slurm_jobs_forced_onto_one_port(harness: Harness) -> None:
         harness,
         victim,
         stop,
-        port,
         ["srun", "-J", JOB_NAME, "-n", "2", PYTHON, COLLIDER],
         env={**env, **QUICK},
     )

@@ -21,15 +21,13 @@ from tests.support.envs.kubeflow import (
     two_pods,
 )
 from tests.support.integration.helpers import (
-    PYTHON,
+    DISTENV_RUN,
     RANK_CHECK,
     Harness,
     Result,
     rank_check,
     wait_all,
 )
-
-DISTENV_RUN = [PYTHON, "-m", "distenv", "run"]
 
 
 @pytest.fixture

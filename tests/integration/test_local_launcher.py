@@ -4,10 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from distenv.master import free_port
 from tests.support.integration.helpers import (
+    DISTENV_RUN,
     JOB_NAME,
-    PYTHON,
     TWO_BY_TWO,
     Harness,
     Result,
@@ -15,8 +14,7 @@ from tests.support.integration.helpers import (
     rank_check,
     wait_all,
 )
-
-DISTENV_RUN = [PYTHON, "-m", "distenv", "run"]
+from tests.support.nodes import node_options
 
 
 @pytest.mark.slurm
@@ -39,29 +37,11 @@ def test_one_distenv_run_per_node_inside_srun(harness: Harness) -> None:
 
 def _two_nodes(harness: Harness, run_ids: tuple[str, str]) -> list[Result]:
     """docs/start/local.md's two-node recipe, both "nodes" on this machine (127.0.0.1)."""
-    port = str(free_port())
+    env = harness.env(extra={"DISTENV_TIMEOUT": "5"})
     return wait_all(
         [
-            harness.start(
-                [
-                    *DISTENV_RUN,
-                    "-n",
-                    "2",
-                    "--nnodes",
-                    "2",
-                    "--node-rank",
-                    str(node),
-                    "--master-addr",
-                    "127.0.0.1",
-                    "--master-port",
-                    port,
-                    "--run-id",
-                    run_id,
-                    *rank_check()[1:],
-                ],
-                env=harness.env(extra={"DISTENV_TIMEOUT": "5"}),
-            )
-            for node, run_id in enumerate(run_ids)
+            harness.start([*DISTENV_RUN, *node, *rank_check()[1:]], env=env)
+            for node in node_options(2, ranks=2, run_id=run_ids)
         ]
     )
 

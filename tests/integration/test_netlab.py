@@ -21,8 +21,9 @@ import pytest
 
 from tests.conftest import scrubbed_environ
 from tests.support import netlab
-from tests.support.integration.helpers import PYTHON, Harness, rank_check, wait_all
+from tests.support.integration.helpers import DISTENV_RUN, PYTHON, Harness, rank_check, wait_all
 from tests.support.netlab import Lab
+from tests.support.nodes import node_options
 from tests.support.topologies import TOPOLOGIES, debian_loopback, nic_names_differ
 
 BOUND_S = 20.0  # both nodes' launchers, torch's import on 2 busy cores included
@@ -43,17 +44,15 @@ def test_distenv_run_per_node_namespace_moves_each_node_to_its_own_nic(tmp_path:
     env = harness.env(extra={"DISTENV_TIMEOUT": "10"})
     env.pop("GLOO_SOCKET_IFNAME", None)
     with Lab(nic_names_differ(2)) as lab:
+        nodes = node_options(2, ranks=2, run_id="netlab", master="node0", port=PORT)
         launches = [
             harness.start(
-                lab.command(node, [PYTHON, "-m", "distenv", "run", "-n", "2", "--nnodes", "2",
-                                   "--node-rank", str(node), "--master-addr", "node0",
-                                   "--master-port", PORT, "--run-id", "netlab",
-                                   *rank_check()[1:]]),
+                lab.command(node, [*DISTENV_RUN, *options, *rank_check()[1:]]),
                 env=env,
                 timeout=BOUND_S,
             )
-            for node in (0, 1)
-        ]  # fmt: skip
+            for node, options in enumerate(nodes)
+        ]
         results = wait_all(launches)
         left = {lab.namespace(node): netlab.pids(lab.namespace(node)) for node in (0, 1)}
     for result in results:
@@ -102,9 +101,8 @@ EXPORTED = {
 
 def node_launcher(node: int, master: str, script: Path) -> list[str]:
     """`distenv run` for the one rank of node `node` of three, as a user starts it there."""
-    return [PYTHON, "-m", "distenv", "run", "-n", "1", "--nnodes", "3", "--node-rank", str(node),
-            "--master-addr", master, "--master-port", PORT, "--run-id", "netlab",
-            str(script)]  # fmt: skip
+    options = node_options(3, run_id="netlab", master=master, port=PORT)[node]
+    return [*DISTENV_RUN, *options, str(script)]
 
 
 PROBE_TIMEOUT_S = 4  # the rendezvous timeout: the refused topology's others wait this long

@@ -16,6 +16,7 @@ import pytest
 
 from distenv.master import LOCAL_HOST
 from tests.support.integration.helpers import (
+    DISTENV_RUN,
     JOB_NAME,
     OMPI,
     PYTHON,
@@ -26,7 +27,6 @@ from tests.support.integration.helpers import (
     wait_all,
 )
 
-DISTENV_RUN = [PYTHON, "-m", "distenv", "run"]
 TWO_RANKS = [(0, 2, 0, 2, 0, 1), (1, 2, 1, 2, 0, 1)]
 KEPT = "keeping that binding"
 

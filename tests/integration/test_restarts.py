@@ -20,10 +20,10 @@ from distenv.local.attempts import AGENT_SILENCE_S
 from distenv.master import free_port
 from tests.support.envs.kubeflow import TRAINJOB_2X1_NODE1, two_pods
 from tests.support.integration.faults import survivors
-from tests.support.integration.helpers import JOB_NAME, PYTHON, REPO, Harness, Launch, Result
+from tests.support.integration.helpers import DISTENV_RUN, JOB_NAME, REPO, Harness, Launch, Result
+from tests.support.nodes import node_options
 
 RANK = str(REPO / "tests" / "support" / "scripts" / "restart_rank.py")
-DISTENV_RUN = [PYTHON, "-m", "distenv", "run"]
 #: A failed attempt's end to the next attempt's ranks in init_dist, on a loaded 2-core machine:
 #: the stop, the agents' agreement, four fresh `import torch`.
 ATTEMPT_S = 30.0
@@ -63,24 +63,10 @@ class Job:
 
 def two_agents(harness: Harness, job: Job, rank_argv: Sequence[str], *options: str) -> list[Launch]:
     """Start two node agents of one rank each on 127.0.0.1 (docs/start/local.md's recipe)."""
-    port = str(free_port())
     env = harness.env(extra={"DISTENV_TIMEOUT": "10"})
-    common = ["-n", "1", "--nnodes", "2", "--master-addr", "127.0.0.1", "--master-port", port]
     return [
-        harness.start(
-            [
-                *DISTENV_RUN,
-                *common,
-                "--node-rank",
-                str(node),
-                "--run-id",
-                job.tag,
-                *options,
-                *rank_argv,
-            ],
-            env=env,
-        )
-        for node in (0, 1)
+        harness.start([*DISTENV_RUN, *node, *options, *rank_argv], env=env)
+        for node in node_options(2, run_id=job.tag)
     ]
 
 

@@ -14,16 +14,15 @@ import socket
 import subprocess
 import sys
 import time
-import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 
-from distenv.master import free_port
 from tests.conftest import scrubbed_environ
 from tests.process.test_run import gone
+from tests.support.nodes import node_options
 
 REPO = Path(__file__).resolve().parents[2]
 RANK = str(REPO / "tests" / "support" / "scripts" / "card_rank.py")
@@ -62,38 +61,35 @@ class Job:
 
 CHILD = str(REPO / "tests" / "support" / "scripts" / "rank_child.py")
 SCENARIOS = {
-    # name: (the rank's program and arguments after OUT, distenv run options per node)
-    "raise": ([RANK, "--fail", "2:3:raise"], [["-n", "4"]]),
-    "segv": ([RANK, "--fail", "3:2:segv"], [["-n", "4"]]),
-    "kill": ([RANK, "--fail", "0:2:kill"], [["-n", "4"]]),
-    "nodes": (
-        [RANK, "--fail", "3:3:raise"],
-        [["-n", "2", "--node-rank", "0"], ["-n", "2", "--node-rank", "1"]],
-    ),
+    # name: (the rank's program and arguments after OUT, nodes, ranks per node, more options)
+    "raise": ([RANK, "--fail", "2:3:raise"], 1, 4, []),
+    "segv": ([RANK, "--fail", "3:2:segv"], 1, 4, []),
+    "kill": ([RANK, "--fail", "0:2:kill"], 1, 4, []),
+    "nodes": ([RANK, "--fail", "3:3:raise"], 2, 2, []),
     # No torch: what is tested is that the card comes once, after the agents' decision.
     "restarts": (
         [CHILD, "--fail-rank", "1", "--fail-mode", "raise", "--sleep", "60"],
-        [["-n", "2", "--max-restarts", "1"]],
+        1,
+        2,
+        ["--max-restarts", "1"],
     ),
     "restarts-nodes": (
         [CHILD, "--fail-rank", "1", "--fail-mode", "raise", "--sleep", "60"],
-        [["-n", "1", "--node-rank", str(node), "--max-restarts", "1"] for node in (0, 1)],
+        2,
+        1,
+        ["--max-restarts", "1"],
     ),
 }
 
 
 def _start(tmp: Path, name: str) -> Job:
-    (program, *arguments), nodes = SCENARIOS[name]
+    (program, *arguments), nnodes, ranks, options = SCENARIOS[name]
     out = tmp / name
     out.mkdir()
     env = scrubbed_environ()
     env.pop("OMP_NUM_THREADS", None)
     env["DISTENV_TIMEOUT"] = "60"
-    common = []
-    if len(nodes) > 1:
-        port, run_id = str(free_port()), f"card-{uuid.uuid4().hex[:8]}"
-        common += ["--nnodes", "2", "--master-addr", "127.0.0.1", "--master-port", port]
-        common += ["--run-id", run_id]
+    nodes = node_options(nnodes, ranks=ranks) if nnodes > 1 else [["-n", str(ranks)]]
     agents = [
         subprocess.Popen(
             [
@@ -101,7 +97,7 @@ def _start(tmp: Path, name: str) -> Job:
                 "-m",
                 "distenv",
                 "run",
-                *common,
+                *node,
                 *options,
                 program,
                 str(out),
@@ -113,7 +109,7 @@ def _start(tmp: Path, name: str) -> Job:
             stderr=subprocess.STDOUT,
             text=True,
         )
-        for options in nodes
+        for node in nodes
     ]
     return Job(out, agents, [])
 

@@ -8,6 +8,7 @@ import sys
 from pathlib import Path
 
 from tests.conftest import scrubbed_environ
+from tests.process.test_cli import _page_sample
 from tests.support.spawn import REPO, contract_env, free_port
 
 VENV_BIN = Path(sys.executable).parent
@@ -42,7 +43,9 @@ def test_doctor_refuses_a_batch_script_and_says_why() -> None:
 
 
 def test_doctor_under_distenv_run_prints_one_table() -> None:
-    """`distenv run -n 3 -m distenv doctor`: rank 0 alone prints a 3-row table and OK."""
+    """`distenv run -n 3 -m distenv doctor`: rank 0 alone prints a 3-row table and OK; docs/cli.md's
+    sample of it is what it prints: how the launcher was chosen (but for the run's id) and the
+    verdict (the rest is this machine's)."""
     result = run(
         [str(VENV_BIN / "distenv"), "run", "-n", "3", "-m", "distenv", "doctor"], scrubbed_environ()
     )
@@ -53,6 +56,16 @@ def test_doctor_under_distenv_run_prints_one_table() -> None:
     assert "verdict: OK: 3 of 3 ranks checked in" in result.stdout
     # Why cpu: this venv's torch is the CPU-only build.
     assert "rank 0's device: cpu: torch 2.13.0+cpu is a CPU-only build" in result.stdout
+
+    def checked(lines: list[str]) -> list[str]:
+        start = lines.index("how the launcher was chosen:")
+        end = next(i for i, line in enumerate(lines) if line.startswith("rank 0's device:"))
+        chosen = [re.sub(r"DISTENV_RUN_ID='[0-9a-f]+'", "<id>", line) for line in lines[start:end]]
+        return [*chosen, lines[-1]]
+
+    shown = _page_sample("distenv run -n 3 -m distenv doctor")
+    assert checked(shown) == checked(result.stdout.splitlines())
+    assert shown[-1] == "verdict: OK: 3 of 3 ranks checked in"
 
 
 def test_doctor_under_torchrun_uses_the_agent_store() -> None:

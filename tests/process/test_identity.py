@@ -21,6 +21,7 @@ from distenv.bootstrap.problems import SAME_IDENTITY
 from tests.conftest import scrubbed_environ
 from tests.process.test_rollcall_processes import finish
 from tests.support.integration.faults import survivors
+from tests.support.nodes import node_options
 from tests.support.spawn import REPO, contract_env, free_port
 
 SCRIPTS = REPO / "tests" / "support" / "scripts"
@@ -218,30 +219,14 @@ def test_nodes_of_one_run_id_with_different_sizes_name_the_mismatch() -> None:
     began = time.monotonic()
     nodes = [
         subprocess.Popen(
-            [
-                *RUN,
-                "-n",
-                size,
-                "--nnodes",
-                "2",
-                "--node-rank",
-                str(node),
-                "--master-addr",
-                "127.0.0.1",
-                "--master-port",
-                port,
-                "--run-id",
-                "exp1",
-                str(SCRIPTS / "host_rank.py"),
-                tag,
-            ],
+            [*RUN, *options, str(SCRIPTS / "host_rank.py"), tag],
             env=env,
             cwd=REPO,
             stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT,
             text=True,
         )
-        for node, size in enumerate(("2", "3"))
+        for options in node_options(2, ranks=(2, 3), run_id="exp1", port=port)
     ]
     results = finish(nodes, 180)
     elapsed = time.monotonic() - began

@@ -35,6 +35,7 @@ SBATCH_WAIT = HERE / "sbatch_wait.py"
 STATE = Path(os.environ.get("DISTENV_TEST_STATE", "/var/tmp/distenv-test"))
 PYTHON = str(REPO / ".venv" / "bin" / "python")
 TORCHRUN = str(REPO / ".venv" / "bin" / "torchrun")
+DISTENV_RUN = [PYTHON, "-m", "distenv", "run"]
 TIMEOUT_S = 120.0
 # Every job this session submits carries this name, so a timeout can cancel exactly those.
 JOB_NAME = f"distenv-it-{os.getpid()}"

@@ -16,10 +16,9 @@ from textwrap import dedent
 from typing import Any
 
 from tests.support.docblocks import recipe
-from tests.support.integration.helpers import PYTHON, REPO, Harness, Result
+from tests.support.integration.helpers import DISTENV_RUN, PYTHON, REPO, Harness, Result
 
 TIMEOUT_S = 240.0
-DISTENV_RUN = [PYTHON, "-m", "distenv", "run"]
 # The CPU form of a recipe's GPU lines.
 ON_CPU = (('accelerator="gpu"', 'accelerator="cpu"'), ('"nccl"', '"gloo"'))
 

@@ -1,8 +1,10 @@
 """A rank that trains for a while: init_dist, then all-reduces until told to stop.
 
 It stops after `--seconds`, or earlier once `--stop-file` exists (rank 0 looks, and the decision
-travels in the all-reduce, so every rank stops at the same step). Used by the collision tests: one
-job trains while another job's ranks reach its store. Prints
+travels in the all-reduce, so every rank stops at the same step); with a stop file, each rank
+creates ``init-<rank>`` beside it once init_dist returned (the test waits for those, not a
+guessed while). Used by the collision tests: one job trains while another job's ranks reach its
+store. Prints
 ``INIT <rank> <world>`` after init_dist and ``DONE <rank> <sum>`` at the end; a DistEnvError is
 one ``ERROR <class>: <message>`` line and exit status 1.
 """
@@ -32,6 +34,8 @@ def main() -> int:
         print(f"ERROR {type(exc).__name__}: {exc}", flush=True)
         return 1
     print(f"INIT {info.rank} {info.world_size}", flush=True)
+    if args.stop_file is not None:
+        (args.stop_file.parent / f"init-{info.rank}").touch()
     end = time.monotonic() + args.seconds
     while True:
         asked = info.rank == 0 and args.stop_file is not None and args.stop_file.exists()
