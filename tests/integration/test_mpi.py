@@ -354,6 +354,23 @@ def test_rank0_stalled_every_rank_ends_within_the_bound(harness: Harness) -> Non
         assert survivors(out) == [], result.text
 
 
+def sleeping_in_a_loop(pid: int, within: float = 60) -> bool:
+    """Return once `pid`'s main thread is seen asleep (clock_nanosleep) three times running.
+
+    From init_dist's entry to the exchange's wait takes milliseconds, on a loaded machine
+    seconds: the wait is `Test()` between sleeps, and nothing before it sleeps.
+    """
+    until, seen = time.monotonic() + within, 0
+    while time.monotonic() < until and seen < 3:
+        try:
+            call = Path(f"/proc/{pid}/syscall").read_text().split()[0]
+        except (OSError, IndexError):
+            return False
+        seen = seen + 1 if call in ("35", "230") else 0  # nanosleep, clock_nanosleep (x86-64)
+        time.sleep(0.02)
+    return seen >= 3
+
+
 def test_sigint_to_a_waiting_rank_ends_it_within_2s(harness: Harness) -> None:
     """SIGINT to rank 2 while it waits for rank 0's master: it ends within 2 s, with a message.
 
@@ -368,7 +385,7 @@ def test_sigint_to_a_waiting_rank_ends_it_within_2s(harness: Harness) -> None:
         until = time.monotonic() + 60
         while not started.exists() and time.monotonic() < until:
             time.sleep(0.05)
-        time.sleep(1)  # from init_dist's entry to the broadcast: milliseconds
+        assert sleeping_in_a_loop(pid), f"rank 2 never waited: {sorted(out.iterdir())}"
         os.kill(pid, signal.SIGINT)
         took.append(gone(pid, within=10))
     results = wait_all([launch for _, launch in launches])
