@@ -19,6 +19,7 @@ from distenv.bootstrap.limits import ensure_descriptors
 from distenv.bootstrap.paths import dial, offer, predict, probed_backends
 from distenv.bootstrap.protocol import (
     ACK,
+    ALL,
     CHECKIN,
     CLOSED,
     COLLIDED,
@@ -37,7 +38,7 @@ from distenv.bootstrap.scope import ScopeCheck
 from distenv.bootstrap.session import FOREIGN_HINT, Bootstrap, Session
 from distenv.bootstrap.store import connect_store
 from distenv.bootstrap.verdict import Verdict, parse_place, parse_verdict
-from distenv.bootstrap.waits import wait_count, wait_value, write_many
+from distenv.bootstrap.waits import count_to, wait_count, wait_counted, wait_value, write_many
 from distenv.deadline import bounded
 from distenv.errors import DistEnvError, RendezvousError, RendezvousTimeoutError
 from distenv.rankinfo import RankInfo
@@ -191,17 +192,22 @@ class FlatChannel(StoreChannel):
     def report_up(self, boot: Bootstrap, token: str) -> str:
         session = boot.session
         session.mark("up", token=token)
-        session.store.add(f"{session.keys(UP)}/{COUNT.name}", 1)
+        keys, world = session.keys(UP), session.info.world_size
+        count_to(session.store, f"{keys}/{COUNT.name}", 1, world, f"{keys}/{ALL.name}")
         return token
 
     def acknowledge(
         self, boot: Bootstrap, hosts: Mapping[int, str], missing: Callable[[], DistEnvError]
     ) -> None:
-        """Rank 0: once every rank's record says up, echo each rank's token under its own key."""
+        """Rank 0: once every rank's record says up, echo each rank's token under its own key.
+
+        Rank 0 waits in the store for the word of the rank that completed the count (`ALL`),
+        then reads the count and the records as it would have after polling the count.
+        """
         session = boot.session
         info, store, world = session.info, session.store, session.info.world_size
         keys = session.keys(UP)
-        count = wait_count(store, f"{keys}/{COUNT.name}", world, boot.waits)
+        count = wait_counted(store, f"{keys}/{COUNT.name}", world, f"{keys}/{ALL.name}", boot.waits)
         tokens = session.up_tokens(range(world))
         up = [rank for rank, token in tokens.items() if token is not None]
         if len(up) < world and count < world:

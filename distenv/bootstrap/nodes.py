@@ -29,14 +29,20 @@ from distenv.bootstrap.gather import gather_batches
 from distenv.bootstrap.leaders import SLACK_S, Link, NodeListener
 from distenv.bootstrap.limits import ensure_descriptors
 from distenv.bootstrap.paths import probed_backends
-from distenv.bootstrap.protocol import ACK, CLOSED, COUNT, CUT, UP, WRITTEN, Message
+from distenv.bootstrap.protocol import ACK, ALL, CLOSED, COUNT, CUT, UP, WRITTEN, Message
 from distenv.bootstrap.records import MAX_SHOWN, CheckIn
 from distenv.bootstrap.role import Role
 from distenv.bootstrap.scope import ScopeCheck
 from distenv.bootstrap.session import FOREIGN_HINT, Bootstrap, Session
 from distenv.bootstrap.store import connect_store
 from distenv.bootstrap.verdict import Verdict
-from distenv.bootstrap.waits import read_many, wait_count, wait_value, write_many
+from distenv.bootstrap.waits import (
+    count_to,
+    read_many,
+    wait_counted,
+    wait_value,
+    write_many,
+)
 from distenv.deadline import Deadline
 from distenv.errors import DistEnvError, RendezvousError, RendezvousTimeoutError
 from distenv.rankinfo import RankInfo
@@ -100,7 +106,9 @@ class LeaderChannel(StoreChannel):
         up = UpBatch(info.rank, tuple(sorted(tokens.items())), tuple(gone), tuple(silent))
         # Appended before it is counted: rank 0 reads the reports once the count is complete.
         session.store.append(f"{keys}/{shard_key(info.rank)}", up.to_line())
-        session.store.add(f"{keys}/{COUNT.name}", up.ranks)
+        count_to(
+            session.store, f"{keys}/{COUNT.name}", up.ranks, info.world_size, f"{keys}/{ALL.name}"
+        )
         return up.echo()
 
     def acknowledge(
@@ -111,7 +119,7 @@ class LeaderChannel(StoreChannel):
         session = boot.session
         info, store, world = session.info, session.store, session.info.world_size
         keys = session.keys(UP)
-        count = wait_count(store, f"{keys}/{COUNT.name}", world, boot.waits)
+        count = wait_counted(store, f"{keys}/{COUNT.name}", world, f"{keys}/{ALL.name}", boot.waits)
         shards = [f"{keys}/{key}" for key in shard_keys(world)]
         reports: list[UpBatch] = []
         foreign = 0

@@ -23,6 +23,7 @@ __all__ = [
     "ALARM",
     "ALARM_EXIT",
     "ALARM_HUNG",
+    "ALL",
     "BATCHES",
     "CARD",
     "CHECKIN",
@@ -163,6 +164,14 @@ STATE = Key(
 COUNT = Key(
     "count", "", UP, "every rank (add 1) or node leader (add its node's ranks)", "rank 0", "counter"
 )
+ALL = Key(
+    "all",
+    "",
+    UP,
+    "every rank (or node leader) whose addition brings the count to the world size or past it",
+    "rank 0 (a wait in the store), which then reads the count and the records: it says when to look",
+    "the count that rank's addition found",
+)
 ACK = Key(
     "ack/",
     "rank",
@@ -242,6 +251,7 @@ KEYS = (
     READ,
     STATE,
     COUNT,
+    ALL,
     ACK,
     RELEASE,
     SEEN,

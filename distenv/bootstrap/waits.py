@@ -3,7 +3,9 @@
 A rank that waits for rank 0 (its claim, its verdict, its acknowledgement) waits in the store
 itself (`wait_value`): it sends two requests however long it waits and wakes when the key is
 written, where polling would keep N - 1 ranks asking rank 0's store, and on a busy node take the
-CPU rank 0 needs. Rank 0, the one rank that waits for counts, polls them (`wait_count`, `pauses`).
+CPU rank 0 needs. Rank 0, the one rank that waits for counts, polls them (`wait_count`, `pauses`),
+or, where the counters say when they are done (`count_to`), waits in the store for that word and
+then looks at the count (`wait_counted`).
 Many keys travel in one request per `CHUNK` (`read_many`, `write_many`); `peek` reads a key
 without waiting. Reaching the store is `distenv.bootstrap.store`'s.
 """
@@ -19,10 +21,12 @@ from distenv.timing import FIRST_POLL_S, POLL_S
 
 __all__ = [
     "CHUNK",
+    "count_to",
     "pauses",
     "peek",
     "read_many",
     "wait_count",
+    "wait_counted",
     "wait_keys",
     "wait_value",
     "write_many",
@@ -105,6 +109,33 @@ def wait_count(store: Any, key: str, count: int, deadline: Deadline) -> int:
     while (counted := int(store.add(key, 0))) < count and not deadline.passed():
         pause(next(waits))
     return counted
+
+
+def count_to(store: Any, key: str, amount: int, total: int, done: str) -> int:
+    """Add `amount` to the counter `key`; the add that reaches `total` also writes `done`.
+
+    Every add that finds the count at `total` or past it writes `done` (its value, the count it
+    found): one writer where only the counters add, and a word at once where a forger's add ran
+    the count past `total` first, so that the waiter looks (and names the foreign count) without
+    waiting for its deadline. Returns the count the add found.
+    """
+    counted = int(store.add(key, amount))
+    if counted >= total:
+        store.set(done, str(counted))
+    return counted
+
+
+def wait_counted(store: Any, key: str, count: int, done: str, deadline: Deadline) -> int:
+    """Wait in the store for `done` (`count_to`'s word), then poll the counter `key` until it
+    reaches `count` or `deadline` passes; return its last value.
+
+    The word only says when to look, like the count itself: a word written early (by a process
+    outside the job) leaves the waiter polling, as `wait_count` alone would, so that what it
+    decides afterwards rests on the count and the records, never on the word. Where the counters
+    are done first, the poll is one request: the waiter's store served no polls meanwhile.
+    """
+    wait_value(store, done, deadline)
+    return wait_count(store, key, count, deadline)
 
 
 def write_many(store: Any, items: Sequence[tuple[str, str]]) -> None:

@@ -3,6 +3,8 @@
 A rank waiting for rank 0 waits in the store (TCPStore's ``get``) instead of polling it; that is
 sound only while a timed-out wait leaves the connection in step, and it must survive the wake-up a
 ``compare_set`` on the missing key gives (torch 2.13: the blocked ``get`` returns an empty value).
+Rank 0 waits the same way for the word that a count is complete (`count_to`, `wait_counted`), and
+a word written early leaves it polling the count as before.
 """
 
 from __future__ import annotations
@@ -14,7 +16,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from distenv.bootstrap.waits import peek, wait_value
+from distenv.bootstrap.waits import count_to, peek, wait_counted, wait_value
 from distenv.deadline import Deadline
 
 
@@ -117,3 +119,66 @@ def test_wait_value_does_not_spin_on_a_forged_empty_value(stores: tuple[object, 
     assert wait_value(Counting(), "verdict", Deadline.after(0.2)) is None
     # It looked again (more than once) and paused between looks (at most one per 0.5 ms).
     assert 3 <= gets <= 0.2 / 0.0005 + 1, gets
+
+
+class _CountingAdds:
+    """A store client that counts its ``add`` requests (rank 0's polls of a count)."""
+
+    def __init__(self, store: object) -> None:
+        self.store = store
+        self.adds = 0
+
+    def add(self, key: str, amount: int) -> int:
+        self.adds += 1
+        return int(self.store.add(key, amount))  # type: ignore[attr-defined]
+
+    def get(self, key: str) -> bytes:
+        return bytes(self.store.get(key))  # type: ignore[attr-defined]
+
+    def set_timeout(self, timeout: datetime.timedelta) -> None:
+        self.store.set_timeout(timeout)  # type: ignore[attr-defined]
+
+
+def test_only_the_add_that_completes_the_count_writes_the_word(
+    stores: tuple[object, object],
+) -> None:
+    """Three counters of one, then a late one: the third writes the word (its count); the others
+    wrote nothing before it, and every add past the total writes it again."""
+    _, other = stores
+    assert count_to(other, "count", 1, 3, "all") == 1
+    assert count_to(other, "count", 1, 3, "all") == 2
+    assert not other.check(["all"])  # type: ignore[attr-defined]
+    assert count_to(other, "count", 1, 3, "all") == 3
+    assert bytes(other.get("all")) == b"3"  # type: ignore[attr-defined]
+    assert count_to(other, "count", 5, 3, "all") == 8
+    assert bytes(other.get("all")) == b"8"  # type: ignore[attr-defined]
+
+
+def test_wait_counted_waits_in_the_store_and_looks_once(stores: tuple[object, object]) -> None:
+    """Rank 0 sends one add however long the counters take: it wakes on the word, not by polling."""
+    waiter, other = stores
+    counting = _CountingAdds(waiter)
+    counters = [_later(0.1 * i, lambda: count_to(other, "n", 2, 6, "done")) for i in (1, 2, 3)]
+    start = time.monotonic()
+    assert wait_counted(counting, "n", 6, "done", Deadline.after(10)) == 6
+    assert 0.25 < time.monotonic() - start < 5.0
+    assert counting.adds == 1
+    for thread in counters:
+        thread.join(5)
+
+
+def test_an_early_word_leaves_rank_0_polling_the_count(stores: tuple[object, object]) -> None:
+    """A word written before the count is complete (a forger's) decides nothing: rank 0 polls the
+    count as before, returns it once complete, and at the deadline returns it short."""
+    waiter, other = stores
+    other.set("done", "999")  # type: ignore[attr-defined]
+    counting = _CountingAdds(waiter)
+    completes = _later(0.3, lambda: count_to(other, "n", 4, 4, "done"))
+    start = time.monotonic()
+    assert wait_counted(counting, "n", 4, "done", Deadline.after(10)) == 4
+    assert 0.25 < time.monotonic() - start < 5.0
+    assert counting.adds > 1  # it polled
+    completes.join(5)
+    start = time.monotonic()
+    assert wait_counted(counting, "never", 4, "done", Deadline.after(0.3)) == 0
+    assert 0.25 < time.monotonic() - start < 2.0
