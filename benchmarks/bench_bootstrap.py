@@ -283,10 +283,15 @@ def cpu_table(records: dict[str, list[dict[str, Any]]]) -> dict[str, Any]:
             ]
             if any(rank0) or any(others):
                 rows[phase] = {"rank0": median(rank0), "others": median(others)}
+        # The probes' own total (their phases and "other" add up to it), not the worker's CPU
+        # figure: the two are read at instants a few microseconds apart.
         rows["total"] = {
-            "rank0": median([1000 * r["cpu_per_rank_s"][0] for r in recs]),
-            "others": median([1000 * median(r["cpu_per_rank_s"][1:]) for r in recs]),
-        }
+            "rank0": median([sum(r["cpu_phases"][0].values()) for r in recs]),
+            "others": median([
+                median([sum(v.values()) for k, v in r["cpu_phases"].items() if k != 0])
+                for r in recs
+            ]),
+        }  # fmt: skip
         out["methods"][method] = {"phases": rows, "cpu_per_rank_ms": median(
             [_cpu_ms(r) for r in recs]
         )}  # fmt: skip
