@@ -4,7 +4,8 @@
 
 Every rank joins the group with ``distenv.init_dist(backend="gloo")``, writes its pid to
 ``OUT/pid<RANK>``, then all_reduces a tensor step after step. Rank RANK, at step STEP, writes the
-time to ``OUT/fault`` and hangs as MODE says: ``sleep`` (it sleeps in its own code while the others
+time to ``OUT/fault`` and hangs as MODE says (each rank also writes when it entered its latest
+collective to ``OUT/entered-<RANK>``): ``sleep`` (it sleeps in its own code while the others
 wait in the all_reduce), ``skip`` (it skips that step's all_reduce: one collective ahead, it reaches
 the final barrier while the others wait in the loop's last all_reduce), ``none`` (nobody hangs: the
 loop runs until SIGTERM, for a dump on demand), ``slow`` (nobody hangs: every rank's steps take
@@ -40,11 +41,19 @@ def train(out: Path, rank: int, hang_step: int, mode: str) -> None:
                 time.sleep(600)
             if mode == "skip":
                 continue
+        entered(out)
         dist.all_reduce(x)
         time.sleep(0.01)
 
 
-def finish() -> None:
+def entered(out: Path) -> None:
+    """Write when this rank entered a collective to ``OUT/entered-<RANK>``: the latest such time
+    over the ranks is when the last rank blocked, the moment a hang begins."""
+    (out / f"entered-{dist.get_rank()}").write_text(str(time.time()))
+
+
+def finish(out: Path) -> None:
+    entered(out)
     dist.barrier()
 
 
@@ -58,7 +67,7 @@ def main() -> None:
     distenv.init_dist(backend="gloo", hang_timeout=args.hang_timeout)
     (args.out / f"pid{dist.get_rank()}").write_text(str(os.getpid()))
     train(args.out, int(rank), int(step), mode)
-    finish()
+    finish(args.out)
     dist.destroy_process_group()
 
 
