@@ -63,6 +63,7 @@ from distenv.bootstrap.session import Session
 from distenv.bootstrap.waits import peek, read_many, wait_count, wait_keys, wait_value
 from distenv.deadline import Deadline
 from distenv.postmortem import progress
+from distenv.postmortem.ranklog import current
 from distenv.postmortem.stacks import (
     DUMP_WAIT,
     HANG_STATUS,
@@ -249,8 +250,13 @@ class _Autopsy:
         mine = f"{self.info.rank} {len(stacks)}".encode()
         printed = bytes(self.waiter.compare_set(CARD.name, "", mine))
         if printed == mine:
-            with contextlib.suppress(OSError):
-                os.write(2, card(hung, self.timeout, stacks, missing, self.log_dir).encode())
+            text = card(hung, self.timeout, stacks, missing, self.log_dir).encode()
+            log = current()
+            if log is not None:  # to the console at once, not after the log's pipe: muted next
+                log.write_stderr(text)
+            else:
+                with contextlib.suppress(OSError):
+                    os.write(2, text)
         return printed
 
     def _write_fault(self) -> None:
@@ -272,7 +278,8 @@ def _answered(printed: bytes | None) -> int:
 
 def _silence() -> None:
     """Flush this process's output (within a second: the stuck main thread may hold a stream's
-    lock), then point its stdout and stderr at /dev/null for the moments it has left."""
+    lock), then point its stdout and stderr (and a per-rank log's console) at /dev/null for the
+    moments it has left; the per-rank log keeps what is written."""
 
     def flush() -> None:
         for stream in (sys.stdout, sys.stderr):
@@ -286,6 +293,9 @@ def _silence() -> None:
         null = os.open(os.devnull, os.O_WRONLY)
         os.dup2(null, 1)
         os.dup2(null, 2)
+    log = current()
+    if log is not None:  # its streams write to the console's own duplicates: those too
+        log.mute_console()
 
 
 def arm(session: Session, timeout: float, log_dir: str | None) -> bool:

@@ -235,12 +235,17 @@ class _Both(io.RawIOBase):
 
     def write(self, data: ReadableBuffer) -> int:
         chunk = bytes(data)
-        self._sink.write(chunk)
-        view = memoryview(chunk)
-        with contextlib.suppress(OSError):  # the console went away: the log goes on
-            while view:
-                view = view[os.write(self._console, view) :]
+        _tee(chunk, self._console, self._sink)
         return len(chunk)
+
+
+def _tee(data: bytes, console: int, sink: BoundedLog) -> None:
+    """Write `data` to the log, then all of it to the console's descriptor."""
+    sink.write(data)
+    view = memoryview(data)
+    with contextlib.suppress(OSError):  # the console went away: the log goes on
+        while view:
+            view = view[os.write(console, view) :]
 
 
 class RankLog:
@@ -263,6 +268,7 @@ class RankLog:
         self.fault_fd: int | None = None
         self._streams: dict[str, Any] = {}
         self._thread: threading.Thread | None = None
+        self._sink: BoundedLog | None = None
 
     def start(self) -> None:
         """Tee descriptors 1 and 2 into the log, watch fatal signals, record the end at exit."""
@@ -274,7 +280,7 @@ class RankLog:
         self.fault_fd = fault
         if not faulthandler.is_enabled():  # ``python -X faulthandler`` writes to stderr: logged
             faulthandler.enable(file=fault, all_threads=True)
-        sink = BoundedLog(self.log)
+        sink = self._sink = BoundedLog(self.log)
         reads = []
         for fd in (1, 2):
             with contextlib.suppress(OSError, ValueError, AttributeError):
@@ -316,6 +322,30 @@ class RankLog:
                 continue
             self._streams[name] = old
             setattr(sys, name, new)
+
+    def write_stderr(self, data: bytes) -> None:
+        """Write `data` to the console's stderr and to the log at once, as ``sys.stderr`` does,
+        without its lock (a stuck main thread may hold it) and without the pipe's copying thread
+        (`mute_console` may follow at once)."""
+        if self._sink is None or 2 not in self._saved:
+            with contextlib.suppress(OSError):
+                os.write(2, data)
+            return
+        _tee(data, self._saved[2], self._sink)
+
+    def mute_console(self) -> None:
+        """Send nothing more to the console; the log goes on keeping what is written.
+
+        For a rank that is about to end itself (a hung job's end): once one rank ends, its peers'
+        collectives break and their tracebacks would bury what was printed last, and descriptors
+        1 and 2 alone do not hold them back, since `sys.stdout`, `sys.stderr` and the copying
+        thread write to the console's own duplicates.
+        """
+        with contextlib.suppress(OSError):
+            null = os.open(os.devnull, os.O_WRONLY)
+            for saved in self._saved.values():
+                os.dup2(null, saved, inheritable=False)
+            os.close(null)
 
     def end(self) -> None:
         """Write the failure record, put descriptors 1 and 2 back and let the log catch up."""

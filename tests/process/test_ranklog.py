@@ -74,6 +74,18 @@ def test_sigkill_leaves_the_log_and_no_record(tmp_path: Path) -> None:
     assert card[1].startswith("  silent:  rank 0 left no record"), card
 
 
+def test_a_muted_console_gets_nothing_more_and_the_log_keeps_it(tmp_path: Path) -> None:
+    """A hung job's end: the card reaches the console and the log at once; once muted, what the
+    rank prints (a broken collective's traceback) goes to the log only, not over the card."""
+    done, logs, _ = _run(tmp_path, "mute")
+    assert done.returncode == 1
+    assert done.stdout == "out line\n"
+    assert done.stderr == "err line\ncard\n"
+    log = (logs / "rank-0.log").read_text()
+    assert "card\nmuted out\n" in log.replace("err line\n", "")
+    assert "ValueError: bad batch at step 3" in log
+
+
 def test_log_is_bounded_to_its_head_and_tail(tmp_path: Path) -> None:
     """20 MB of output: the log keeps the first and last lines, at most HEAD + 2 TAIL bytes."""
     done, logs, card = _run(tmp_path, "big")

@@ -6,7 +6,9 @@ Starts the log with ``init_dist("none", backend="gloo", log_dir=DIR)`` (MODE ``r
 spare torch's import, with `distenv.postmortem.ranklog.folder` and `distenv.postmortem.ranklog.start` (rank 0) after `ExitStatus.watch`, as
 init_dist does. It prints ``out line`` and ``err line`` and then, by MODE: ``raise``
 (ValueError in ``fail``), ``exit3``, ``segv`` or ``kill`` (the signal to itself, right after the
-output), ``big`` (20 MB of numbered lines), ``ok``.
+output), ``big`` (20 MB of numbered lines), ``mute`` (``card`` written by
+`RankLog.write_stderr`, then the console muted and a traceback raised: as a hung job's end does),
+``ok``.
 """
 
 from __future__ import annotations
@@ -43,6 +45,13 @@ def main(folder: str, mode: str) -> None:
         sys.exit(3)
     elif mode in ("segv", "kill"):
         os.kill(os.getpid(), signal.SIGSEGV if mode == "segv" else signal.SIGKILL)
+    elif mode == "mute":
+        current = ranklog.current()
+        assert current is not None
+        current.write_stderr(b"card\n")
+        current.mute_console()
+        print("muted out", flush=True)
+        fail()
     elif mode == "big":
         line = "x" * 90
         for i in range(200_000):
