@@ -68,6 +68,19 @@ def stopped_rank_said_nothing_first(o: Outcome, rank: int) -> None:
         assert min(others) <= errors[rank]["t"], o.text()
 
 
+def named_at_joining(o: Outcome, stopped: int) -> list[int]:
+    """Return the ranks that named the SIGSTOPped rank `stopped` with its host, still at joining,
+    each within the bound; it said nothing first. mpirun stops the others once one fails: the
+    first to fail names it, the rest may be killed by mpirun before they print."""
+    stopped_rank_said_nothing_first(o, stopped)
+    host = o.first(stopped, "start")["host"]  # type: ignore[index]
+    said = f"rank {stopped} on {host!r} (still at joining)"
+    named = [r for r, e in o.errors().items() if said in e["message"]]
+    assert named, o.text()
+    ended_in_time(o, tuple(named))
+    return named
+
+
 def ended_in_time(o: Outcome, ranks: tuple[int, ...]) -> None:
     """(a) and (d): each of `ranks` ended within the bound with an error; nothing survived."""
     errors = o.errors()
@@ -131,16 +144,7 @@ def test_rank_stopped_after_init_is_named_by_the_group_up_check(launches: Launch
     inits return too, and the group-up check names rank 2 and its host at the deadline."""
     o = outcome(launches, "stopped-after-init")
     errors = o.errors()
-    stopped_rank_said_nothing_first(o, 2)
-    host = o.first(2, "start")["host"]  # type: ignore[index]
-    named = [
-        r for r, e in errors.items() if f"rank 2 on {host!r} (still at joining)" in e["message"]
-    ]
-    # mpirun stops the others once one fails: the first to fail names rank 2, the rest may be
-    # killed by mpirun before they print.
-    assert named, o.text()
-    ended_in_time(o, tuple(named))
-    for rank in named:
+    for rank in named_at_joining(o, 2):
         message = errors[rank]["message"]
         assert "the process group did not come up on every rank within 15 s" in message
     assert o.result.returncode not in (0, None), o.text()
@@ -154,16 +158,8 @@ def test_rank_stopped_in_its_gloo_connect_is_named_within_the_bound(launches: La
     deadline in init_process_group); no rank passes init_dist."""
     o = outcome(launches, "stopped-after-publish")
     errors = o.errors()
-    stopped_rank_said_nothing_first(o, 2)
     assert all(o.first(rank, "ok") is None for rank in range(4)), o.text()
-    host = o.first(2, "start")["host"]  # type: ignore[index]
-    named = [
-        r for r, e in errors.items() if f"rank 2 on {host!r} (still at joining)" in e["message"]
-    ]
-    # mpirun stops the others once one fails: the first to fail names rank 2.
-    assert named, o.text()
-    ended_in_time(o, tuple(named))
-    for rank in named:
+    for rank in named_at_joining(o, 2):
         message = errors[rank]["message"]
         assert "within 15 s" in message, o.text()
         assert f"rank {rank} on" not in message, o.text()  # never itself
