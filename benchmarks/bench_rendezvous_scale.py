@@ -79,15 +79,26 @@ def flat_checkins(ranks: Sequence[int], extra: tuple[int, str, str]) -> Iterator
 
 
 def _flat_checkin(rank: int, n: int, scope_key: str, prefix: str) -> wire.Task:
-    from distenv.bootstrap.protocol import CHECKIN, WRITTEN
+    from distenv.bootstrap.protocol import CHECKIN
 
     record = _checkin(rank, n).to_json()
     claim = yield wire.peek(scope_key, "peek scope")
     assert claim != wire.ABSENT, "rank 0 claims the scope before the ranks check in"
     held = yield wire.compare_set(f"{prefix}/{CHECKIN.of(rank)}", "", record, "claim checkin/<r>")
     assert held == record.encode(), held[:80]
-    yield wire.add(f"{prefix}/{WRITTEN.name}", 1, "add written")
+    yield from _count(prefix, 1, n)
     return None
+
+
+def _count(prefix: str, amount: int, n: int) -> wire.Task:
+    """Count in, as `distenv.bootstrap.waits.count_to` does: the addition that completes the
+    count also writes the word rank 0 waits for. Returns the count the addition found."""
+    from distenv.bootstrap.protocol import ALL, WRITTEN
+
+    count = yield wire.add(f"{prefix}/{WRITTEN.name}", amount, "add written")
+    if count >= n:
+        yield wire.set_(f"{prefix}/{ALL.name}", str(count), "set all")
+    return count
 
 
 def leader_checkins(leaders: Sequence[int], extra: tuple[int, str, str]) -> Iterator[wire.Task]:
@@ -99,13 +110,13 @@ def leader_checkins(leaders: Sequence[int], extra: tuple[int, str, str]) -> Iter
 
 def _leader_checkin(leader: int, n: int, scope_key: str, prefix: str) -> wire.Task:
     from distenv.bootstrap.batches import Batch, shard_key
-    from distenv.bootstrap.protocol import CUT, WRITTEN
+    from distenv.bootstrap.protocol import CUT
 
     node = tuple(_checkin(r, n) for r in range(leader, leader + RANKS_PER_NODE))
     line = Batch(leader, node).to_line()
     claim = yield wire.peek(scope_key, "peek scope")
     assert claim != wire.ABSENT, "rank 0 claims the scope before the leaders check in"
-    count = yield wire.add(f"{prefix}/{WRITTEN.name}", len(node), "add written")
+    count = yield from _count(prefix, len(node), n)
     assert count < CUT, "rank 0 made its cut before this leader counted its node"
     yield wire.append(f"{prefix}/{shard_key(leader)}", line, "append batch")
     return None

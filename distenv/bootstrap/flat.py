@@ -268,11 +268,11 @@ def check_in(store: Any, checkin: CheckIn) -> bytes | None:
     record = checkin.to_json()
     held = bytes(store.compare_set(CHECKIN.of(checkin.rank), "", record))
     if held == record.encode():
-        store.add(WRITTEN.name, 1)
+        count_to(store, WRITTEN.name, 1, checkin.world_size, ALL.name)
         return None
     if held != CLOSED:
         store.set(EXTRA.of(int(store.add(EXTRAS.name, 1))), record)
-        store.add(WRITTEN.name, 1)
+        count_to(store, WRITTEN.name, 1, checkin.world_size, ALL.name)
     return held
 
 

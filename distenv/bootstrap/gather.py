@@ -12,7 +12,7 @@ from collections.abc import Set as AbstractSet
 from typing import Any
 
 from distenv.bootstrap.batches import parse_batches, shard_keys
-from distenv.bootstrap.protocol import CHECKIN, CLOSED, CUT, EXTRA, EXTRAS, SIZES, WRITTEN
+from distenv.bootstrap.protocol import ALL, CHECKIN, CLOSED, CUT, EXTRA, EXTRAS, SIZES, WRITTEN
 from distenv.bootstrap.records import (
     MAX_RANK,
     MAX_SHOWN,
@@ -22,7 +22,7 @@ from distenv.bootstrap.records import (
     parse_checkin,
 )
 from distenv.bootstrap.verdict import Verdict, host_sizes, node_hosts, refusal, validate
-from distenv.bootstrap.waits import pauses, peek, read_many, wait_count, wait_keys
+from distenv.bootstrap.waits import pauses, peek, read_many, wait_counted, wait_keys
 from distenv.deadline import Deadline, pause
 from distenv.rankinfo import RankInfo
 from distenv.timing import VERDICT_GRACE_S
@@ -48,7 +48,7 @@ def gather_checkins(store: Any, info: RankInfo, scope: str, deadline: Deadline) 
     missing is forged.
     """
     world = info.world_size
-    counted = wait_count(store, WRITTEN.name, world, deadline)
+    counted = wait_counted(store, WRITTEN.name, world, ALL.name, deadline)
     resized = other_sizes(store, world) if counted >= CUT else None
     if resized is not None:
         raws = read_many(store, [f"{CHECKIN.stem}{rank}" for rank in range(world)])
@@ -179,7 +179,7 @@ def gather_batches(
     written by a process outside the job.
     """
     world = info.world_size
-    counted = wait_count(store, WRITTEN.name, world, deadline)
+    counted = wait_counted(store, WRITTEN.name, world, ALL.name, deadline)
     resized = other_sizes(store, world) if counted >= CUT else None
     if resized is not None:
         return Verdict(False, (resized,), (), scope), 0

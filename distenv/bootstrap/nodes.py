@@ -284,7 +284,8 @@ def check_in_batch(store: Any, batch: Batch) -> bytes | None:
     (`distenv.bootstrap.gather.gather_batches`), and rank 0 waits for the batches of every count
     it saw before the cut.
     """
-    if int(store.add(WRITTEN.name, len(batch.checkins))) >= CUT:
+    world = batch.checkins[0].world_size
+    if count_to(store, WRITTEN.name, len(batch.checkins), world, ALL.name) >= CUT:
         return CLOSED
     store.append(shard_key(batch.leader), batch.to_line())
     return None

@@ -167,8 +167,9 @@ COUNT = Key(
 ALL = Key(
     "all",
     "",
-    UP,
-    "every rank (or node leader) whose addition brings the count to the world size or past it",
+    f"{ROLLCALL}, {UP}",
+    "every rank (or node leader) whose addition brings the phase's count (WRITTEN, COUNT) to the "
+    "world size or past it; in the roll call also a rank that adds CUT for another world size",
     "rank 0 (a wait in the store), which then reads the count and the records: it says when to look",
     "the count that rank's addition found",
 )

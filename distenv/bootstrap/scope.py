@@ -17,7 +17,7 @@ from collections.abc import Callable
 from typing import Any
 
 from distenv._hosts import this_host
-from distenv.bootstrap.protocol import CUT, KEY_ROOT, SIZES, WRITTEN, prefix, scope_key
+from distenv.bootstrap.protocol import ALL, CUT, KEY_ROOT, SIZES, WRITTEN, prefix, scope_key
 from distenv.bootstrap.records import (
     ForeignRecordError,
     NetRecord,
@@ -27,7 +27,7 @@ from distenv.bootstrap.records import (
     parse_scope,
 )
 from distenv.bootstrap.store import master_address
-from distenv.bootstrap.waits import peek, wait_value
+from distenv.bootstrap.waits import count_to, peek, wait_value
 from distenv.deadline import Deadline
 from distenv.errors import RendezvousError, RendezvousTimeoutError, StoreTakenError
 from distenv.rankinfo import RankInfo
@@ -149,7 +149,7 @@ class ScopeCheck:
         if self.resized is not None:
             keys = self.resized(scope)
             self.store.append(f"{keys}/{SIZES.name}", f"{ours}@{this_host()}\n")
-            self.store.add(f"{keys}/{WRITTEN.name}", CUT)
+            count_to(self.store, f"{keys}/{WRITTEN.name}", CUT, CUT, f"{keys}/{ALL.name}")
         return RendezvousError(
             info.launcher,
             f"{info.who}: a size mismatch: rank 0's store at "

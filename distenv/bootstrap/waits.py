@@ -4,8 +4,8 @@ A rank that waits for rank 0 (its claim, its verdict, its acknowledgement) waits
 itself (`wait_value`): it sends two requests however long it waits and wakes when the key is
 written, where polling would keep N - 1 ranks asking rank 0's store, and on a busy node take the
 CPU rank 0 needs. Rank 0, the one rank that waits for counts, polls them (`wait_count`, `pauses`),
-or, where the counters say when they are done (`count_to`), waits in the store for that word and
-then looks at the count (`wait_counted`).
+or, where the counters say when they are done (`count_to`: the roll call's and the group-up's
+counts), waits in the store for that word and then looks at the count (`wait_counted`).
 Many keys travel in one request per `CHUNK` (`read_many`, `write_many`); `peek` reads a key
 without waiting. Reaching the store is `distenv.bootstrap.store`'s.
 """
@@ -126,14 +126,20 @@ def count_to(store: Any, key: str, amount: int, total: int, done: str) -> int:
 
 
 def wait_counted(store: Any, key: str, count: int, done: str, deadline: Deadline) -> int:
-    """Wait in the store for `done` (`count_to`'s word), then poll the counter `key` until it
-    reaches `count` or `deadline` passes; return its last value.
+    """Look at the counter `key` once; short of `count`, wait in the store for `done`
+    (`count_to`'s word), then poll the counter until it reaches `count` or `deadline` passes;
+    return its last value.
 
     The word only says when to look, like the count itself: a word written early (by a process
     outside the job) leaves the waiter polling, as `wait_count` alone would, so that what it
-    decides afterwards rests on the count and the records, never on the word. Where the counters
-    are done first, the poll is one request: the waiter's store served no polls meanwhile.
+    decides afterwards rests on the count and the records, never on the word. A count already
+    complete costs one request; one still short costs the wait and a look after it, however long
+    the counters take: the waiter's store serves no polls meanwhile. (One wait, not slices of it:
+    each of TCPStore's timed-out waits prints two lines of warnings.)
     """
+    counted = int(store.add(key, 0))
+    if counted >= count:
+        return counted
     wait_value(store, done, deadline)
     return wait_count(store, key, count, deadline)
 

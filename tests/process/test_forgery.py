@@ -9,6 +9,7 @@ prints the forged text, and every rank ends with a DistEnvError within the boots
 from __future__ import annotations
 
 import json
+import re
 import time
 from typing import Any
 
@@ -215,9 +216,9 @@ def test_a_verdict_listing_other_claimers_of_a_rank_is_named_as_forged() -> None
 
 def test_a_forged_check_in_count_blames_no_rank() -> None:
     """Issue #25: one ``add(written, 1000)`` ended a job's roll call at once, blaming rank 2,
-    which had not had time to start. Now the records decide: rank 0 waits for rank 2's record,
-    and every rank, rank 2 included, names the count as a foreign write, long before the
-    deadline."""
+    which had not had time to start. Now the records decide: rank 0 waits for rank 2's record
+    (the forger's add wrote no word: rank 2's count does), and every rank, rank 2 included,
+    names the count as a foreign write, long before the deadline."""
     port = free_port()
     envs, scope = _job(port)
     procs = [start(envs[rank], 30.0) for rank in (0, 1)]
@@ -237,7 +238,11 @@ def test_a_forged_check_in_count_blames_no_rank() -> None:
     elapsed = time.monotonic() - began
     for code, out in results:
         assert code == 1, out
-        assert "the check-in count in rank 0's store read 1002 while 2 check-in records" in out
+        # 1002 if rank 0 first looked after the forger's add, 1003 once rank 2's count woke it.
+        assert re.search(
+            r"the check-in count in rank 0's store read (1002 while 2|1003 while 3) check-in records",
+            out,
+        ), out
         assert "did not check in" not in out, out
     assert elapsed < 20, elapsed  # rank 2's check-in ends it, not the 30 s wait (10.7 s loaded)
 

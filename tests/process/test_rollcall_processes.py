@@ -176,7 +176,10 @@ def _wait_listening(port: int, limit: float) -> None:
 
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT], ids=["SIGTERM", "SIGINT"])
 def test_signal_during_roll_call_exits_promptly_and_frees_the_port(sig: signal.Signals) -> None:
-    """Rank 0 waiting for a rank that never comes: a signal ends it at once, port released."""
+    """Rank 0 waiting for a rank that never comes: a signal ends it at once, and its store no
+    longer listens: the next store binds the port at once (as torch's does, with SO_REUSEADDR,
+    which a connection of the old store's left in TIME_WAIT does not hold up, and a listener
+    does)."""
     port = free_port()
     proc = start(contract_env(0, 2, port), 120.0)
     try:
@@ -192,7 +195,8 @@ def test_signal_during_roll_call_exits_promptly_and_frees_the_port(sig: signal.S
     assert code == 1, out
     assert f"interrupted by {sig.name} during the roll call" in out
     with socket.socket() as sock:
-        sock.bind(("127.0.0.1", port))  # would raise EADDRINUSE if the store still held it
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind(("127.0.0.1", port))  # would raise EADDRINUSE if the store still listened
 
 
 def test_sigterm_while_reaching_the_master_exits_with_a_message() -> None:

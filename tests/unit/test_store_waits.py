@@ -155,16 +155,19 @@ def test_only_the_add_that_completes_the_count_writes_the_word(
 
 
 def test_wait_counted_waits_in_the_store_and_looks_once(stores: tuple[object, object]) -> None:
-    """Rank 0 sends one add however long the counters take: it wakes on the word, not by polling."""
+    """Rank 0 sends two adds however long the counters take (a look, then one after the word): it
+    wakes on the word, not by polling; a count already complete costs one add."""
     waiter, other = stores
     counting = _CountingAdds(waiter)
     counters = [_later(0.1 * i, lambda: count_to(other, "n", 2, 6, "done")) for i in (1, 2, 3)]
     start = time.monotonic()
     assert wait_counted(counting, "n", 6, "done", Deadline.after(10)) == 6
     assert 0.25 < time.monotonic() - start < 5.0
-    assert counting.adds == 1
+    assert counting.adds == 2
     for thread in counters:
         thread.join(5)
+    assert wait_counted(counting, "n", 6, "done", Deadline.after(10)) == 6
+    assert counting.adds == 3
 
 
 def test_an_early_word_leaves_rank_0_polling_the_count(stores: tuple[object, object]) -> None:
