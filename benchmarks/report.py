@@ -83,8 +83,7 @@ def cpu_share(extra_ms: float, d: dict[str, Any]) -> float:
 
 def every(variant: dict[str, Any]) -> str:
     """How often a ranklog variant printed its line: "every step", "every 10 steps"."""
-    n = variant["print_every"]
-    return "every step" if n == 1 else f"every {n} steps"
+    return "every step" if (n := variant["print_every"]) == 1 else f"every {n} steps"
 
 
 class Page:
@@ -96,8 +95,7 @@ class Page:
         # A fragment ends with its line's newline, which joining the rows puts back.
         self.frags = {parts[i]: parts[i + 1][:-1] for i in range(0, len(parts), 2)}
         # Every result run_all.py writes, where it is there (a mode run apart may not be).
-        files = {n: results / f"{n}.json" for n in BENCHMARKS}
-        self.data = {n: json.loads(f.read_text()) for n, f in files.items() if f.is_file()}
+        self.data = {n: json.loads(f.read_text()) for n in BENCHMARKS if (f := results / f"{n}.json").is_file()}  # fmt: skip
 
     def fill(self, fragment: str, /, **values: Any) -> str:
         return Cells().vformat(self.frags[fragment], (), values)
@@ -127,8 +125,7 @@ class Page:
         ab = alone["launchers"]["torchrun"]["distenv_vs_bare"]
         ok = ab["median_paired_diff_ms"] <= 2.0 and ab["median_paired_cpu_diff_ms"] <= CPU_LIMIT_MS
         lines.append(self.fill("target_per_core", nprocs=alone["nprocs"], ab=ab, ok=ok))
-        res = boot["launchers"].values()
-        procs = max(r["methods"]["distenv"]["events_per_rank_max"] for r in res)
+        procs = max(r["methods"]["distenv"]["events_per_rank_max"] for r in boot["launchers"].values())  # fmt: skip
         lines.append(self.fill("target_procs", n=procs, ok=procs == 0))
         a = self.data["allreduce"]
         d, twice = a["methods"]["distenv_default"], a["methods"]["distenv_25mb"]
@@ -140,8 +137,8 @@ class Page:
         for v in self.data["ranklog"]["variants"].values():
             ok = v["overhead_pct"] <= RANKLOG_PCT
             lines.append(self.fill("target_ranklog", v=v, label=every(v), ok=ok))
-        children = max(v["children"] for v in self.data["ranklog"]["variants"].values())
-        lines.append(self.fill("target_ranklog_procs", n=children, ok=children == 0))
+        n = max(v["children"] for v in self.data["ranklog"]["variants"].values())
+        lines.append(self.fill("target_ranklog_procs", n=n, ok=n == 0))
         w = self.data["watchdog"]
         for mode, res in ((m, w["watched"][m]) for m in WATCHED if m in w["watched"]):
             ok = res["threads_cpu_share_max"] * 100 <= WATCHDOG_PCT
@@ -155,8 +152,8 @@ class Page:
         w = self.data["watchdog"]
         for mode in WATCHED:
             rates = ", ".join(f"{r:,}" for r in w["steps_per_s"][mode])
-            row = {"label": self.fill(f"watched_{mode}"), "t": w["step_s"][mode], "rates": rates}
-            row["threads"] = w["threads"][mode]
+            row = {"label": self.fill(f"watched_{mode}"), "t": w["step_s"][mode], "rates": rates,
+                   "threads": w["threads"][mode]}  # fmt: skip
             if (res := w["watched"].get(mode)) is None:
                 yield {**row, "overhead": "(the baseline)", "cpu": "", "children": w["children"]}
                 continue
@@ -205,8 +202,7 @@ class Page:
         for d in (boot, alone):
             r = d["launchers"].get("torchrun", {})
             if "median_paired_cpu_diff_ms" in (ab := r.get("distenv_vs_bare", {})):
-                share = cpu_share(ab["median_paired_cpu_diff_ms"], d)
-                m = r["methods"]
+                m, share = r["methods"], cpu_share(ab["median_paired_cpu_diff_ms"], d)
                 per_core.append({"d": d, "bare": m["bare"], "dist": m["distenv"], "ab": ab, "share": share})  # fmt: skip
         return {
             "boot_rows": self.rows("boot_row", runs),
@@ -233,13 +229,8 @@ class Page:
         if "stopped_after" in s["init"]:
             text += self.fill("stopped", n=s["init"]["stopped_after"])
         rollcall = [{"n": n, "r": r} for n, r in numbered(s["rollcall"])]
-        layout = [
-            {**nr, "l": nr["r"]["layout_from_roll_call"]}
-            for nr in rollcall
-            if "layout_from_roll_call" in nr["r"]
-        ]
-        sizes = numbered(scale["sizes"])
-        largest, top = sizes[-1]
+        layout = [{**nr, "l": lay} for nr in rollcall if (lay := nr["r"].get("layout_from_roll_call"))]  # fmt: skip
+        largest, top = (sizes := numbered(scale["sizes"]))[-1]
         modes = ("flat", "leaders")
         per_rank = {m: top[m]["rank0_wall_s"]["median"] / int(largest) for m in modes}
         per_node = {m: top[m]["store"]["per_node"]["requests"] for m in modes}
