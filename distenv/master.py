@@ -30,6 +30,7 @@ stops there (it reads the environment only). `find_master` with ``runtime=True``
 
 from __future__ import annotations
 
+import _thread
 import zlib
 from collections.abc import Callable, Mapping
 from typing import NamedTuple
@@ -112,6 +113,11 @@ PORT_SPAN = 22_751
 # steps 0-7; by at most 3 with steps up to 255; two steps of one job never do; job ids 22768 apart
 # never do for steps up to 63.
 PORT_STRIDE = 9_755
+# `free_port`: its random draws before the kernel picks, the fewest ports it draws from, the ports
+# torch's own defaults take (torchrun's rendezvous, MASTER_PORT), and the ports it returned.
+DRAWS, MIN_DRAWN, TORCH_PORTS = 64, 1_000, frozenset({29_400, 29_500})
+_GIVEN: set[int] = set()
+_PICKING = _thread.allocate_lock()
 
 
 def _as_number(text: str) -> int:
@@ -150,14 +156,46 @@ def tcp_url(host: str, port: int) -> str:
 
 
 def free_port(host: str = "") -> int:
-    """Return a TCP port that was free on `host` a moment ago (the kernel's pick)."""
-    import socket  # here: detection never needs it
+    """Return a TCP port that was free on `host` a moment ago and that this process never
+    returned before.
+
+    Drawn at random from `scheduler_port`'s range, cut where the kernel's ephemeral range
+    (``net.ipv4.ip_local_port_range``) starts lower, skipping torch's default ports: between the
+    pick and the store's bind (seconds, while the ranks import torch), a port of the ephemeral
+    range can go to any outgoing connection or listener on the node first (a test run of ten
+    launches at once saw it). Where that leaves under `MIN_DRAWN` ports, the kernel picks.
+    """
+    import secrets
+    import socket  # here: detection never needs them
 
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
-    with socket.socket(family, socket.SOCK_STREAM) as sock:
-        sock.bind((host, 0))
-        port: int = sock.getsockname()[1]
+    high = min(PORT_HIGH, _ephemeral_low())
+    with _PICKING:
+        for _ in range(DRAWS if high - PORT_LOW >= MIN_DRAWN else 0):
+            port = PORT_LOW + secrets.randbelow(high - PORT_LOW)
+            if port in _GIVEN or port in TORCH_PORTS:
+                continue
+            with socket.socket(family, socket.SOCK_STREAM) as sock:
+                try:
+                    sock.bind((host, port))
+                except OSError:
+                    continue
+            _GIVEN.add(port)
+            return port
+        with socket.socket(family, socket.SOCK_STREAM) as sock:
+            sock.bind((host, 0))
+            port = int(sock.getsockname()[1])
+        _GIVEN.add(port)
         return port
+
+
+def _ephemeral_low(path: str = "/proc/sys/net/ipv4/ip_local_port_range") -> int:
+    """Return the first port of the kernel's ephemeral range (`PORT_HIGH` where unknown)."""
+    try:
+        with open(path, encoding="ascii") as file:
+            return int(file.read(64).split()[0])
+    except (OSError, ValueError, IndexError):
+        return PORT_HIGH
 
 
 def map_master_host(source: str, env: Mapping[str, str], host: str) -> str:

@@ -12,19 +12,25 @@ import os
 import socket
 import sys
 from collections.abc import Callable, Mapping
+from pathlib import Path
 
 import pytest
 
+from distenv import master as master_module
 from distenv.detection.choice import choose
 from distenv.detection.pipeline import master_query
 from distenv.errors import ConfigurationError, InvalidVariableError, MissingVariableError
 from distenv.master import (
     DEFAULT_PORT,
+    MIN_DRAWN,
+    PORT_HIGH,
+    PORT_LOW,
     Default,
     LocalLaunch,
     Master,
     MasterQuery,
     find_master,
+    free_port,
     scheduler_port,
 )
 from distenv.rankinfo import RankInfo
@@ -187,6 +193,55 @@ def test_local_one_node_gets_loopback_and_a_free_port() -> None:
         assert found.port is not None
         with socket.socket() as sock:
             sock.bind(("127.0.0.1", found.port))  # it really was free
+
+
+def test_free_ports_are_drawn_below_the_ephemeral_range_and_never_twice() -> None:
+    """A free port (distenv run's, rank 0's over MPI) comes from below the kernel's ephemeral
+    range, where no outgoing connection or listener is handed it first, never one of torch's
+    default ports, and never twice to one process."""
+    high = min(PORT_HIGH, master_module._ephemeral_low())
+    ports = [free_port() for _ in range(300)]
+    assert len(set(ports)) == len(ports)
+    assert all(PORT_LOW <= port < high for port in ports), sorted(ports)[-3:]
+    assert not set(ports) & master_module.TORCH_PORTS
+
+
+def test_a_drawn_port_that_is_bound_is_skipped(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A draw that lands on a port something listens on draws again."""
+    import secrets
+
+    with socket.socket() as held:
+        held.bind(("", 0))
+        held.listen()
+        taken = held.getsockname()[1]
+        monkeypatch.setattr(master_module, "PORT_LOW", taken - 1)
+        monkeypatch.setattr(master_module, "PORT_HIGH", taken + 2 * MIN_DRAWN)
+        monkeypatch.setattr(master_module, "_ephemeral_low", lambda: taken + 2 * MIN_DRAWN)
+        draws = iter([1, 1, 2])  # taken, taken again, then the port after it
+        monkeypatch.setattr(secrets, "randbelow", lambda _: next(draws))
+        expected = taken + 1
+        assert expected not in master_module._GIVEN
+        with socket.socket() as free:
+            free.bind(("", expected))  # free now: the draw must find it so
+        assert free_port() == expected
+
+
+def test_the_kernel_picks_where_the_range_below_the_ephemeral_one_is_narrow(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """An ephemeral range that starts under PORT_LOW + MIN_DRAWN leaves the pick to the kernel;
+    the range's first port is read from the kernel's file, PORT_HIGH where it cannot be."""
+    ranges = tmp_path / "ip_local_port_range"
+    ranges.write_text("15000\t60999\n")
+    assert master_module._ephemeral_low(str(ranges)) == 15000
+    ranges.write_text("garbage")
+    assert master_module._ephemeral_low(str(ranges)) == PORT_HIGH
+    assert master_module._ephemeral_low(str(tmp_path / "absent")) == PORT_HIGH
+    monkeypatch.setattr(master_module, "_ephemeral_low", lambda: PORT_LOW + 10)
+    port = free_port()
+    assert not PORT_LOW <= port < PORT_LOW + 10
+    with socket.socket() as sock:
+        sock.bind(("", port))  # the kernel's pick was free
 
 
 def test_local_several_nodes_need_the_address() -> None:
