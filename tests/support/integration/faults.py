@@ -38,6 +38,7 @@ from tests.support.integration.helpers import (
     REPO,
     TORCHRUN,
     Harness,
+    Launch,
     Result,
 )
 
@@ -229,6 +230,12 @@ class Run:
         self.harness = harness
         self.folder = harness.outdir(label)
         self.tag = f"fault-{label}-{uuid.uuid4().hex[:8]}"
+        self.launch: Launch | None = None
+
+    def start(self, argv: list[str], **options: Any) -> Launch:
+        """Start the launch (`Harness.start`); `wait_for` ends it if its condition never holds."""
+        self.launch = self.harness.start(argv, **options)
+        return self.launch
 
     def rank_argv(self, *faults: str) -> list[str]:
         argv = [PYTHON, FAULTY, "--events", str(self.folder), "--tag", self.tag]
@@ -249,7 +256,15 @@ class Run:
             if found:
                 return found
             time.sleep(0.02)
-        raise AssertionError(f"{self.tag}: condition not met in {limit} s: {self.events()}")
+        # Ended here, its output in the message: left running, the launch would outlive its test
+        # (and warn, when collected, inside another).
+        ended = ""
+        if self.launch is not None:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(self.launch.proc.pid, signal.SIGKILL)
+            out, err = self.launch.proc.communicate()
+            ended = f"; the launch ended: {(out + err).decode(errors='replace')[-4000:]}"
+        raise AssertionError(f"{self.tag}: condition not met in {limit} s: {self.events()}{ended}")
 
 
 def has(events: dict[int, list[dict[str, Any]]], rank: int, event: str, **fields: Any) -> Any:
@@ -291,7 +306,7 @@ def killed_after_checkin(harness: Harness) -> Outcome:
     can end them. 0.1.0: the survivors waited silently in init_process_group until killed.
     """
     run, timeout = Run(harness, "killed-after-checkin"), 5.0
-    launch = harness.start(
+    launch = run.start(
         [*SRUN_2N, *run.rank_argv("1:kill-after-checkin", "3:late:3")],
         env=_env(run, timeout, "multi"),
         timeout=150,
@@ -307,7 +322,7 @@ def sigterm_two_in_roll_call(harness: Harness) -> Outcome:
     0.1.0: ranks 1 and 2 exited with a message; ranks 0 and 3 hung.
     """
     run, timeout = Run(harness, "sigterm-two"), 6.0
-    launch = harness.start(
+    launch = run.start(
         ["srun", "-J", JOB_NAME, "-n", "4", *run.rank_argv("3:late:4")],
         env=_env(run, timeout, "one"),
         timeout=150,
@@ -341,7 +356,7 @@ def _stopped_in_group_up(harness: Harness, name: str, fault: str, what: str) -> 
     """Launch 4 ranks under mpirun whose rank 2 stops itself by `fault`; kill it at the end."""
     run, timeout = Run(harness, name), 5.0
     port = free_port()
-    launch = harness.start(
+    launch = run.start(
         [*OMPI, "-np", "4", *run.rank_argv(fault)],
         env=_env(run, timeout, MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port)),
         timeout=150,
@@ -390,7 +405,7 @@ def rank0_killed_in_init(harness: Harness) -> Outcome:
     Its store goes with it: the others must say so at once, not wait for their deadline.
     """
     run, timeout = Run(harness, "rank0-killed"), 5.0
-    launch = harness.start(
+    launch = run.start(
         [*SRUN_2N, *run.rank_argv("0:kill-in-init")], env=_env(run, timeout, "multi"), timeout=150
     )
     fault_t = _fault_time(run, 0)
@@ -404,7 +419,7 @@ def killed_in_init_torchrun(harness: Harness) -> Outcome:
     torchrun stops the other workers (SIGTERM): they end with distenv's message, not a hang.
     """
     run, timeout = Run(harness, "torchrun-killed"), 5.0
-    launch = harness.start(
+    launch = run.start(
         [TORCHRUN, "--nnodes", "1", "--nproc-per-node", "4", "--master-addr", "127.0.0.1",
          "--master-port", str(free_port()), *run.rank_argv("1:kill-in-init")[1:]],
         env=_env(run, timeout),
@@ -419,7 +434,7 @@ def silent_master_port(harness: Harness) -> Outcome:
     """Node 1 of a `distenv run` job whose MASTER_PORT is held by a service that never answers."""
     run, timeout = Run(harness, "silent-listener"), 5.0
     with silent_listener() as port:
-        launch = harness.start(
+        launch = run.start(
             [DISTENV, "run", "-n", "2", "--nnodes", "2", "--node-rank", "1", "--master-addr",
              "127.0.0.1", "--master-port", str(port), "--run-id", run.tag,
              *run.rank_argv("ranks:2,3")[1:]],
@@ -486,7 +501,7 @@ def signal_in_phase(harness: Harness, name: str) -> tuple[Outcome, float]:
             extra={"DISTENV_TIMEOUT": f"{timeout:g}", "MASTER_ADDR": "127.0.0.1",
                    "MASTER_PORT": port},
         )  # fmt: skip
-    launch = harness.start(argv, env=env, timeout=150)
+    launch = run.start(argv, env=env, timeout=150)
     start = run.wait_for(
         lambda evs: (
             has(evs, phase.target, "start")
