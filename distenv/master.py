@@ -162,8 +162,8 @@ def free_port(host: str = "") -> int:
     Drawn at random from `scheduler_port`'s range, cut where the kernel's ephemeral range
     (``net.ipv4.ip_local_port_range``) starts lower, skipping torch's default ports: between the
     pick and the store's bind (seconds, while the ranks import torch), a port of the ephemeral
-    range can go to any outgoing connection or listener on the node first (a test run of ten
-    launches at once saw it). Where that leaves under `MIN_DRAWN` ports, the kernel picks.
+    range can go to any outgoing connection or listener on the node first. Where that leaves
+    under `MIN_DRAWN` ports, the kernel picks.
     """
     import secrets
     import socket  # here: detection never needs them
