@@ -447,11 +447,14 @@ mkdir -p "$MULTI"/{state,spool,run,log}
 } >"$MULTI/hosts.new"
 {
     common_conf multi "$MULTI" 6827
-    # Job ids of their own: both clusters' nodes share this host, and equal ids (job 607 on each)
-    # would derive the same master port and scope for concurrent tests (a collision no real
-    # cluster has: a node belongs to one cluster, whose job ids are unique).
+    # Job ids of their own: both clusters' nodes share this host's ports, and two jobs whose ids
+    # derive the same port (equal ids, or ids a multiple of distenv.master.PORT_SPAN apart: 1486 and
+    # 502008 did in a CI run) collide when tests run them at once, as no real cluster's can (a node
+    # belongs to one cluster). 511897 = PORT_SPAN * 22 + PORT_SPAN // 2: the two clusters' ids sit
+    # half the span apart, so their step 0 and 1 ports meet only after thousands of jobs more on
+    # one cluster than the other (tests/meta/test_harness_ports.py).
     cat <<EOF
-FirstJobId=500000
+FirstJobId=511897
 NodeName=n[1-4] NodeHostname=n[1-4] NodeAddr=127.0.1.[1-4] Port=[6831-6834] CPUs=4 Gres=gpu:2 State=UNKNOWN
 PartitionName=debug Nodes=ALL Default=YES OverSubscribe=FORCE:4 MaxTime=INFINITE State=UP
 EOF
