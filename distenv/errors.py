@@ -23,7 +23,8 @@ The tree, which a caller catches at the level it can act on (checked against the
     ├── ConfigurationError              an argument or DISTENV_* setting is invalid
     ├── MasterResolutionError           no master address or port
     ├── InitError                       torch.distributed could not start as asked
-    ├── RendezvousError                 the ranks met but do not add up
+    ├── RendezvousError                 the ranks met, but the start-up cannot go on
+    │   ├── RollCallError               the roll call's verdict: the ranks do not add up
     │   ├── RendezvousTimeoutError      not every rank arrived in time
     │   └── StoreTakenError             the master's port holds another job's store
     ├── RequeueError                    the job could not be requeued
@@ -46,6 +47,7 @@ __all__ = [
     "RendezvousError",
     "RendezvousTimeoutError",
     "RequeueError",
+    "RollCallError",
     "StoreTakenError",
     "StrippedEnvironmentError",
     "WorkerFailedError",
@@ -198,7 +200,15 @@ class InitError(DistEnvError):
 
 
 class RendezvousError(DistEnvError):
-    """The ranks met, but what they reported does not add up (duplicate ranks, shared GPU, ...)."""
+    """The ranks met, but the start-up could not go on: a record or verdict in the store that this
+    job's ranks did not write, or a wait a signal interrupted (its subclasses say the rest)."""
+
+
+class RollCallError(RendezvousError):
+    """The roll call's verdict refused the job: what the ranks reported does not add up (two
+    processes of one rank, ranks disagreeing, two ranks on one GPU, a layout their launcher
+    misstated). Every rank raises it alike; no restart mends it, so it is a refusal, not a failure
+    another rank caused."""
 
 
 class RendezvousTimeoutError(RendezvousError):

@@ -346,7 +346,8 @@ def render_restart_kinds() -> str:
 
     said = {
         "exception": "any other exception, or `sys.exit` with a status but argparse's",
-        "refused": "a distenv refusal: detection, configuration, master address, requeue",
+        "refused": "a distenv refusal: detection, configuration, master address, requeue, "
+        "the roll call's verdict",
         "import": "an `ImportError` or `SyntaxError` (the script or a module it imports)",
         "usage": "the script's `argparse` refusing its arguments (its `error()`)",
         "stopped": "KeyboardInterrupt; a rank killed by SIGINT, SIGTERM or SIGHUP from outside",

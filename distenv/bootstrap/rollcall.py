@@ -43,7 +43,7 @@ from distenv.bootstrap.verdict import Verdict, fill_layout
 from distenv.bootstrap.waits import wait_count
 from distenv.deadline import Deadline
 from distenv.device import device_identity
-from distenv.errors import DistEnvError, RendezvousError, RendezvousTimeoutError
+from distenv.errors import DistEnvError, RendezvousTimeoutError, RollCallError
 from distenv.rankinfo import RankInfo
 from distenv.timing import COLLISION_LINGER_S, VERDICT_GRACE_S
 
@@ -76,8 +76,8 @@ def meet(boot: Bootstrap, checkin: CheckIn, phase: str, *, check: bool = True) -
     Raises:
         StoreTakenError: The store belongs to another job (or to no distenv job).
         RendezvousTimeoutError: The store was not reached, or ranks are missing.
-        RendezvousError: The verdict found problems (with `check`), the store went away, or this
-            node has no route to the master.
+        RollCallError: The verdict found problems (with `check`).
+        RendezvousError: The store went away, or this node has no route to the master.
         DistEnvError: Rank 0 cannot listen on the port, or the master does not resolve.
     """
     session = boot.session
@@ -130,7 +130,8 @@ def roll_call(
     Raises:
         StoreTakenError: The scope key names another job (`scope_check`).
         RendezvousTimeoutError: Ranks missing (rank 0), or no verdict arrived (others).
-        RendezvousError: The verdict found problems, or was not written by this job's rank 0.
+        RollCallError: The verdict found problems.
+        RendezvousError: The verdict was not written by this job's rank 0.
     """
     info, timeout = boot.session.info, boot.timeout
     held = channel.check_in(boot, store, checkin)
@@ -188,7 +189,7 @@ def _negative(info: RankInfo, verdict: Verdict, timeout: float) -> DistEnvError:
     """Return the error of a negative verdict."""
     from distenv.bootstrap import problems
 
-    error = RendezvousTimeoutError if verdict.missing else RendezvousError
+    error = RendezvousTimeoutError if verdict.missing else RollCallError
     hint = "run `distenv doctor` under the same launcher for a per-rank table"
     if any(isinstance(p, problems.OtherSize) for p in verdict.problems):
         hint = problems.SIZE_HINT

@@ -25,7 +25,13 @@ from distenv.bootstrap.scope import ScopeCheck, claim_scope, job_scope
 from distenv.bootstrap.store import first_line, master_address
 from distenv.bootstrap.waits import peek, read_many
 from distenv.deadline import Deadline, Watch, bounded, interruptible, watched
-from distenv.errors import DistEnvError, RendezvousError, RendezvousTimeoutError, StoreTakenError
+from distenv.errors import (
+    DistEnvError,
+    RendezvousError,
+    RendezvousTimeoutError,
+    RollCallError,
+    StoreTakenError,
+)
 from distenv.rankinfo import RankInfo
 from distenv.settings import TIMEOUT_VAR, Settings
 from distenv.timing import GRACE_S, LOOKUP_S, MARGIN_S, RELEASE_S, SIGNAL_MARK_S
@@ -274,13 +280,13 @@ class Session:
                 value=str(info.master_port),
             ) from None
 
-    def collided(self, what: str) -> RendezvousError:
+    def collided(self, what: str) -> RollCallError:
         """Return the error of a rank that met another process of this job's identity: `what`
-        it found (`distenv.bootstrap.problems.SAME_IDENTITY`)."""
+        it found (`distenv.bootstrap.problems.SAME_IDENTITY`), a refusal as the verdict's is."""
         from distenv.bootstrap.problems import COLLISION_HINT, SAME_IDENTITY
 
         info = self.info
-        return RendezvousError(
+        return RollCallError(
             info.launcher,
             f"{info.who}: {SAME_IDENTITY}, {self.scope!r} at "
             f"{self.master}: {what}; this job does not train",

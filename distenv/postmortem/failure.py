@@ -198,14 +198,23 @@ def _broken_by_peer(exc: BaseException) -> bool:
 
 def classify(exc: BaseException) -> Report | None:
     """Return the report of an exception that ends a rank, None for a successful exit."""
-    from distenv.errors import DistEnvError, InitError, RendezvousError, WorkerFailedError
+    from distenv.errors import (
+        DistEnvError,
+        InitError,
+        RendezvousError,
+        RollCallError,
+        WorkerFailedError,
+    )
     from distenv.exits import code_of
 
     at = time.time()
     frames = user_frames(exc.__traceback__)
     # Before SystemExit: an error that leaves a public call is one too (`distenv.exits`).
     if isinstance(exc, DistEnvError):
-        peer = isinstance(exc, (RendezvousError, InitError, WorkerFailedError))
+        # A negative verdict is raised on every rank alike: the job's own refusal, not a peer's.
+        peer = isinstance(exc, (RendezvousError, InitError, WorkerFailedError)) and not isinstance(
+            exc, RollCallError
+        )
         return Report("exception" if peer else "refused", _first_line(exc), at, frames, peer)
     if isinstance(exc, SystemExit):
         if exc.code in (None, 0):

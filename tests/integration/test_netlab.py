@@ -169,7 +169,7 @@ def test_every_routable_topology_passes_and_the_unroutable_ones_are_refused(
     # verdict refuses the job on every rank, a refusal and not the deadline's timeout.
     assert max(took) < PROBE_TIMEOUT_S + 10, took
     for error in errors:
-        assert error.startswith("RendezvousError: pytorch: roll call failed: "), error
+        assert error.startswith("RollCallError: pytorch: roll call failed: "), error
         for node in range(3):
             assert f"gloo on 'node{node}' (rank {node}'s node) would advertise" in error
         assert "10.213.31.10 on eth0: no route to it" in error

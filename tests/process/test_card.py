@@ -272,6 +272,44 @@ def test_consequences_are_held_back_unless_debugging(tmp_path: Path, debug: str)
     assert "Connection closed by peer [127.0.0.1]" in log.read_text()
 
 
+REFUSED = """
+import os, distenv
+if os.environ["RANK"] == "1":
+    os.environ["LOCAL_RANK"] = "0"  # its launcher misstates its place: the roll call refuses
+distenv.init_dist()
+"""
+
+
+def test_a_roll_call_refusal_is_printed_whole_named_and_not_restarted(tmp_path: Path) -> None:
+    """Two ranks claiming local rank 0: the verdict's refusal, raised alike on both, is printed in
+    full once, the card names the rank that raised it first (not "the cause is on another node"),
+    and --max-restarts does not repeat a start that cannot succeed."""
+    script = tmp_path / "refused.py"
+    script.write_text(REFUSED)
+    result = subprocess.run(
+        [sys.executable, "-m", "distenv", "run", "-n", "2", "--max-restarts", "2", str(script)],
+        env={**scrubbed_environ(), "DISTENV_TIMEOUT": "60"},
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    out = result.stderr
+    assert result.returncode == 1, out
+    said = (
+        "distenv.errors.RollCallError: pytorch: roll call failed: 2 ranks on "
+        f"{socket.gethostname()!r} (node 0) share local rank 0. Hint: run `distenv doctor` under "
+        "the same launcher for a per-rank table"
+    )
+    assert re.search(rf"^rank [01]: \S+refused\.py:\d+: {re.escape(said)}", out, re.M), out
+    assert "not restarted: distenv refused the environment or the configuration" in out, out
+    assert "attempt 1" not in out, out
+    assert re.search(r"^distenv run: rank [01] failed first: raised RollCallError", out, re.M), out
+    assert "another node" not in out, out
+    assert out.count("failed first") == 1, out
+
+
 def test_a_program_that_is_not_python_is_named_by_its_exit_status(tmp_path: Path) -> None:
     """--no-python: no report, no frames; the card still names the rank and its status."""
     result = subprocess.run(

@@ -187,7 +187,7 @@ def test_two_jobs_of_one_identity_never_train_together() -> None:
                     said[key] = _next(lines[key], deadline)
             assert time.monotonic() - began < ROUND_S
             for key, line in said.items():
-                assert line.startswith("ERROR RendezvousError: "), (key, said)
+                assert line.startswith("ERROR RollCallError: "), (key, said)
                 assert SAME_IDENTITY in line, (key, said)
                 assert "TORCHELASTIC_RUN_ID" in line, (key, said)
                 assert "MASTER_PORT" in line, (key, said)

@@ -9,11 +9,19 @@ from pathlib import Path
 
 import pytest
 
+from distenv.errors import RendezvousError, RollCallError
 from distenv.local import reporting
 from distenv.local.card import how, rank_ranges
 from distenv.local.dumps import crash_frames
 from distenv.local.ends import End
-from distenv.local.reporting import REPORT_FD_VAR, Report, classify, read_report, user_frames
+from distenv.local.reporting import (
+    REPORT_FD_VAR,
+    RETRIED,
+    Report,
+    classify,
+    read_report,
+    user_frames,
+)
 from distenv.system.processes import oom_killed_by_kernel_log, oom_kills
 
 
@@ -78,6 +86,17 @@ def test_a_report_carries_the_user_frames_and_whether_a_peer_broke_it() -> None:
     assert own is not None
     assert not own.peer
     assert user_frames(None) == ()
+
+
+def test_a_negative_verdict_is_a_refusal_and_a_foreign_record_a_consequence() -> None:
+    """RollCallError, raised alike on every rank, is the job's own refusal (not retried); another
+    RendezvousError (a record this job did not write) is counted as a consequence."""
+    refused = classify(_raised(RollCallError("slurm", "roll call failed: 2 ranks share rank 0")))
+    assert refused is not None
+    assert (refused.kind, refused.peer, RETRIED[refused.kind]) == ("refused", False, False)
+    foreign = classify(_raised(RendezvousError("slurm", "the verdict was not written by it")))
+    assert foreign is not None
+    assert (foreign.kind, foreign.peer) == ("exception", True)
 
 
 def test_fault_frames_are_the_crashing_thread_s_user_frames(tmp_path: Path) -> None:
