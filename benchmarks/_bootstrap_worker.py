@@ -3,15 +3,19 @@
 Started by bench_bootstrap.py / bench_scaling.py under ``srun``, ``torchrun`` or ``distenv run``;
 ``--method`` picks the bootstrap:
 
-  distenv   ``distenv.init_dist()`` (launcher auto, backend default: gloo on CPU)
+  distenv   ``distenv.init_dist()`` (launcher auto, backend default: gloo on CPU, NCCL with
+            ``device_id=`` where a GPU is visible)
   bare      a hand-written shim (Slurm variables -> env://, nodelist via hostlist, port from the
             job id) then ``init_process_group("gloo", init_method="env://")``; under torchrun and
-            distenv run the launcher's contract is used as is
+            distenv run the launcher's contract is used as is. With ``BENCH_BACKEND=nccl``:
+            ``torch.cuda.set_device(local rank)`` and ``init_process_group("nccl",
+            device_id=...)``, NCCL's eager initialisation, as distenv does on a GPU
   mmengine  ``mmengine.dist.init_dist("slurm" | "pytorch", backend="gloo")``
 
 Every library is imported, and every rank has imported torch, before the clock starts: a file
 barrier in $BENCH_SYNC_DIR lines the ranks up, so that one rank's slow ``import torch`` is not
-counted as another rank's bootstrap. The clock stops when the first all_reduce returns; each rank
+counted as another rank's bootstrap. The clock stops when the first all_reduce returns (of a CUDA
+tensor under ``BENCH_BACKEND=nccl``); each rank
 also reports the CPU time its process (every thread) spent in between. An audit hook counts the
 processes started in between. With ``$BENCH_TRACE_DIR`` each rank also times its
 bootstrap's phases (_trace_probes.py) and writes them there; with ``$BENCH_CPU_DIR`` it measures
@@ -69,6 +73,9 @@ def _line_up(rank: int, size: int) -> None:
         time.sleep(0.001)
 
 
+NCCL = os.environ.get("BENCH_BACKEND") == "nccl"
+
+
 def _bare_shim() -> None:
     """The minimal hand-written Slurm -> env:// translation a user would write."""
     env = os.environ
@@ -80,7 +87,12 @@ def _bare_shim() -> None:
         env["LOCAL_RANK"] = env["SLURM_LOCALID"]
         env["MASTER_ADDR"] = hostlist.expand_hostlist(env["SLURM_STEP_NODELIST"])[0]
         env["MASTER_PORT"] = str(15000 + int(env["SLURM_JOB_ID"]) % 20000)
-    dist.init_process_group("gloo", init_method="env://")
+    if NCCL:
+        device = torch.device("cuda", int(env["LOCAL_RANK"]))
+        torch.cuda.set_device(device)
+        dist.init_process_group("nccl", init_method="env://", device_id=device)
+    else:
+        dist.init_process_group("gloo", init_method="env://")
 
 
 def main() -> int:
@@ -127,15 +139,20 @@ def main() -> int:
     meter_on()
     start, cpu_start = time.perf_counter(), time.process_time()
     bootstrap()
-    dist.all_reduce(torch.ones(1))
+    dist.all_reduce(torch.ones(1, device="cuda" if NCCL else "cpu"))
+    if NCCL:
+        torch.cuda.synchronize()
     elapsed, cpu = time.perf_counter() - start, time.process_time() - cpu_start
     meter_off()
     counting = False
 
     mine = torch.tensor([elapsed, float(len(events)), cpu], dtype=torch.float64)
+    if NCCL:
+        mine = mine.cuda()
     gathered = [torch.zeros_like(mine) for _ in range(dist.get_world_size())]
     dist.all_gather(gathered, mine)
     if dist.get_rank() == 0:
+        gathered = [t.cpu() for t in gathered]
         times = [float(t[0]) for t in gathered]
         record = {
             "method": method,

@@ -180,7 +180,8 @@ def machine() -> dict[str, Any]:
         "lightning_fabric": _version("lightning-fabric"),
         "submitit": _version("submitit"),
         "slurm": _command_line(["srun", "--version"], _slurm_env()),
-        "gpu": "none (CPU only; gloo backend)",
+        "gpu": _command_line(["nvidia-smi", "--query-gpu=name", "--format=csv,noheader"])
+        or "none (CPU only; gloo backend)",
         "git_commit": (commit or "?") + (" + uncommitted changes" if dirty else ""),
     }
 

@@ -17,6 +17,10 @@ and the result is the per-phase CPU table (ms per rank, medians over launches) o
 
     python benchmarks/bench_bootstrap.py [--rounds 15] [--mmengine-rounds 5] [--smoke] [--out F]
     python benchmarks/bench_bootstrap.py --profile [--rounds 10] [--launchers torchrun,srun]
+
+On a GPU machine, ``--backend nccl`` makes both methods use NCCL with ``device_id=`` (eager
+initialisation) and time a CUDA all_reduce: one rank per GPU, as NCCL allows no other
+(``--launchers torchrun --nprocs <GPUs>``).
 """
 
 from __future__ import annotations
@@ -165,7 +169,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--slurm-conf", help="slurm.conf of the test cluster (default: from env.sh)")
     p.add_argument("--launchers", default="srun,torchrun")
     p.add_argument("--profile", action="store_true", help="per-phase CPU of distenv and bare")
+    p.add_argument("--backend", choices=("gloo", "nccl"), default="gloo")
     args = p.parse_args(argv)
+    os.environ["BENCH_BACKEND"] = args.backend
     rounds, mm_rounds, warmup = (1, 1, 0) if args.smoke else (args.rounds, args.mmengine_rounds, 1)
     nprocs = 2 if args.smoke else args.nprocs
 
@@ -212,6 +218,7 @@ def main(argv: list[str] | None = None) -> int:
         "benchmark": "bootstrap_profile" if args.profile else "bootstrap",
         "smoke": args.smoke,
         "nprocs": nprocs,
+        "backend": args.backend,
         "rounds": rounds,
         "mmengine_rounds": mm_rounds if "mmengine" in methods else 0,
         "warmup_rounds": warmup,

@@ -39,6 +39,9 @@ TEMPLATE = REPO / "docs" / "benchmarks.md.in"
 # others +2 ms) and its extra CPU per rank.
 P50_LIMIT_MS, CPU_LIMIT_MS = {"srun": 0.0}, 1.5
 PHASES = ("before_store", "store", "roll_call", "process_group", "after_group", "all_reduce")
+# tests/run_gpu.sh's bootstrap runs on a lent GPU machine, kept in the results' gpu/ folder: NCCL
+# with one rank per GPU, and gloo with one rank per core of that machine (its GPUs hidden).
+GPU_RUNS = {"bootstrap_nccl": "NCCL, `device_id=`", "bootstrap_cores": "gloo, GPUs hidden"}
 
 
 # The units of Cells' format specs: how a value is scaled, and its default precision.
@@ -96,6 +99,7 @@ class Page:
         self.frags = {parts[i]: parts[i + 1][:-1] for i in range(0, len(parts), 2)}
         # Every result run_all.py writes, where it is there (a mode run apart may not be).
         self.data = {n: json.loads(f.read_text()) for n in BENCHMARKS if (f := results / f"{n}.json").is_file()}  # fmt: skip
+        self.gpu_runs = {n: json.loads(f.read_text()) for n in GPU_RUNS if (f := results / "gpu" / f"{n}.json").is_file()}  # fmt: skip
 
     def fill(self, fragment: str, /, **values: Any) -> str:
         return Cells().vformat(self.frags[fragment], (), values)
@@ -213,6 +217,23 @@ class Page:
             "cpu_profile": self.cpu_profile(),
         }
 
+    def gpu(self) -> str:
+        """Section 2's GPU machine (tests/run_gpu.sh), where its results are committed."""
+        if not self.gpu_runs:
+            return ""
+        runs = [
+            {"run": GPU_RUNS[name], "d": d, "ab": (r := d["launchers"]["torchrun"])["distenv_vs_bare"],
+             "bare": r["methods"]["bare"], "dist": r["methods"]["distenv"]}
+            for name, d in self.gpu_runs.items()
+        ]  # fmt: skip
+        phases = "\n".join(
+            self.fill("gpu_phases", run=GPU_RUNS[name], table=self.phases(d))
+            for name, d in self.gpu_runs.items()
+        )
+        # The last run's machine: the first, NCCL's, was recorded before `machine()` read the GPU.
+        last = list(self.gpu_runs.values())[-1]
+        return self.fill("gpu", m=last["machine"], rows=self.rows("gpu_row", runs), phases=phases)
+
     def scaling(self) -> dict[str, Any]:
         s, scale = self.data["scaling"], self.data["rendezvous_scale"]
 
@@ -275,7 +296,7 @@ class Page:
             )),
             "w": d["watchdog"],
             "watchdog_rows": self.rows("watchdog_row", self.watchdog()),
-            **self.bootstrap(), **self.scaling(), "n_max": n_max, "top": top, "total_min": total / 60,
+            **self.bootstrap(), **self.scaling(), "gpu": self.gpu(), "n_max": n_max, "top": top, "total_min": total / 60,
         })  # fmt: skip
 
 

@@ -11,10 +11,11 @@ from __future__ import annotations
 
 import json
 import shutil
+from pathlib import Path
 
 import pytest
 
-from distenv.master import LOCAL_HOST
+from distenv.master import LOCAL_HOST, free_port
 from tests.support.integration.helpers import (
     DISTENV_RUN,
     JOB_NAME,
@@ -90,8 +91,14 @@ def test_srun_ranks_bind_in_init_dist(harness: Harness) -> None:
 NUMA_RANK = str(REPO / "tests" / "support" / "scripts" / "numa_rank.py")
 
 
+@pytest.fixture
+def local(tmp_path: Path) -> Harness:
+    """Launches on this machine alone (torchrun): no Slurm cluster, no MPI, no setup.sh run."""
+    return Harness.local(tmp_path)
+
+
 @pytest.mark.gpu
-def test_node_binding_matches_torchrun_on_a_gpu_machine(harness: Harness) -> None:
+def test_node_binding_matches_torchrun_on_a_gpu_machine(local: Harness) -> None:
     """On a GPU machine, from its real sysfs: `init_dist(cpu_binding="node")` binds each rank to
     exactly the CPUs torch's `--numa-binding node` computes for its GPU (torch/numa/binding.py);
     where numactl is installed, `torchrun --numa-binding node` itself starts each rank on them."""
@@ -99,10 +106,15 @@ def test_node_binding_matches_torchrun_on_a_gpu_machine(harness: Harness) -> Non
 
     gpus = torch.cuda.device_count()
     assert gpus >= 1
-    torchrun = [PYTHON, "-m", "torch.distributed.run", "--nproc-per-node", str(gpus)]
-    launches = [harness.start([*torchrun, NUMA_RANK, "--bind"])]
+
+    # Each its own port: the two run at once (torchrun's default, 29500, is one port for both).
+    def torchrun() -> list[str]:
+        return [PYTHON, "-m", "torch.distributed.run", "--nproc-per-node", str(gpus),
+                "--master-port", str(free_port())]  # fmt: skip
+
+    launches = [local.start([*torchrun(), NUMA_RANK, "--bind"])]
     if shutil.which("numactl"):
-        launches.append(harness.start([*torchrun, "--numa-binding", "node", NUMA_RANK]))
+        launches.append(local.start([*torchrun(), "--numa-binding", "node", NUMA_RANK]))
     results = wait_all(launches)
     for result in results:
         assert result.returncode == 0, result.text
