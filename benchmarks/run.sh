@@ -26,4 +26,7 @@ if ! grep -q DISTENV_TEST_SLURM_ONE "$STATE/env.sh" 2>/dev/null \
             timeout 60 srun -n 1 true 2>/dev/null; then
     bash tests/harness/setup.sh
 fi
+# The ranks import distenv's modules from the checkout (an editable install): compiled here, so
+# that no launch compiles them where PYTHONDONTWRITEBYTECODE is set (tests/harness/setup.sh).
+env -u PYTHONDONTWRITEBYTECODE "$VENV/bin/python" -m compileall -q -j 0 distenv benchmarks >/dev/null
 exec "$VENV/bin/python" benchmarks/run_all.py "$@"

@@ -130,11 +130,15 @@ def test_venv_only_installs_the_main_jobs_set_once(sandbox: Sandbox) -> None:
         for run in runs
     ), runs
     assert "-c import torch, torch.distributed, torch.nn.parallel, torch._dynamo" in runs, runs
+    # And the checkout's own (an editable install has none), at every run: a source changes.
+    checkout = " ".join(str(sandbox.repo / d) for d in ("distenv", "examples", "tests"))
+    assert f"-m compileall -q -j 0 {checkout}" in runs, runs
 
     status, out, pips = sandbox.setup("--venv-only")
     assert status == 0, out
     assert "venv: up to date" in out, out
     assert pips == []
+    assert f"{main}-m compileall -q -j 0 {checkout}" in sandbox.log.read_text().splitlines()
 
 
 @pytest.mark.skipif(os.geteuid() != 0, reason="the full set-up runs as root only")
