@@ -26,32 +26,23 @@ from run_all import BENCHMARKS
 MIB = 1024 * 1024
 # The per-rank log's and the hang watchdog's budget while training (issue #40 item 4): a share of
 # the bare step.
-RANKLOG_PCT = 1.0
-WATCHDOG_PCT = 1.0
+RANKLOG_PCT = WATCHDOG_PCT = 1.0
 # bench_watchdog's ways of running its job, and bench_bootstrap's phases, in the page's order: the
 # template's fragments watched_<mode> and phase_<name> say what each is.
 WATCHED = ("plain", "run", "init")
-# Bootstrap times are bimodal on this machine; launches above this are counted separately
-# (the template's "launches > 200 ms" column).
+# Bootstrap times are bimodal here: launches above this count apart ("launches > 200 ms").
 SLOW_S = 0.2
 TEMPLATE = REPO / "docs" / "benchmarks.md.in"
 # The bootstrap's targets (issue #42): distenv's p50 over bare env:// (srun: no slower than bare;
 # others +2 ms) and its extra CPU per rank.
 P50_LIMIT_MS, CPU_LIMIT_MS = {"srun": 0.0}, 1.5
 PHASES = ("before_store", "store", "roll_call", "process_group", "after_group", "all_reduce")
-# tests/run_gpu.sh's bootstrap runs on a lent GPU machine, kept in the results' gpu/ folder: NCCL
-# with one rank per GPU, and gloo with one rank per core of that machine (its GPUs hidden).
+# tests/run_gpu.sh's bootstrap runs on a GPU machine (the results' gpu/ folder), and their labels.
 GPU_RUNS = {"bootstrap_nccl": "NCCL, `device_id=`", "bootstrap_cores": "gloo, GPUs hidden"}
 
 
 # The units of Cells' format specs: how a value is scaled, and its default precision.
-UNITS = {
-    "ms": (1e3, ".1f"),
-    "us": (1e6, ".0f"),
-    "mib": (1 / MIB, ".1f"),
-    "kib": (1 / 1024, ".0f"),
-    "pct": (100, ".2f"),
-}
+UNITS = {"ms": (1e3, ".1f"), "us": (1e6, ".0f"), "mib": (1 / MIB, ".1f"), "kib": (1 / 1024, ".0f"), "pct": (100, ".2f")}  # fmt: skip
 
 
 class Cells(string.Formatter):
@@ -99,7 +90,7 @@ class Page:
         self.frags = {parts[i]: parts[i + 1][:-1] for i in range(0, len(parts), 2)}
         # Every result run_all.py writes, where it is there (a mode run apart may not be).
         self.data = {n: json.loads(f.read_text()) for n in BENCHMARKS if (f := results / f"{n}.json").is_file()}  # fmt: skip
-        self.gpu_runs = {n: json.loads(f.read_text()) for n in GPU_RUNS if (f := results / "gpu" / f"{n}.json").is_file()}  # fmt: skip
+        self.gpu_runs = {n: json.loads((results / "gpu" / f"{n}.json").read_text()) for n in GPU_RUNS}  # fmt: skip
 
     def fill(self, fragment: str, /, **values: Any) -> str:
         return Cells().vformat(self.frags[fragment], (), values)
@@ -218,21 +209,12 @@ class Page:
         }
 
     def gpu(self) -> str:
-        """Section 2's GPU machine (tests/run_gpu.sh), where its results are committed."""
-        if not self.gpu_runs:
-            return ""
-        runs = [
-            {"run": GPU_RUNS[name], "d": d, "ab": (r := d["launchers"]["torchrun"])["distenv_vs_bare"],
-             "bare": r["methods"]["bare"], "dist": r["methods"]["distenv"]}
-            for name, d in self.gpu_runs.items()
-        ]  # fmt: skip
-        phases = "\n".join(
-            self.fill("gpu_phases", run=GPU_RUNS[name], table=self.phases(d))
-            for name, d in self.gpu_runs.items()
-        )
+        """Section 2's runs on a GPU machine (tests/run_gpu.sh), committed in the results' gpu/."""
+        runs = [{"run": GPU_RUNS[n], "d": d, "r": d["launchers"]["torchrun"], "table": self.phases(d)}
+                for n, d in self.gpu_runs.items()]  # fmt: skip
         # The last run's machine: the first, NCCL's, was recorded before `machine()` read the GPU.
-        last = list(self.gpu_runs.values())[-1]
-        return self.fill("gpu", m=last["machine"], rows=self.rows("gpu_row", runs), phases=phases)
+        rows, phases = self.rows("gpu_row", runs), self.rows("gpu_phases", runs)
+        return self.fill("gpu", m=runs[-1]["d"]["machine"], rows=rows, phases=phases)
 
     def scaling(self) -> dict[str, Any]:
         s, scale = self.data["scaling"], self.data["rendezvous_scale"]
@@ -305,10 +287,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--results", type=Path, default=REPO / "docs" / "benchmarks")
     p.add_argument("--page", type=Path, default=REPO / "docs" / "benchmarks.md")
     args = p.parse_args(argv)
-    filled = Page(TEMPLATE.read_text(), args.results)
-    args.page.write_text(filled.render())
-    img = args.page.parent / "benchmarks"
-    img.mkdir(parents=True, exist_ok=True)
+    args.page.write_text((filled := Page(TEMPLATE.read_text(), args.results)).render())
+    (img := args.page.parent / "benchmarks").mkdir(parents=True, exist_ok=True)
     from _plots import plot_all  # matplotlib: only where the plots are drawn
 
     plot_all(filled.data, img)
