@@ -8,6 +8,7 @@ about which variable, what it held, and what to do::
 The attributes (`source`, `variable`, `value`, `hint`) carry the same facts for programs. `source`
 is the launcher backend that found the problem (``slurm``, ``mpi``, ...) or the component
 (``init``, ``run``, ``launch``, ``rendezvous``, ...); `launcher` is its older, read-only alias.
+`consequence` tells a failure another rank caused from a refusal (`DistEnvError`).
 
 The tree, which a caller catches at the level it can act on (checked against the classes by
 ``tests/unit/test_errors.py``)::
@@ -108,7 +109,14 @@ class DistEnvError(Exception):
         variable: The environment variable at fault, if one is.
         value: The offending value, verbatim, if there is one.
         hint: The fix, in one sentence.
+        consequence: Whether it follows from another rank's failure (a lost store, a peer gone
+            from a collective), which another attempt may not meet: the first-failure card
+            counts it as a consequence, and ``distenv run --max-restarts`` retries it. Else it
+            is a refusal, which a restart repeats. Each class says which it is; a raise site may
+            say otherwise (``consequence=``).
     """
+
+    consequence = False
 
     def __init__(
         self,
@@ -118,7 +126,10 @@ class DistEnvError(Exception):
         hint: str | None = None,
         variable: str | None = None,
         value: str | None = None,
+        consequence: bool | None = None,
     ) -> None:
+        if consequence is not None:
+            self.consequence = consequence
         self.source = source
         self.problem = problem
         self.hint = hint
@@ -198,10 +209,14 @@ class MasterResolutionError(DistEnvError):
 class InitError(DistEnvError):
     """torch.distributed could not be initialised as asked."""
 
+    consequence = True
+
 
 class RendezvousError(DistEnvError):
     """The ranks met, but the start-up could not go on: a record or verdict in the store that this
     job's ranks did not write, or a wait a signal interrupted (its subclasses say the rest)."""
+
+    consequence = True
 
 
 class RollCallError(RendezvousError):
@@ -209,6 +224,8 @@ class RollCallError(RendezvousError):
     processes of one rank, ranks disagreeing, two ranks on one GPU, a layout their launcher
     misstated). Every rank raises it alike; no restart mends it, so it is a refusal, not a failure
     another rank caused."""
+
+    consequence = False
 
 
 class RendezvousTimeoutError(RendezvousError):
@@ -231,6 +248,8 @@ class WorkerFailedError(DistEnvError):
         exitcode: Its exit status (negative: the signal that killed it), or None if it raised.
         traceback: Its formatted traceback, if it raised.
     """
+
+    consequence = True
 
     def __init__(
         self,

@@ -160,6 +160,7 @@ def init_failure(launcher: str, where: str, backend: str, text: str) -> InitErro
             f"one family only ({text})",
             hint="make every node's host name resolve to an address of one family, or set "
             "GLOO_SOCKET_IFNAME on every node to an interface of the same family (docs/network.md)",
+            consequence=False,
         )
     if found is None:
         return InitError(

@@ -217,6 +217,7 @@ def _reuse(info: RankInfo, backend: str | None) -> RankInfo:
             f"launcher says {info.who}",
             hint="call init_dist once, before anything else creates the default process group "
             "(or call torch.distributed.destroy_process_group() first)",
+            consequence=False,
         )
     return info
 
@@ -329,6 +330,7 @@ def init_dist(
             "init",
             "this torch build has no torch.distributed",
             hint="install a torch wheel from pytorch.org (every official build includes it)",
+            consequence=False,
         )
     if dist.is_initialized():
         return _reuse(info, backend)

@@ -162,6 +162,7 @@ def _listening_socket(source: str, host: str, port: int, addresses: Sequence[Any
             source,
             f"rank 0 cannot listen on {host_port(host, port)} for the store: {exc.strerror}",
             hint="check MASTER_ADDR names this host and MASTER_PORT is a usable port",
+            consequence=False,
         ) from None
     # Detached: the store owns the descriptor now (closing ours could hang a client).
     return sock.detach()

@@ -198,23 +198,14 @@ def _broken_by_peer(exc: BaseException) -> bool:
 
 def classify(exc: BaseException) -> Report | None:
     """Return the report of an exception that ends a rank, None for a successful exit."""
-    from distenv.errors import (
-        DistEnvError,
-        InitError,
-        RendezvousError,
-        RollCallError,
-        WorkerFailedError,
-    )
+    from distenv.errors import DistEnvError
     from distenv.exits import code_of
 
     at = time.time()
     frames = user_frames(exc.__traceback__)
     # Before SystemExit: an error that leaves a public call is one too (`distenv.exits`).
     if isinstance(exc, DistEnvError):
-        # A negative verdict is raised on every rank alike: the job's own refusal, not a peer's.
-        peer = isinstance(exc, (RendezvousError, InitError, WorkerFailedError)) and not isinstance(
-            exc, RollCallError
-        )
+        peer = exc.consequence
         return Report("exception" if peer else "refused", _first_line(exc), at, frames, peer)
     if isinstance(exc, SystemExit):
         if exc.code in (None, 0):

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from distenv.errors import RendezvousError, RollCallError
+from distenv.errors import InitError, RendezvousError, RollCallError
 from distenv.local import reporting
 from distenv.local.card import how, rank_ranges
 from distenv.local.dumps import crash_frames
@@ -90,13 +90,21 @@ def test_a_report_carries_the_user_frames_and_whether_a_peer_broke_it() -> None:
 
 def test_a_negative_verdict_is_a_refusal_and_a_foreign_record_a_consequence() -> None:
     """RollCallError, raised alike on every rank, is the job's own refusal (not retried); another
-    RendezvousError (a record this job did not write) is counted as a consequence."""
+    RendezvousError (a record this job did not write) is counted as a consequence, as an InitError
+    is unless its raise site says it is a refusal."""
     refused = classify(_raised(RollCallError("slurm", "roll call failed: 2 ranks share rank 0")))
     assert refused is not None
     assert (refused.kind, refused.peer, RETRIED[refused.kind]) == ("refused", False, False)
     foreign = classify(_raised(RendezvousError("slurm", "the verdict was not written by it")))
     assert foreign is not None
     assert (foreign.kind, foreign.peer) == ("exception", True)
+    # A raise site may say otherwise than its class: a build without torch.distributed.
+    own = classify(_raised(InitError("init", "no torch.distributed", consequence=False)))
+    assert own is not None
+    assert (own.kind, own.peer) == ("refused", False)
+    lost = classify(_raised(InitError("slurm", "init_process_group failed: closed by peer")))
+    assert lost is not None
+    assert (lost.kind, lost.peer) == ("exception", True)
 
 
 def test_fault_frames_are_the_crashing_thread_s_user_frames(tmp_path: Path) -> None:
