@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
 # The gpu-marked tests and the GPU benchmarks, on a GPU machine whose python3 already holds torch
 # with CUDA (a cluster's or a cloud's image): no network, no apt, no venv of our own. distenv is put
-# on that Python's path (a .pth file naming this checkout), .venv links to that Python's
-# environment (the tests start ranks with .venv/bin/python), and python-hostlist, distenv's one
-# other dependency, comes from $WHEELS when that Python lacks it.
+# on that Python's path where it is not importable (a .pth file naming this checkout), .venv links
+# to that Python's environment (the tests start ranks with .venv/bin/python), and python-hostlist,
+# distenv's one other dependency, comes from $WHEELS when that Python lacks it.
 #
 #     WHEELS=<folder of wheels> bash tests/run_gpu.sh [OUT]
 #
@@ -48,8 +48,10 @@ step() { # seconds name log command...: run it under its limit, its output kept 
 } >"$out/machine.txt" 2>&1
 cat "$out/machine.txt"
 
-site=$("$py" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')
-echo "$PWD" >"$site/distenv-checkout.pth"
+if ! "$py" -c 'import distenv' 2>/dev/null; then
+    site=$("$py" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')
+    echo "$PWD" >"$site/distenv-checkout.pth"
+fi
 "$py" -c 'import hostlist' 2>/dev/null ||
     "$py" -m pip install -q --no-index --no-deps --no-compile "${WHEELS:?python-hostlist is missing: set WHEELS}"/*.whl
 [[ -e .venv ]] || ln -s "$(dirname "$(dirname "$py")")" .venv

@@ -342,3 +342,29 @@ def test_the_placement_page_states_the_benchmark_as_recorded() -> None:
             f"{case['ms']['median']:.2f} ms | {case['ms']['p95']:.1f} ms |"
         )
         assert expected in page, expected
+
+
+def test_the_gpu_script_runs_every_step_and_exits_with_the_first_failure(tmp_path: Path) -> None:
+    """tests/run_gpu.sh, which CI cannot run whole (no GPU), on this venv's Python: with the
+    placement benchmark alone it records the machine and writes the benchmark's JSON; a failing
+    step (pytest given no such file: status 4) still lets the next run, and sets the exit status."""
+    repo = BENCHMARKS.parent
+    env = {
+        **scrubbed_environ(),
+        "PATH": f"{repo / '.venv' / 'bin'}:{scrubbed_environ()['PATH']}",
+        "BENCHMARKS": "placement",
+        "TESTS": "tests/no_such_test.py",
+    }
+    done = subprocess.run(
+        ["bash", str(repo / "tests" / "run_gpu.sh"), str(tmp_path)],
+        env=env, capture_output=True, text=True, timeout=180, check=False,
+    )  # fmt: skip
+    out = done.stdout + done.stderr
+    assert done.returncode == 4, out
+    assert "== pytest -m gpu: exit 4" in out, out
+    assert "== placement: exit 0" in out, out
+    assert "bootstrap" not in out, out
+    assert "nproc " in (tmp_path / "machine.txt").read_text()
+    placement = json.loads((tmp_path / "placement.json").read_text())
+    assert placement["processes"] == 0
+    assert placement["cases"]["live"]["cpus"] >= 1
