@@ -15,12 +15,11 @@ Started by bench_bootstrap.py / bench_scaling.py under ``srun``, ``torchrun`` or
 Every library is imported, and every rank has imported torch, before the clock starts: a file
 barrier in $BENCH_SYNC_DIR lines the ranks up, so that one rank's slow ``import torch`` is not
 counted as another rank's bootstrap. The clock stops when the first all_reduce returns (of a CUDA
-tensor under ``BENCH_BACKEND=nccl``); each rank
-also reports the CPU time its process (every thread) spent in between. An audit hook counts the
-processes started in between. With ``$BENCH_TRACE_DIR`` each rank also times its
-bootstrap's phases (_trace_probes.py) and writes them there; with ``$BENCH_CPU_DIR`` it measures
-where its CPU goes instead, per phase (_cpu_probes.py). Rank 0 gathers every rank's numbers and prints one
-JSON line prefixed with ``BENCH``.
+tensor under ``BENCH_BACKEND=nccl``); each rank also reports the CPU time its process (every
+thread) spent in between. An audit hook counts the processes started in between. With
+``$BENCH_TRACE_DIR`` each rank also times its bootstrap's phases (_trace_probes.py) and writes them
+there; with ``$BENCH_CPU_DIR`` it measures where its CPU goes instead, per phase (_cpu_probes.py).
+Rank 0 gathers every rank's numbers and prints one JSON line prefixed with ``BENCH``.
 """
 
 from __future__ import annotations

@@ -213,8 +213,10 @@ class InitError(DistEnvError):
 
 
 class RendezvousError(DistEnvError):
-    """The ranks met, but the start-up could not go on: a record or verdict in the store that this
-    job's ranks did not write, or a wait a signal interrupted (its subclasses say the rest)."""
+    """The ranks met, but the start-up could not go on: rank 0's store or a node's leader went
+    away, a node has no route to the master, ranks were started for two world sizes, a record in
+    the store was not written by this job, or a signal interrupted a wait (its subclasses say the
+    rest)."""
 
     consequence = True
 
