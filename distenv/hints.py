@@ -19,9 +19,9 @@ __all__ = ["EXAMPLE_SCRIPT", "personal", "reword", "script_of", "size_of"]
 #: The script every built-in hint's example command runs.
 EXAMPLE_SCRIPT = "train.py"
 #: The example script as a word of a command: not part of a longer path or name.
-_SCRIPT = re.compile(r"(?<![\w./-])train\.py(?![\w.-])")
+_SCRIPT = r"(?<![\w./-])train\.py(?![\w.-])"
 #: An MPI launcher's rank count in an example command: the world's size.
-_COUNT = re.compile(r"(\b(?:mpirun -np|mpirun -n|mpiexec -n) )\d+(?= )")
+_COUNT = r"(\b(?:mpirun -np|mpirun -n|mpiexec -n) )\d+(?= )"
 #: Variables that hold the world's size under the launchers that start ranks (the first set wins).
 SIZE_VARS = ("WORLD_SIZE", "OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "SLURM_STEP_NUM_TASKS")
 #: A size larger than this is no job anyone types on a command line: it is not quoted.
@@ -54,9 +54,9 @@ def size_of(env: Mapping[str, str]) -> int | None:
 def personal(hint: str, script: str | None, size: int | None) -> str:
     """Return `hint` with its example command's script and MPI rank count made the job's own."""
     if script is not None:
-        hint = _SCRIPT.sub(lambda _: script, hint)
+        hint = re.sub(_SCRIPT, lambda _: script, hint)
     if size is not None:
-        hint = _COUNT.sub(lambda m: f"{m.group(1)}{size}", hint)
+        hint = re.sub(_COUNT, lambda m: f"{m.group(1)}{size}", hint)
     return hint
 
 

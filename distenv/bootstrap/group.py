@@ -140,7 +140,7 @@ def join_group(
 # How gloo names the peer it could not reach, an IPv4 or IPv6 address (with its zone):
 # "... SO_ERROR: Connection refused, remote=[127.0.1.1]:4350".
 _ADDRESS = r"[0-9A-Fa-f.:]{2,45}(?:%[A-Za-z0-9_.-]{1,32})?"
-_REMOTE = re.compile(rf"(?:SO_ERROR: |: )?([A-Za-z][A-Za-z ]{{2,40}}), remote=\[({_ADDRESS})\]")
+_REMOTE = rf"(?:SO_ERROR: |: )?([A-Za-z][A-Za-z ]{{2,40}}), remote=\[({_ADDRESS})\]"
 
 
 def init_failure(launcher: str, where: str, backend: str, text: str) -> InitError:
@@ -151,7 +151,7 @@ def init_failure(launcher: str, where: str, backend: str, text: str) -> InitErro
     most common multi-node failure: the message names it and the hint is the network's, not the
     build's.
     """
-    found = _REMOTE.search(text)
+    found = re.search(_REMOTE, text)
     if found is None and "ss_family" in text:
         return InitError(
             launcher,

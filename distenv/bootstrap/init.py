@@ -38,7 +38,6 @@ from typing import TYPE_CHECKING
 
 from distenv import state
 from distenv.bootstrap.group import join_group
-from distenv.bootstrap.hang import arm as arm_hang_autopsy
 from distenv.bootstrap.prepare import check_start_method, locate_rank, prepare
 from distenv.bootstrap.protocol import ROLLCALL
 from distenv.bootstrap.rollcall import fill_layout, make_checkin, meet, network_exports
@@ -52,10 +51,7 @@ from distenv.device import (
 )
 from distenv.errors import ConfigurationError, DistEnvError, InitError
 from distenv.exits import one_line, rank_of
-from distenv.postmortem.ranklog import folder as log_folder
-from distenv.postmortem.ranklog import start as start_log
 from distenv.rankinfo import RankInfo
-from distenv.seeding import check_seed, seed_everything
 from distenv.settings import Settings, seconds
 
 if TYPE_CHECKING:
@@ -68,11 +64,26 @@ __all__ = ["init_dist", "setup"]
 logger = logging.getLogger("distenv")
 
 
+def _log_folder(argument: str | os.PathLike[str] | None, setting: str | None) -> Path | None:
+    """Return the rank's log folder (`distenv.postmortem.ranklog.folder`), None for none.
+
+    The rank log, the hang autopsy and the seeding are imported only by the ranks that use them
+    (a log folder, a hang timeout, a seed): the others do not pay for loading them.
+    """
+    if argument is None and setting is None:
+        return None
+    from distenv.postmortem.ranklog import folder
+
+    return folder(argument, setting)
+
+
 def _keep_log(logs: Path | None, rank: int | None, local_rank: int | None) -> None:
     """Start the rank's log in `logs`, if any; its record is written before the teardown's end."""
     if logs is not None and rank is not None:
+        from distenv.postmortem.ranklog import start
+
         end_groups_at_exit()  # first: the log's handler, registered after it, runs before it
-        start_log(logs, rank, local_rank)
+        start(logs, rank, local_rank)
 
 
 @one_line
@@ -313,9 +324,11 @@ def init_dist(
     if backend is not None:
         choose_backend(cuda_available=False, has_device=False, explicit=backend)
     if seed is not None:
+        from distenv.seeding import check_seed
+
         check_seed(seed)
 
-    logs = log_folder(log_dir, settings.log_dir)
+    logs = _log_folder(log_dir, settings.log_dir)
     # Detection first: a misconfigured job is refused before paying for `import torch`.
     try:
         detection, info = locate_rank(launcher, master_addr_format, deadline)
@@ -357,7 +370,11 @@ def init_dist(
             device_name(device),
         )
     if seed is not None:
+        from distenv.seeding import seed_everything
+
         seed_everything(seed)
     if hang is not None:
-        arm_hang_autopsy(boot.session, hang, None if logs is None else str(logs))
+        from distenv.bootstrap.hang import arm
+
+        arm(boot.session, hang, None if logs is None else str(logs))
     return info

@@ -18,9 +18,6 @@ from distenv.detection.pipeline import Detection, locate
 from distenv.device import pci_address, rank_device, set_current_device
 from distenv.errors import ConfigurationError
 from distenv.master import SCOPE_VAR
-from distenv.placement.apply import bind_threads, chosen_mode, place_ranks
-from distenv.placement.cpus import format_cpus
-from distenv.placement.topology import read_topology
 from distenv.rankinfo import RankInfo
 from distenv.settings import OMP_VAR, Settings
 
@@ -70,13 +67,32 @@ def locate_rank(
     return detection, state.kept(detection.info)
 
 
+def _binding_mode(argument: str | None, setting: str | None) -> str | None:
+    """Return the CPU binding asked for (`distenv.placement.apply.chosen_mode`), None for none.
+
+    `distenv.placement` is imported only where a binding is asked for: a rank that binds nothing
+    does not pay for loading it.
+    """
+    if argument is None and setting is None:
+        return None
+    from distenv.placement.apply import chosen_mode
+
+    return chosen_mode("init", argument, setting)
+
+
 def _bind_cpus(info: RankInfo, mode: str | None, settings: Settings, device: int | None) -> None:
     """Bind this rank's threads to its share of the node (`distenv.placement`), unless a launcher
     bound it already, and set ``OMP_NUM_THREADS`` and torch's threads to the cores it holds where
     the user set none. Before the process group: its threads inherit the binding."""
+    if mode is None:
+        return
+    from distenv.placement.apply import bind_threads, place_ranks
+    from distenv.placement.cpus import format_cpus
+    from distenv.placement.topology import read_topology
+
     count = info.local_world_size
-    if mode is None or count is None:
-        if mode is not None and info.local_rank == 0:
+    if count is None:
+        if info.local_rank == 0:
             logger.warning(
                 "distenv: %s: cpu binding %r needs the number of ranks on this node, which %s "
                 "does not give; binding nothing",
@@ -121,7 +137,7 @@ def prepare(
 ) -> int | None:
     """Run the steps `setup` and `init_dist` share; return the selected CUDA device index."""
     settings = Settings.read(os.environ)
-    mode = chosen_mode("init", cpu_binding, settings.cpu_binding)
+    mode = _binding_mode(cpu_binding, settings.cpu_binding)
     _apply_start_method(start_method)
     device = rank_device(info)
     if set_device and device is not None:

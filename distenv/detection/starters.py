@@ -59,8 +59,8 @@ COMMANDS_OF = frozenset({"slurmstepd"})
 SINGLE_STEPS = frozenset({"batch", "extern", "interactive"})
 
 # "[5.0]", "[5.batch]"; an array element's job may read "5_3". The cgroup has the job's number.
-_STEP_ARGV = re.compile(r"\[([^\].\s]+)\.([^\]\s]+)\]")
-_STEP_CGROUP = re.compile(r"/job_(\d+)/step_(\w+)")
+_STEP_ARGV = r"\[([^\].\s]+)\.([^\]\s]+)\]"
+_STEP_CGROUP = r"/job_(\d+)/step_(\w+)"
 
 
 class Origin(NamedTuple):
@@ -94,14 +94,14 @@ def started_by(origin: Origin) -> Starter | None:
         if launcher is None:
             continue
         what = f"{ancestor.name} (pid {ancestor.pid}"
-        step = _STEP_ARGV.search(ancestor.command) if launcher == "slurm" else None
+        step = re.search(_STEP_ARGV, ancestor.command) if launcher == "slurm" else None
         if step is not None:
             if step[2] in SINGLE_STEPS:
                 return None
             what += f", step {step[1]}.{step[2]}"
         return Starter(launcher, what + ")")
     for line in origin.cgroup.splitlines():
-        step = _STEP_CGROUP.search(line)
+        step = re.search(_STEP_CGROUP, line)
         if step is not None:
             if step[2] in SINGLE_STEPS:
                 return None

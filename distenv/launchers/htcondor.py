@@ -24,7 +24,7 @@ __all__ = ["HtcondorLauncher"]
 CONDOR_SETS = "HTCondor's starter sets it on every node of a parallel-universe job"
 # gen_ckpt_name (spooled_job_files.cpp): SPOOL/<cluster % 10000>/<proc % 10000>/
 # cluster<C>.proc<P>.subproc<S>; the shadow hands every node proc 0's (parallelshadow.cpp).
-SPOOL_NAME = re.compile(r"cluster([0-9]{1,10})\.proc[0-9]{1,10}\.subproc[0-9]{1,10}")
+SPOOL_NAME = r"cluster([0-9]{1,10})\.proc[0-9]{1,10}\.subproc[0-9]{1,10}"
 MASTER_FIX = (
     "HTCondor puts no node's address in the environment, so node 0 cannot be found by the "
     "others: pin node 0 to one machine in the submit description (its own `requirements = "
@@ -91,7 +91,7 @@ class HtcondorLauncher(Scheduler):
         spool = reader.get("_CONDOR_REMOTE_SPOOL_DIR")
         if spool is None:
             return None
-        match = SPOOL_NAME.fullmatch(spool.rstrip("/").rsplit("/", 1)[-1])
+        match = re.fullmatch(SPOOL_NAME, spool.rstrip("/").rsplit("/", 1)[-1])
         if match is None:
             raise InvalidVariableError(
                 self.name,

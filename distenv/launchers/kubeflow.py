@@ -31,9 +31,9 @@ __all__ = ["KubeflowLauncher"]
 # gpu, xpu, or the PrivateUse1 device's name, e.g. npu), which the operators pass through verbatim;
 # anything else but a positive number is malformed.
 NPROC_WORDS = ("auto", "cpu", "gpu", "xpu")
-NPROC_DEVICE = re.compile(r"[a-z][a-z0-9_]{1,31}")
+NPROC_DEVICE = r"[a-z][a-z0-9_]{1,31}"
 # An elastic PyTorchJob's PET_NNODES (minReplicas:maxReplicas).
-ELASTIC_RANGE = re.compile(r"[0-9]{1,7}:[0-9]{1,7}")
+ELASTIC_RANGE = r"[0-9]{1,7}:[0-9]{1,7}"
 START_HINT = (
     "make the container's command `torchrun train.py ...` (it reads the PET_* variables) or "
     "`distenv run --nproc-per-node {nproc} train.py ...`, or set nprocPerNode to 1"
@@ -83,7 +83,7 @@ class KubeflowLauncher(Scheduler):
         text = reader.get("PET_NNODES") or ""
         if ":" in text:
             # Only a well-formed range 'min:max' is an elastic job; anything else is malformed.
-            if not ELASTIC_RANGE.fullmatch(text.strip()):
+            if not re.fullmatch(ELASTIC_RANGE, text.strip()):
                 raise InvalidVariableError(
                     self.name, "PET_NNODES", text, "a node count, or an elastic range 'min:max'"
                 )
@@ -125,7 +125,7 @@ class KubeflowLauncher(Scheduler):
         text = value.strip()
         if text.isascii() and text.isdigit():
             return str(reader.parse_int("PET_NPROC_PER_NODE", value, minimum=1))
-        if not NPROC_DEVICE.fullmatch(text):
+        if not re.fullmatch(NPROC_DEVICE, text):
             raise InvalidVariableError(
                 self.name,
                 "PET_NPROC_PER_NODE",

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
+from typing import NamedTuple
 
 from distenv.errors import MissingVariableError
 from distenv.launchers.base import AllocationLauncher, Nodes, World
@@ -18,8 +18,7 @@ __all__ = ["FLAVORS", "PMI_FD", "Flavor", "MpiLauncher"]
 PMI_FD = Var("PMI_FD", "master_port", "no", "PMI: the server's socket; its peer names the launch")
 
 
-@dataclass(frozen=True)
-class Flavor:
+class Flavor(NamedTuple):
     """The variables one MPI library's launcher sets; each tuple lists alternatives in order."""
 
     name: str

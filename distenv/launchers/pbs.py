@@ -21,7 +21,7 @@ __all__ = ["PbsLauncher"]
 
 # OpenPBS's job ids (qsub(1B), "Job Identifier"): a sequence number, an array's brackets with
 # or without an index, then the server's name.
-JOB_ID = re.compile(r"[0-9]{1,20}(?:\[[0-9]{0,20}\])?(?:\.[A-Za-z0-9._-]{1,255})?")
+JOB_ID = r"[0-9]{1,20}(?:\[[0-9]{0,20}\])?(?:\.[A-Za-z0-9._-]{1,255})?"
 LAUNCH_HINT = (
     "start the ranks with the MPI launcher inside the job: `mpiexec -n 8 --ppn 4 python "
     "train.py` (Cray PALS, MPICH) or `mpirun -np 8 python train.py` (Open MPI)"
@@ -70,7 +70,7 @@ class PbsLauncher(Scheduler):
     def _job(self, reader: Reader) -> str | None:
         """Return PBS_JOBID (``1234.server``, an array's ``1234[].server``), None if unset."""
         job = reader.get("PBS_JOBID")
-        if job is not None and not JOB_ID.fullmatch(job):
+        if job is not None and not re.fullmatch(JOB_ID, job):
             raise InvalidVariableError(
                 self.name,
                 "PBS_JOBID",

@@ -36,7 +36,7 @@ SPEC = "CLUSTER_SPEC"
 # replicas (Google's reduction server image, reached through NCCL, no rank of the world) and [3]
 # evaluators, which run beside the training and join no process group.
 TRAINING_POOLS = ("workerpool0", "workerpool1")
-POOL = re.compile(r"workerpool[0-9]")
+POOL = r"workerpool[0-9]"
 # The CustomJobSpec in "job" makes CLUSTER_SPEC a few kilobytes; past a megabyte it is corrupt.
 MAX_SPEC_CHARS = 1_000_000
 SPEC_HINT = "Vertex AI sets CLUSTER_SPEC on every replica; do not set or edit it yourself"
@@ -120,7 +120,7 @@ class VertexLauncher(Scheduler):
             raise self._invalid(text, 'its "cluster" is no object of worker pools')
         pools: dict[str, list[tuple[str, int]]] = {}
         for pool, replicas in cluster.items():
-            if not POOL.fullmatch(pool):
+            if not re.fullmatch(POOL, pool):
                 raise self._invalid(text, f"its cluster names a pool {pool!r:.40}")
             if not isinstance(replicas, list) or not all(isinstance(r, str) for r in replicas):
                 raise self._invalid(text, f'its "{pool}" is no list of "host:port"')

@@ -18,7 +18,7 @@ import os
 import signal
 import sys
 from collections.abc import Sequence
-from dataclasses import dataclass
+from typing import NamedTuple
 
 __all__ = [
     "PDEATH_WRAPPER",
@@ -135,8 +135,7 @@ def with_parent_death(command: Sequence[str], parent: int, who: str) -> list[str
     return [sys.executable, "-I", "-S", "-c", PDEATH_WRAPPER, who, str(parent), *command]
 
 
-@dataclass(frozen=True)
-class ProcessEntry:
+class ProcessEntry(NamedTuple):
     """One process as /proc/PID/stat shows it (proc(5))."""
 
     pid: int
@@ -150,8 +149,7 @@ class ProcessEntry:
         return self.state in ("Z", "X")
 
 
-@dataclass(frozen=True)
-class ThreadEntry:
+class ThreadEntry(NamedTuple):
     """One thread of this process as /proc/self/task/TID shows it (proc(5)).
 
     Attributes:
@@ -230,8 +228,7 @@ _COMMAND_BYTES = 256
 _CGROUP_BYTES = 4096
 
 
-@dataclass(frozen=True)
-class Ancestor:
+class Ancestor(NamedTuple):
     """One process above this one: its pid, its name (``comm``), and the start of its argv where
     the caller asked for it ("" otherwise: a command line may hold secrets)."""
 
