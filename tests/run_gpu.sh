@@ -48,12 +48,18 @@ step() { # seconds name log command...: run it under its limit, its output kept 
 } >"$out/machine.txt" 2>&1
 cat "$out/machine.txt"
 
-if ! "$py" -c 'import distenv' 2>/dev/null; then
+# From another folder: here the checkout itself is on `python -c`'s path, not on that of the ranks,
+# the benchmarks and the scripts the tests start.
+if ! (cd / && "$py" -c 'import distenv' 2>/dev/null); then
     site=$("$py" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')
     echo "$PWD" >"$site/distenv-checkout.pth"
 fi
 "$py" -c 'import hostlist' 2>/dev/null ||
     "$py" -m pip install -q --no-index --no-deps --no-compile "${WHEELS:?python-hostlist is missing: set WHEELS}"/*.whl
+# Compiled once here (as tests/harness/setup.sh does), so that no rank compiles the checkout's
+# modules at each start where PYTHONDONTWRITEBYTECODE is set: a read-only checkout only costs time.
+env -u PYTHONDONTWRITEBYTECODE "$py" -m compileall -q -j 0 distenv benchmarks tests >/dev/null ||
+    echo "note: the checkout's modules could not be compiled; every rank compiles them"
 [[ -e .venv ]] || ln -s "$(dirname "$(dirname "$py")")" .venv
 [[ -x .venv/bin/python ]] || ln -s "$py" .venv/bin/python
 
