@@ -16,7 +16,9 @@ Every library is imported, and every rank has imported torch, before the clock s
 barrier in $BENCH_SYNC_DIR lines the ranks up, so that one rank's slow ``import torch`` is not
 counted as another rank's bootstrap. The clock stops when the first all_reduce returns (of a CUDA
 tensor under ``BENCH_BACKEND=nccl``); each rank also reports the CPU time its process (every
-thread) spent in between. An audit hook counts the processes started in between. With
+thread) spent in between, and the CPU time its import of the library under test took (after
+torch's: distenv's is ``import distenv; distenv.init_dist``, which loads the bootstrap's
+modules). An audit hook counts the processes started in between. With
 ``$BENCH_TRACE_DIR`` each rank also times its bootstrap's phases (_trace_probes.py) and writes them
 there; with ``$BENCH_CPU_DIR`` it measures where its CPU goes instead, per phase (_cpu_probes.py).
 Rank 0 gathers every rank's numbers and prints one JSON line prefixed with ``BENCH``.
@@ -98,6 +100,8 @@ def main() -> int:
     global counting
     method = sys.argv[sys.argv.index("--method") + 1]
     rank, size = _rank_and_size()
+    # The library's import, after torch's and before the start line: its CPU is reported apart.
+    import_cpu = time.process_time()
     if method == "distenv":
         import distenv
 
@@ -125,6 +129,7 @@ def main() -> int:
 
     else:
         raise SystemExit(f"unknown --method {method!r}")
+    import_cpu = time.process_time() - import_cpu
 
     if TRACE_VAR in os.environ:
         bootstrap = _trace_probes.install(rank, Path(os.environ[TRACE_VAR]))(bootstrap)
@@ -145,7 +150,7 @@ def main() -> int:
     meter_off()
     counting = False
 
-    mine = torch.tensor([elapsed, float(len(events)), cpu], dtype=torch.float64)
+    mine = torch.tensor([elapsed, float(len(events)), cpu, import_cpu], dtype=torch.float64)
     if NCCL:
         mine = mine.cuda()
     gathered = [torch.zeros_like(mine) for _ in range(dist.get_world_size())]
@@ -160,6 +165,7 @@ def main() -> int:
             "per_rank_s": times,
             "events_per_rank": [int(t[1]) for t in gathered],
             "cpu_per_rank_s": [float(t[2]) for t in gathered],
+            "import_cpu_per_rank_s": [float(t[3]) for t in gathered],
             "rank0_events": events,
             "backend": dist.get_backend(),
         }

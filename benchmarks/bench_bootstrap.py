@@ -241,6 +241,9 @@ def analyse(records: dict[str, list[dict[str, Any]]]) -> dict[str, Any]:
             "launch_wall_s": summary([r["launch_wall_s"] for r in recs]),
             "processes_per_rank": summary([max(r["events_per_rank"]) for r in recs]),
             "cpu_per_rank_ms": median([_cpu_ms(r) for r in recs]) if recs else None,
+            "import_cpu_per_rank_ms": median([_cpu_ms(r, "import_cpu_per_rank_s") for r in recs])
+            if recs
+            else None,
             "events_per_rank_max": max((max(r["events_per_rank"]) for r in recs), default=0),
             "rank0_events_example": recs[0]["rank0_events"] if recs else [],
             "raw_max_s": times,
@@ -309,9 +312,10 @@ def cpu_table(records: dict[str, list[dict[str, Any]]]) -> dict[str, Any]:
     return out
 
 
-def _cpu_ms(record: dict[str, Any]) -> float:
-    """The CPU time a launch's ranks spent, on average per rank (ms)."""
-    return 1000 * sum(record["cpu_per_rank_s"]) / len(record["cpu_per_rank_s"])
+def _cpu_ms(record: dict[str, Any], field: str = "cpu_per_rank_s") -> float:
+    """The CPU time a launch's ranks spent (`field`: bootstrapping, or importing the library),
+    on average per rank (ms)."""
+    return 1000 * sum(record[field]) / len(record[field])
 
 
 def phase_table(

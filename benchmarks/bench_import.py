@@ -29,16 +29,20 @@ from _common import summary as summarize
 
 # The check that distenv stayed light runs inside the timed child (microseconds): a failure makes
 # the child exit non-zero, which stops the benchmark.
-DISTENV_CODE = (
-    "import distenv, sys; distenv.detect(); "
+LIGHT_CHECK = (
     "heavy = [m for m in ('torch', 'mpi4py', 'numpy') if m in sys.modules]; "
     "sys.exit(f'distenv imported {heavy}') if heavy else None"
 )
+DISTENV_CODE = "import distenv, sys; distenv.detect(); " + LIGHT_CHECK
+# What a training script loads before its first call: every module of the bootstrap (torch is
+# imported inside init_dist).
+DISTENV_INIT_CODE = "import sys; from distenv import init_dist; " + LIGHT_CHECK
 
 # (name, code, module that must be importable, what it stands for)
 CASES: tuple[tuple[str, str, str | None, str], ...] = (
     ("python", "pass", None, "bare interpreter: `python -c pass`"),
     ("distenv", DISTENV_CODE, "distenv", "`import distenv; distenv.detect()`"),
+    ("distenv_init", DISTENV_INIT_CODE, "distenv", "`from distenv import init_dist`"),
     ("torch", "import torch", "torch", "`import torch`"),
     (
         "mmengine",
@@ -54,7 +58,7 @@ CASES: tuple[tuple[str, str, str | None, str], ...] = (
     ),
     ("submitit", "import submitit", "submitit", "`import submitit`"),
 )
-SMOKE_CASES = ("python", "distenv")
+SMOKE_CASES = ("python", "distenv", "distenv_init")
 # Appended to every case: report this process's own peak RSS (kB) on stdout, without an import.
 HWM_CODE = (
     "\nprint(next(l.split()[1] for l in open('/proc/self/status') if l.startswith('VmHWM:')))"

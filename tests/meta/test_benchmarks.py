@@ -43,10 +43,11 @@ def smoke(script: str, *args: str, timeout: float = 60) -> dict[str, Any]:
 
 
 def test_import_benchmark_keeps_torch_out() -> None:
-    """The import benchmark measures distenv against bare Python; distenv imported no torch."""
+    """The import benchmark measures distenv against bare Python: its detection and what a
+    training script loads (`from distenv import init_dist`); neither imported torch."""
     data = smoke("bench_import.py")
     assert data["benchmark"] == "import"
-    assert {"python", "distenv"} <= set(data["cases"])
+    assert {"python", "distenv", "distenv_init"} <= set(data["cases"])
     for case in data["cases"].values():
         assert case["wall_s"]["n"] == 1
         assert case["rss_mib"]["median"] > 0
@@ -69,6 +70,9 @@ def test_bootstrap_benchmark_under_srun_and_torchrun_starts_no_process() -> None
         # CPU time is the process's, every thread's: a bootstrap that finished used some.
         assert methods["distenv"]["cpu_per_rank_ms"] > 0
         assert methods["bare"]["cpu_per_rank_ms"] > 0
+        # Importing distenv's bootstrap after torch takes CPU (tens of modules); it is reported
+        # apart from the bootstrap's, which starts after every rank imported its library.
+        assert methods["distenv"]["import_cpu_per_rank_ms"] > 1
 
 
 def test_bootstrap_profile_puts_distenv_cpu_in_its_phases() -> None:
