@@ -107,6 +107,19 @@ def scenario_comm() -> dict[str, Any]:
     grad_calls = list(calls)
     dist.all_reduce = all_reduce
 
+    # Six float32 tensors of 4000 bytes in buckets of 8000 bytes: three buckets of two, which
+    # one buffer of 8000 bytes serves; what torch's allocator handed out is counted.
+    from torch.profiler import ProfilerActivity, profile
+
+    many = [torch.full((1000,), float(rank + i)) for i in range(6)]
+    with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
+        distenv.allreduce_params(many, bucket_size_mb=8000 / 2**20)
+    allocated = [
+        e.nbytes()
+        for e in prof.profiler.kineto_results.events()
+        if e.name() == "[memory]" and e.nbytes() > 0
+    ]
+
     @distenv.master_only
     def times_ten(x: int) -> int:
         """Multiply by ten."""
@@ -128,6 +141,8 @@ def scenario_comm() -> dict[str, Any]:
         "grad_dtypes": [None if p.grad is None else str(p.grad.dtype) for p in grads],
         "grad_params": _values(list(grads)),
         "grad_calls": grad_calls,
+        "bucketed": [t[0].item() for t in many],
+        "bucket_allocations": allocated,
         "master_only": times_ten(3),
         "wrapped": [times_ten.__name__, times_ten.__doc__],
         "is_main": distenv.is_main_process(),
