@@ -203,17 +203,17 @@ def _average(tensors: list[torch.Tensor], bucket_size_mb: float, what: str) -> N
     limit = int(bucket_size_mb * 1024 * 1024)
     items = [((t.dtype, t.device), t.numel() * t.element_size()) for t in tensors]
     buckets = plan_buckets(items, limit)
-    # One buffer per dtype and device, as large as its largest coalesced bucket, serves every
-    # bucket of that key: the copies never cost more than that, whenever the backend drops its
-    # own reference to a collective's tensor (gloo's worker thread may, after the call returns,
-    # so a buffer per bucket left two buckets alive at times).
-    sizes: dict[tuple[torch.dtype, torch.device], int] = {}
+    # One buffer of bytes per device, as large as its largest copied bucket, serves every bucket
+    # copied there, whatever its dtype: the copies never cost more than one bucket, whenever the
+    # backend drops its own reference to a collective's tensor (gloo's worker thread may, after
+    # the call returns, so a buffer per bucket left two buckets alive at times).
+    sizes: dict[torch.device, int] = {}
     for indices in buckets:
         if len(indices) > 1 or not tensors[indices[0]].is_contiguous():
-            key = items[indices[0]][0]
-            numel = sum(tensors[i].numel() for i in indices)
-            sizes[key] = max(sizes.get(key, 0), numel)
-    buffers = {key: torch.empty(n, dtype=key[0], device=key[1]) for key, n in sizes.items()}
+            device = tensors[indices[0]].device
+            nbytes = sum(items[i][1] for i in indices)
+            sizes[device] = max(sizes.get(device, 0), nbytes)
+    buffers = {d: torch.empty(n, dtype=torch.uint8, device=d) for d, n in sizes.items()}
     with torch.no_grad():
         for indices in buckets:
             bucket = [tensors[i] for i in indices]
@@ -223,8 +223,9 @@ def _average(tensors: list[torch.Tensor], bucket_size_mb: float, what: str) -> N
                 dist.all_reduce(bucket[0])
                 bucket[0].div_(world_size)
                 continue
-            # One collective per bucket, on the front of its key's buffer.
-            flat = buffers[items[indices[0]][0]][: sum(t.numel() for t in bucket)]
+            # One collective per bucket, on the front of its device's buffer seen as its dtype.
+            nbytes = sum(items[i][1] for i in indices)
+            flat = buffers[bucket[0].device][:nbytes].view(bucket[0].dtype)
             torch.cat([t.reshape(-1) for t in bucket], out=flat)
             dist.all_reduce(flat)
             # SUM then divide: gloo has no ReduceOp.AVG.
@@ -241,9 +242,8 @@ def allreduce_params(
     """Average parameters (their data) across all ranks, in place.
 
     Tensors are coalesced into buckets of at most `bucket_size_mb` (one per dtype and device; a
-    larger tensor travels alone), copied into one buffer per dtype and device that every bucket
-    reuses, so the extra memory is bounded by one bucket (of each dtype and device). A no-op
-    without a group or at world size 1.
+    larger tensor travels alone), copied into one buffer per device that every bucket reuses, so
+    the extra memory is bounded by one bucket. A no-op without a group or at world size 1.
 
     Args:
         params: Parameters or tensors, e.g. ``model.parameters()`` (same order on every rank).

@@ -107,11 +107,15 @@ def scenario_comm() -> dict[str, Any]:
     grad_calls = list(calls)
     dist.all_reduce = all_reduce
 
-    # Six float32 tensors of 4000 bytes in buckets of 8000 bytes: three buckets of two, which
-    # one buffer of 8000 bytes serves; what torch's allocator handed out is counted.
+    # Six float32 and four float64 tensors of 4000 bytes, in buckets of 8000 bytes: five buckets
+    # of two in two dtypes, which one buffer of 8000 bytes serves; torch's allocations counted.
     from torch.profiler import ProfilerActivity, profile
 
-    many = [torch.full((1000,), float(rank + i)) for i in range(6)]
+    dtypes = [torch.float32, torch.float64] * 4 + [torch.float32] * 2
+    many = [
+        torch.full((4000 // dtype.itemsize,), float(rank + i), dtype=dtype)
+        for i, dtype in enumerate(dtypes)
+    ]
     with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
         distenv.allreduce_params(many, bucket_size_mb=8000 / 2**20)
     allocated = [
