@@ -27,7 +27,9 @@ and `init_dist` goes on to
 8. with a hang timeout, start the in-process hang autopsy over the job's store
    (`distenv.bootstrap.hang`), unless ``distenv run``'s rank wrapper watches the rank already.
 
-torch is imported inside the functions: importing this module stays cheap.
+torch is imported inside the functions, and so are the rank log, the seeding and the hang autopsy
+(and `distenv.placement`, in `distenv.bootstrap.prepare`) where a rank asks for them: importing
+this module stays cheap, and a rank that uses none of them does not load them.
 """
 
 from __future__ import annotations
@@ -65,11 +67,8 @@ logger = logging.getLogger("distenv")
 
 
 def _log_folder(argument: str | os.PathLike[str] | None, setting: str | None) -> Path | None:
-    """Return the rank's log folder (`distenv.postmortem.ranklog.folder`), None for none.
-
-    The rank log, the hang autopsy and the seeding are imported only by the ranks that use them
-    (a log folder, a hang timeout, a seed): the others do not pay for loading them.
-    """
+    """Return the rank's log folder (`distenv.postmortem.ranklog.folder`), None for none; the
+    rank log is imported only where a folder is asked for."""
     if argument is None and setting is None:
         return None
     from distenv.postmortem.ranklog import folder
